@@ -1,0 +1,216 @@
+"""The build: specs -> (render, lower, compile) per variant and arch, cached -> one wheel per arch.
+
+Each (variant, arch) is keyed by a content hash of everything that decides its
+cubin: the rendered TileLang source, pass configs, arch, nvcc flags and the
+TileLang and nvcc versions. A hit reads the cubin and contract from the cache
+and calls neither TileLang nor nvcc. Misses run in a process pool (``jobs``);
+every cache entry is written to a temp folder and renamed into place, so an
+interrupted build leaves no half-written entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+from tkc.arch import Arch, get_arch
+from tkc.compile import NVCC_FLAGS, Resources, Toolchain, compile_cubin, find_toolchain
+from tkc.lower import KernelArg, Launch, LaunchContract, ScalarParam, SizeSource, TensorParam, TmaDescriptor, lower
+from tkc.package import BuiltVariant, PackageResult, write_package
+from tkc.render import RenderedKernel, render
+from tkc.spec import SpecSet, Variant, expand
+
+CACHE_FORMAT = 1  # bump when the cached contract's shape changes
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """Everything a build reads; made once by the CLI (nothing else reads the environment)."""
+
+    specs: SpecSet
+    templates: Path
+    build_dir: Path
+    dist_dir: Path
+    archs: tuple[Arch, ...]
+    jobs: int = 1
+    nvcc: str | None = None  # None: nvcc from PyPI; "system": CUDA_HOME / PATH; else a path
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchSummary:
+    arch: Arch
+    variants: int
+    compiled: int
+    cached: int
+    seconds: float  # TileLang + nvcc time spent on this arch's variants (summed over workers)
+    wheel: Path
+    wheel_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One (variant, arch) to build; picklable for the process pool."""
+
+    rendered: RenderedKernel
+    key: str
+    entry: Path
+    toolchain: Toolchain
+
+
+def tilelang_version() -> str:
+    return importlib.metadata.version("tilelang")
+
+
+def cache_key(rendered: RenderedKernel, toolchain: Toolchain) -> str:
+    spec = rendered.variant.kernel
+    material = json.dumps({
+        "format": CACHE_FORMAT,
+        "source": rendered.source,
+        "pass_configs": [list(p) for p in spec.pass_configs],
+        "arch": rendered.arch.target,
+        "gencode": rendered.arch.gencode,
+        "nvcc_flags": list(NVCC_FLAGS),
+        "nvcc": toolchain.version,
+        "tilelang": tilelang_version(),
+    }, sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _contract_from_json(data: dict) -> LaunchContract:
+    params = tuple(ScalarParam(**p) if "shape" not in p else
+                   TensorParam(**{**p, "shape": tuple(p["shape"]), "strides": tuple(p["strides"])})
+                   for p in data["params"])
+    return LaunchContract(
+        params=params,
+        sizes=tuple(SizeSource(**s) for s in data["sizes"]),
+        tma=tuple(TmaDescriptor(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()})
+                  for t in data["tma"]),
+        launches=tuple(Launch(**{
+            **launch, "args": tuple(KernelArg(**a) for a in launch["args"]), "grid": tuple(launch["grid"]),
+            "block": tuple(launch["block"]), "cluster": tuple(launch["cluster"]) if launch["cluster"] else None,
+        }) for launch in data["launches"]),
+    )
+
+
+def read_entry(entry: Path) -> tuple[bytes, LaunchContract, dict[str, Resources]] | None:
+    """A complete cache entry, or None."""
+    meta = entry / "meta.json"
+    if not meta.is_file():
+        return None
+    data = json.loads(meta.read_text())
+    resources = {k: Resources(**v) for k, v in data["resources"].items()}
+    return (entry / "kernel.cubin").read_bytes(), _contract_from_json(data["contract"]), resources
+
+
+def run_job(job: Job) -> float:
+    """Lower and compile one variant into its cache entry; returns the seconds spent. Runs in a worker."""
+    start = time.perf_counter()
+    lowered = lower(job.rendered, job.rendered.arch)
+    compiled = compile_cubin(lowered.cuda_source, job.rendered.arch, job.toolchain, name=job.rendered.variant.id)
+    job.entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=job.entry.parent, prefix=f".{job.entry.name}."))
+    try:
+        (tmp / "kernel.cu").write_text(lowered.cuda_source)
+        (tmp / "kernel.cubin").write_bytes(compiled.cubin)
+        (tmp / "ptxas.log").write_text(compiled.log)
+        (tmp / "meta.json").write_text(json.dumps({
+            "variant": job.rendered.variant.id, "arch": job.rendered.arch.name,
+            "contract": dataclasses.asdict(lowered.contract),
+            "resources": {k: dataclasses.asdict(v) for k, v in compiled.resources.items()},
+        }, indent=1, sort_keys=True))
+        try:
+            os.replace(tmp, job.entry)
+        except OSError:
+            if not (job.entry / "meta.json").is_file():  # another build put it there first: keep theirs
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return time.perf_counter() - start
+
+
+@contextmanager
+def _pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
+    if jobs <= 1:
+        yield None
+        return
+    # spawn, not fork: TileLang and torch hold threads and CUDA state that fork does not copy safely.
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        yield pool
+
+
+def plan(options: BuildOptions) -> list[tuple[Variant, Arch]]:
+    """Every (variant, arch) the build makes, in spec order."""
+    return [(v, arch) for arch in options.archs for k in options.specs.kernels if arch.name in k.archs
+            for v in expand(k)]
+
+
+def build(options: BuildOptions, progress: Callable[[int], None] | None = None) -> list[ArchSummary]:
+    """Build every variant for every arch and one wheel per arch; ``progress(n)`` after each n variants."""
+    toolchain = find_toolchain(options.nvcc)
+    cache = options.build_dir / "cache"
+    jobs: list[Job] = []
+    hits: dict[tuple[str, str], bool] = {}
+    entries: dict[tuple[str, str], Path] = {}
+    seconds: dict[str, float] = {arch.name: 0.0 for arch in options.archs}
+    work = plan(options)
+    for variant, arch in work:
+        rendered = render(variant, arch, options.templates, options.build_dir / "src")
+        key = cache_key(rendered, toolchain)
+        entry = cache / key[:2] / key
+        hit = (entry / "meta.json").is_file()
+        hits[(variant.id, arch.name)] = hit
+        entries[(variant.id, arch.name)] = entry
+        if hit:
+            if progress:
+                progress(1)
+        else:
+            jobs.append(Job(rendered=rendered, key=key, entry=entry, toolchain=toolchain))
+    with _pool(options.jobs) as pool:
+        if pool is None:
+            for job in jobs:
+                seconds[job.rendered.arch.name] += run_job(job)
+                if progress:
+                    progress(1)
+        else:
+            futures = {pool.submit(run_job, job): job for job in jobs}
+            for future in as_completed(futures):
+                seconds[futures[future].rendered.arch.name] += future.result()
+                if progress:
+                    progress(1)
+    toolchain_info = {"nvcc": toolchain.version, "tilelang": tilelang_version(), "nvcc_flags": " ".join(NVCC_FLAGS)}
+    summaries = []
+    for arch in options.archs:
+        built = []
+        for variant, a in work:
+            if a != arch:
+                continue
+            found = read_entry(entries[(variant.id, arch.name)])
+            assert found is not None, f"cache entry of {variant.id} ({arch.name}) vanished during the build"
+            cubin, contract, resources = found
+            built.append(BuiltVariant(variant=variant, arch=arch, cubin=cubin, contract=contract,
+                                      resources=resources, cached=hits[(variant.id, arch.name)]))
+        result: PackageResult = write_package(options.specs, arch, built, options.templates,
+                                              options.build_dir / "pkg" / arch.name, options.dist_dir,
+                                              toolchain_info)
+        summaries.append(ArchSummary(
+            arch=arch, variants=len(built), compiled=sum(not b.cached for b in built),
+            cached=sum(b.cached for b in built), seconds=seconds[arch.name],
+            wheel=result.wheel, wheel_bytes=result.wheel.stat().st_size,
+        ))
+    return summaries
+
+
+__all__ = ["ArchSummary", "BuildOptions", "build", "get_arch", "plan"]

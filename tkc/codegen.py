@@ -1,0 +1,160 @@
+"""Python source of the generated launchers, one function per variant.
+
+The launch contract recorded by ``lower`` becomes straight-line Python: a
+reader of a failing launch sees exactly which checks ran, how each runtime size
+was read, the grid formula, and the argument order the cubin expects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tkc.errors import LowerError
+from tkc.lower import Launch, LaunchContract, ScalarParam, TensorParam, TmaDescriptor
+
+_TORCH_DTYPES = {
+    "bfloat16": "torch.bfloat16",
+    "float16": "torch.float16",
+    "float32": "torch.float32",
+    "float64": "torch.float64",
+    "float8_e4m3fn": "torch.float8_e4m3fn",
+    "float8_e4m3": "torch.float8_e4m3fn",
+    "float8_e5m2": "torch.float8_e5m2",
+    "int8": "torch.int8",
+    "uint8": "torch.uint8",
+    "int16": "torch.int16",
+    "int32": "torch.int32",
+    "int64": "torch.int64",
+    "bool": "torch.bool",
+}
+_CTYPES = {
+    "int32": "ctypes.c_int32",
+    "int64": "ctypes.c_int64",
+    "uint32": "ctypes.c_uint32",
+    "uint64": "ctypes.c_uint64",
+    "float32": "ctypes.c_float",
+    "float64": "ctypes.c_double",
+}
+_INT_LIMITS = {"int32": 2**31, "uint32": 2**32}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LauncherSource:
+    func: str
+    signature: str
+    doc: str
+    body: tuple[str, ...]
+    cubin: str
+    smem: dict[str, int]
+    key: str
+
+
+def torch_dtype(name: str) -> str:
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise LowerError(f"tensor dtype {name} has no torch equivalent the loader can check") from None
+
+
+def _shape_tuple(items: list[str]) -> str:
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _tensor_checks(params: tuple[TensorParam | ScalarParam, ...], contract: LaunchContract) -> list[str]:
+    """Checks in parameter order; a size is bound right after the tensor it is read from passed its check."""
+    lines: list[str] = []
+    bound: set[str] = set()
+    device = "None"
+    for p in params:
+        if isinstance(p, ScalarParam):
+            continue
+        shape = [str(d) if isinstance(d, int) or d in bound else ("None" if d in {s.name for s in contract.sizes}
+                 else f"({d})") for d in p.shape]
+        call = f'check_tensor("{p.name}", {p.name}, {torch_dtype(p.dtype)}, {_shape_tuple(shape)}, {device})'
+        lines.append(f"device = {call}" if device == "None" else call)
+        device = "device"
+        for size in contract.sizes:
+            if size.tensor == p.name and size.name not in bound:
+                read = f"{p.name}.shape[{size.dim}]" if size.kind == "shape" else f"{p.name}.stride({size.dim})"
+                lines.append(f"{size.name} = {read}")
+                bound.add(size.name)
+    for p in params:
+        if isinstance(p, TensorParam) and p.strides:
+            lines.append(f'check_strides("{p.name}", {p.name}, {_shape_tuple([str(s) for s in p.strides])})')
+    return lines
+
+
+def _size_limits(contract: LaunchContract) -> list[str]:
+    """Sizes passed as 32-bit kernel arguments must fit, or the kernel would index wrongly."""
+    ctypes_of = {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
+    lines = []
+    for size in contract.sizes:
+        limit = _INT_LIMITS.get(ctypes_of.get(size.name, ""))
+        if limit:
+            lines.append(f"if {size.name} >= {limit}:")
+            lines.append(f'    raise ValueError(f"{size.name} = {{{size.name}}} does not fit the kernel\'s '
+                         f'{ctypes_of[size.name]} argument")')
+    return lines
+
+
+def _tma_lines(desc: TmaDescriptor) -> list[str]:
+    dims = _shape_tuple(list(desc.global_dims))
+    strides = _shape_tuple(list(desc.global_strides[1:])) if desc.rank > 1 else "()"
+    return [
+        f"_{desc.name}_buffer, {desc.name} = tensor_map(",
+        f"    {desc.dtype_code}, {desc.tensor}.data_ptr(), {dims}, {strides},",
+        f"    {_shape_tuple([str(b) for b in desc.box_dims])}, "
+        f"{_shape_tuple([str(e) for e in desc.element_strides])},",
+        f"    interleave={desc.interleave}, swizzle={desc.swizzle}, l2_promotion={desc.l2_promotion}, "
+        f"oob_fill={desc.oob_fill},",
+        ")",
+    ]
+
+
+def _launch_lines(launch: Launch, cubin_var: str) -> list[str]:
+    if launch.cooperative or launch.cluster is not None:
+        raise LowerError(f"kernel {launch.symbol} needs a cooperative or cluster launch, which this loader does "
+                         "not issue yet; drop T.use_cooperative_groups / cluster_dims from the template")
+    args = []
+    for a in launch.args:
+        if a.kind == "tensor":
+            args.append(f"pointer({a.expr})")
+        elif a.kind == "tma":
+            args.append(a.expr)
+        else:
+            ctype = _CTYPES.get(a.ctype)
+            if ctype is None:
+                raise LowerError(f"kernel {launch.symbol} takes argument {a.name or a.expr} of type {a.ctype}, "
+                                 "which the loader cannot pass")
+            cast = "float" if a.ctype.startswith("float") else "int"
+            args.append(f"{ctype}({cast}({a.expr}))" if a.kind == "scalar" else f"{ctype}({a.expr})")
+    return [
+        f"{cubin_var}.launch(",
+        f'    "{launch.symbol}", device, grid, {launch.block}, {launch.dynamic_smem},',
+        f"    ({', '.join(args)}{',' if len(args) == 1 else ''}),",
+        ")",
+    ]
+
+
+def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract) -> LauncherSource:
+    """The launcher function of one variant."""
+    cubin_var = f"_{func.upper()}"
+    body = _tensor_checks(contract.params, contract) + _size_limits(contract)
+    for i, launch in enumerate(contract.launches):
+        grid = ", ".join(launch.grid)
+        body.append(f"grid = ({grid})")
+        if i == 0:
+            body.append("if 0 in grid:")
+            body.append("    return  # empty input: nothing to launch")
+            for desc in contract.tma:
+                body.extend(_tma_lines(desc))
+        body.extend(_launch_lines(launch, cubin_var))
+    return LauncherSource(
+        func=func,
+        signature=", ".join(p.name for p in contract.params),
+        doc=doc,
+        body=tuple(body),
+        cubin=cubin,
+        smem={launch.symbol: launch.dynamic_smem for launch in contract.launches},
+        key=key,
+    )

@@ -1,0 +1,177 @@
+"""Stage 4: CUDA source -> cubin with nvcc, plus the compiler's resource report.
+
+nvcc and the CUDA headers come from PyPI (``nvidia-cuda-nvcc``, ``nvidia-cuda-cccl``)
+so a fresh machine needs no system CUDA; a system toolkit is used only when the
+options name it. Cubins carry SASS for exactly one arch and no PTX: nothing is
+JIT-compiled at run time.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tkc.arch import Arch
+from tkc.errors import ToolchainError
+
+# Fixed flags. No --use_fast_math: the quantization contract needs IEEE division
+# (results must match torch bit for bit). C++20 is what TileLang's templates need.
+NVCC_FLAGS = ("-cubin", "-std=c++20", "-O3", "-w", "-Xcudafe", "--diag_suppress=177", "-lineinfo",
+              "-Xptxas", "-v")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Toolchain:
+    """An nvcc and the include folders the kernels need."""
+
+    nvcc: Path
+    cuda_include: Path
+    version: str  # nvcc's version, part of every cache key
+
+    @property
+    def fingerprint(self) -> str:
+        return f"nvcc {self.version}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    """ptxas's report for one kernel symbol."""
+
+    registers: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+    static_smem: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledKernel:
+    cubin: bytes
+    resources: dict[str, Resources]
+    log: str
+
+
+def _pypi_cuda_root() -> Path | None:
+    try:
+        import nvidia.cu13  # the namespace package of nvidia-cuda-nvcc >= 13
+    except ImportError:
+        return None
+    for root in map(Path, nvidia.cu13.__path__):
+        if (root / "bin" / "nvcc").is_file():
+            return root
+    return None
+
+
+@functools.cache
+def _nvcc_version(nvcc: Path) -> str:
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ToolchainError(f"{nvcc} --version failed: {exc}; reinstall with pip install -e '.[dev]'") from exc
+    match = re.search(r"release [\d.]+, V([\d.]+)", out)
+    return match.group(1) if match else out.strip().splitlines()[-1]
+
+
+def find_toolchain(nvcc: str | None = None) -> Toolchain:
+    """The PyPI nvcc by default; ``nvcc="system"`` takes CUDA_HOME or PATH; else a path to nvcc."""
+    if nvcc is None:
+        root = _pypi_cuda_root()
+        if root is None:
+            raise ToolchainError("nvcc from PyPI is not installed; run pip install -e '.[dev]' (it brings "
+                                 "nvidia-cuda-nvcc), or pass --nvcc system to use a system CUDA toolkit")
+        path = root / "bin" / "nvcc"
+    elif nvcc == "system":
+        cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+        found = Path(cuda_home) / "bin" / "nvcc" if cuda_home else None
+        which = shutil.which("nvcc")
+        path = found if found is not None and found.is_file() else Path(which) if which else Path()
+        if not path.is_file():
+            raise ToolchainError("--nvcc system: no nvcc under $CUDA_HOME/bin or on PATH; drop the option to use "
+                                 "the nvcc from PyPI")
+        root = path.resolve().parent.parent
+    else:
+        path = Path(nvcc)
+        if not path.is_file():
+            raise ToolchainError(f"--nvcc {nvcc}: no such file; give the path of an nvcc binary")
+        root = path.resolve().parent.parent
+    return Toolchain(nvcc=path, cuda_include=root / "include", version=_nvcc_version(path))
+
+
+def include_dirs(toolchain: Toolchain) -> tuple[Path, ...]:
+    """TileLang's device templates, CUTLASS (both shipped in the tilelang wheel) and the CUDA headers."""
+    import tilelang.env as tl_env  # imported here: a fully cached build never pays TileLang's import
+
+    includes = (Path(tl_env.TILELANG_TEMPLATE_PATH), Path(tl_env.CUTLASS_INCLUDE_DIR), toolchain.cuda_include)
+    missing = [p for p in includes if not p.is_dir()]
+    if missing:
+        raise ToolchainError(f"include folder {missing[0]} is missing; reinstall tilelang and nvidia-cuda-cccl "
+                             "(pip install -e '.[dev]')")
+    return tuple(p.resolve() for p in includes)
+
+
+def nvcc_command(toolchain: Toolchain, arch: Arch, source: Path, output: Path) -> list[str]:
+    return [
+        str(toolchain.nvcc), *NVCC_FLAGS, "-gencode", arch.gencode,
+        *(f"-I{p}" for p in include_dirs(toolchain)), "-o", str(output), str(source),
+    ]
+
+
+_RES_RE = re.compile(
+    r"Function properties for (?P<sym>\S+)\s*\n\s*(?P<stack>\d+) bytes stack frame, (?P<ss>\d+) bytes spill stores, "
+    r"(?P<sl>\d+) bytes spill loads\s*\n.*?Used (?P<reg>\d+) registers(?P<rest>[^\n]*)",
+    re.S,
+)
+
+
+def parse_ptxas(log: str) -> dict[str, Resources]:
+    """Registers, stack, spills and static shared memory per kernel from ``ptxas -v``."""
+    out = {}
+    for m in _RES_RE.finditer(log):
+        smem = re.search(r"(\d+) bytes smem", m.group("rest"))
+        out[m.group("sym")] = Resources(
+            registers=int(m.group("reg")), stack_bytes=int(m.group("stack")), spill_stores=int(m.group("ss")),
+            spill_loads=int(m.group("sl")), static_smem=int(smem.group(1)) if smem else 0,
+        )
+    return out
+
+
+def compile_cubin(cuda_source: str, arch: Arch, toolchain: Toolchain, *, name: str) -> CompiledKernel:
+    """Compile one kernel's CUDA source for ``arch``; the source is kept next to errors for debugging."""
+    with tempfile.TemporaryDirectory(prefix="tkc-nvcc-") as tmp:
+        source = Path(tmp) / f"{name}.cu"
+        output = Path(tmp) / f"{name}.cubin"
+        source.write_text(cuda_source)
+        cmd = nvcc_command(toolchain, arch, source, output)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise ToolchainError(f"nvcc failed for {name} ({arch.target}):\n{log.strip()[-4000:]}\n"
+                                 f"command: {' '.join(cmd)}")
+        cubin = output.read_bytes()
+    return CompiledKernel(cubin=cubin, resources=parse_ptxas(log), log=log)
+
+
+def cubin_target(cubin: bytes) -> str:
+    """The arch a cubin was built for, read from the cubin itself ("sm_90a").
+
+    The ELF header's e_flags hold the SM number (bits 8..15); the arch-specific
+    suffix ("a") is only in the ptxas command line recorded in the
+    ``.note.nv.tkinfo`` note, so both are read and must agree.
+    """
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise ToolchainError("not a 64-bit ELF cubin")
+    (flags,) = struct.unpack_from("<I", cubin, 0x30)
+    sm = (flags >> 8) & 0xFF
+    note = re.search(rb"-arch (sm_(\d+)[af]?)", cubin)
+    if note is None:
+        return f"sm_{sm}"
+    if int(note.group(2)) != sm:
+        raise ToolchainError(f"cubin ELF header says sm_{sm} but its note says {note.group(1).decode()}")
+    return note.group(1).decode()

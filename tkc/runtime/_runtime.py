@@ -1,0 +1,274 @@
+"""The loader of the prebuilt kernels: a thin ctypes layer over the CUDA driver.
+
+Copied verbatim by tkc into every generated package; it needs only torch and
+``libcuda.so.1``. The generated ``_kernels/<kernel>.py`` modules call it:
+
+- ``Cubin`` loads one cubin as a context-independent CUDA library
+  (``cuLibraryLoadData``) on first use, so importing the package needs no GPU
+  and each cubin costs nothing until a variant of it runs;
+- ``check_tensor`` validates an argument against the lowered contract and
+  names the argument in every error;
+- ``Cubin.launch`` packs the kernel arguments and launches on torch's current
+  stream of the tensors' device;
+- ``Kernel.select`` maps compile-time parameters to a variant's launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import _build_info as info
+from .errors import (
+    ArchMismatchError,
+    CudaDriverError,
+    KernelArgumentError,
+    NoGpuError,
+    VariantNotFoundError,
+)
+
+_CUBIN_DIR = Path(__file__).parent / "cubins"
+_DYNAMIC_SMEM_DEFAULT_LIMIT = 48 * 1024  # above this a kernel must opt in per device
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CUDA_ERROR_INVALID_CONTEXT = 201
+_TORCH_TO_NAME = {
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.float8_e5m2: "float8_e5m2",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The spec's name of a torch dtype ("bfloat16"); unknown dtypes keep torch's name."""
+    return _TORCH_TO_NAME.get(dtype, str(dtype).removeprefix("torch."))
+
+
+class _Driver:
+    """The few driver entry points the loader uses, resolved once from libcuda.so.1."""
+
+    def __init__(self) -> None:
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise NoGpuError("cannot load libcuda.so.1: no NVIDIA driver on this machine; the kernels of "
+                             f"{info.PACKAGE} need a {info.GPUS} GPU") from exc
+        self.check(self.lib.cuInit(0), "cuInit")
+
+    def check(self, result: int, call: str) -> None:
+        if result != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(result, ctypes.byref(name))
+            text = name.value.decode() if name.value else f"error {result}"
+            raise CudaDriverError(f"{call} failed: {text}")
+
+
+_driver_lock = threading.Lock()
+_driver_instance: _Driver | None = None
+
+
+def driver() -> _Driver:
+    global _driver_instance
+    if _driver_instance is None:
+        with _driver_lock:
+            if _driver_instance is None:
+                _driver_instance = _Driver()
+    return _driver_instance
+
+
+_checked_devices: set[int] = set()
+
+
+def check_device(index: int) -> None:
+    """Refuse a device whose arch the cubins were not built for, naming both archs."""
+    if index in _checked_devices:
+        return
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) != (info.MAJOR, info.MINOR):
+        raise ArchMismatchError(
+            f"{info.PACKAGE} {info.VERSION} holds {info.TARGET} cubins (for {info.GPUS}), but cuda:{index} "
+            f"({torch.cuda.get_device_name(index)}) is sm_{major}{minor}; install the wheel built for "
+            f"sm{major}{minor} (tkc build --arch sm{major}{minor})"
+        )
+    _checked_devices.add(index)
+
+
+def _no_gpu(name: str, t: torch.Tensor) -> Exception:
+    if not torch.cuda.is_available():
+        return NoGpuError(f"{name}: no CUDA GPU is visible to torch; the kernels of {info.PACKAGE} run on "
+                          f"{info.GPUS} GPUs ({info.TARGET})")
+    return KernelArgumentError(f"{name}: expected a CUDA tensor, got one on {t.device}; move it with .cuda()")
+
+
+def check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Sequence[int | None],
+                 device: torch.device | None) -> torch.device:
+    """Validate one tensor argument; ``None`` in ``shape`` is a size read from this tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise KernelArgumentError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise KernelArgumentError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if t.device.type != "cuda":
+        raise _no_gpu(name, t)
+    if device is not None and t.device != device:
+        raise KernelArgumentError(f"{name}: is on {t.device} but the other arguments are on {device}")
+    if t.dim() != len(shape):
+        raise KernelArgumentError(f"{name}: expected {len(shape)} dimensions, got shape {tuple(t.shape)}")
+    for dim, (want, got) in enumerate(zip(shape, t.shape)):
+        if want is not None and want != got:
+            expected = tuple("*" if s is None else s for s in shape)
+            raise KernelArgumentError(f"{name}: expected shape {expected}, got {tuple(t.shape)} "
+                                      f"(dimension {dim} must be {want})")
+    if t.data_ptr() % 16:
+        raise KernelArgumentError(f"{name}: data pointer {t.data_ptr():#x} is not 16-byte aligned; the kernel "
+                                  "uses 16-byte vector accesses (pass a fresh or .clone()d tensor)")
+    return t.device
+
+
+def check_strides(name: str, t: torch.Tensor, strides: Sequence[int]) -> None:
+    """The element strides the kernel indexes with; dimensions of size 0 or 1 are never stepped over."""
+    for dim, (want, got, size) in enumerate(zip(strides, t.stride(), t.shape)):
+        if size > 1 and want != got:
+            raise KernelArgumentError(f"{name}: expected strides {tuple(strides)}, got {t.stride()} "
+                                      f"(dimension {dim}); pass a contiguous tensor (.contiguous())")
+
+
+class TensorMap(ctypes.Structure):
+    """A ``CUtensorMap``: 128 opaque bytes, 64-byte aligned when passed to the driver."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+def _aligned_tensor_map() -> tuple[Any, TensorMap]:
+    raw = ctypes.create_string_buffer(ctypes.sizeof(TensorMap) + 64)
+    address = (ctypes.addressof(raw) + 63) & ~63
+    return raw, TensorMap.from_address(address)
+
+
+def tensor_map(dtype_code: int, address: int, dims: Sequence[int], strides: Sequence[int],
+               box: Sequence[int], element_strides: Sequence[int], interleave: int, swizzle: int,
+               l2_promotion: int, oob_fill: int) -> tuple[Any, TensorMap]:
+    """Encode a tiled TMA descriptor; ``strides`` in bytes, without the element-size entry."""
+    rank = len(dims)
+    keep, desc = _aligned_tensor_map()
+    result = driver().lib.cuTensorMapEncodeTiled(
+        ctypes.byref(desc), dtype_code, rank, ctypes.c_void_p(address),
+        (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
+        (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*element_strides),
+        interleave, swizzle, l2_promotion, oob_fill,
+    )
+    driver().check(result, f"cuTensorMapEncodeTiled(dims={tuple(dims)}, strides={tuple(strides)}, box={tuple(box)})")
+    return keep, desc
+
+
+class Cubin:
+    """One cubin of the package, loaded lazily as a context-independent library."""
+
+    def __init__(self, filename: str, smem: dict[str, int]) -> None:
+        self.filename = filename
+        self.smem = smem  # dynamic shared memory per kernel symbol
+        self._lock = threading.Lock()
+        self._library: ctypes.c_void_p | None = None
+        self._kernels: dict[str, ctypes.c_void_p] = {}
+        self._ready: set[tuple[int, str]] = set()  # (device, symbol) with attributes set
+
+    def _load(self) -> ctypes.c_void_p:
+        with self._lock:
+            if self._library is None:
+                data = (_CUBIN_DIR / self.filename).read_bytes()
+                library = ctypes.c_void_p()
+                drv = driver()
+                drv.check(drv.lib.cuLibraryLoadData(ctypes.byref(library), data, None, None, 0, None, None, 0),
+                          f"cuLibraryLoadData({self.filename})")
+                self._library = library
+            return self._library
+
+    def kernel(self, symbol: str, device: int) -> ctypes.c_void_p:
+        if (device, symbol) in self._ready:
+            return self._kernels[symbol]
+        check_device(device)
+        drv = driver()
+        if symbol not in self._kernels:
+            handle = ctypes.c_void_p()
+            drv.check(drv.lib.cuLibraryGetKernel(ctypes.byref(handle), self._load(), symbol.encode()),
+                      f"cuLibraryGetKernel({self.filename}, {symbol})")
+            self._kernels[symbol] = handle
+        smem = self.smem.get(symbol, 0)
+        if smem > _DYNAMIC_SMEM_DEFAULT_LIMIT:
+            cu_device = ctypes.c_int()
+            drv.check(drv.lib.cuDeviceGet(ctypes.byref(cu_device), device), "cuDeviceGet")
+            drv.check(drv.lib.cuKernelSetAttribute(_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem,
+                                                   self._kernels[symbol], cu_device),
+                      f"cuKernelSetAttribute({symbol}, max dynamic shared memory = {smem})")
+        self._ready.add((device, symbol))
+        return self._kernels[symbol]
+
+    def launch(self, symbol: str, device: torch.device, grid: tuple[int, int, int], block: tuple[int, int, int],
+               smem: int, args: Sequence[Any]) -> None:
+        """Launch ``symbol`` on torch's current stream of ``device``; ``args`` are ctypes values."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        kernel = self.kernel(symbol, index)
+        params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
+        with torch.cuda.device(index):
+            stream = ctypes.c_void_p(torch.cuda.current_stream(index).cuda_stream)
+            lib = driver().lib
+            result = lib.cuLaunchKernel(kernel, *grid, *block, smem, stream, params, None)
+            if result == _CUDA_ERROR_INVALID_CONTEXT:
+                # A thread torch never made a CUDA call on has no current context yet.
+                torch.cuda.synchronize(index)
+                result = lib.cuLaunchKernel(kernel, *grid, *block, smem, stream, params, None)
+        driver().check(result, f"cuLaunchKernel({symbol}, grid={grid}, block={block}, smem={smem})")
+
+
+def pointer(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+class Kernel:
+    """All prebuilt variants of one spec kernel, keyed by their compile-time parameters."""
+
+    def __init__(self, name: str, spec: str, keys: tuple[str, ...],
+                 variants: dict[tuple[Any, ...], Callable[..., None]]) -> None:
+        self.name = name
+        self.spec = spec
+        self.keys = keys
+        self.variants = variants
+
+    def select(self, **values: Any) -> Callable[..., None]:
+        """The launcher of the variant built for ``values`` (every grid key, by name)."""
+        try:
+            key = tuple(values[k] for k in self.keys)
+        except KeyError as exc:
+            raise TypeError(f"{self.name}.select() needs every grid key: {', '.join(self.keys)}") from exc
+        launcher = self.variants.get(key)
+        if launcher is None:
+            have = "\n  ".join(", ".join(f"{k}={v}" for k, v in zip(self.keys, variant))
+                               for variant in self.variants)
+            asked = ", ".join(f"{k}={values[k]!r}" for k in self.keys)
+            raise VariantNotFoundError(
+                f"{self.name}: no prebuilt variant for {asked} in {info.PACKAGE} {info.VERSION}; add the values "
+                f"to the grid of kernel {self.name} in {self.spec} and rebuild (tkc build). Built variants:\n  {have}"
+            )
+        return launcher
+
+
+def get_kernel(name: str) -> Kernel:
+    """The ``Kernel`` of spec kernel ``name`` (its generated module is imported on first use)."""
+    try:
+        module = importlib.import_module(f"{__package__}._kernels.{name}")
+    except ModuleNotFoundError as exc:
+        raise VariantNotFoundError(f"{info.PACKAGE} has no kernel {name!r}; kernels: "
+                                   f"{', '.join(info.KERNELS)}") from exc
+    return module.KERNEL

@@ -1,0 +1,407 @@
+"""Stage 1: kernel specs (YAML) -> frozen dataclasses, validated once.
+
+A spec file declares the package and, per kernel, the template that renders it,
+the op module that exposes it, the compile-time grid, constraints between grid
+keys, TileLang pass configs and the archs. ``expand`` turns a kernel into its
+variants: one per grid point that satisfies every constraint.
+
+Errors name the file, line, key, bad value and the fix, are collected for the
+whole spec set, and raise one ``SpecError`` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import itertools
+import keyword
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tkc.arch import ARCHS
+from tkc.errors import SpecError
+
+Value = str | int | bool | float
+
+MODULES = ("quant", "moe", "transpose", "engram", "mhc", "modeling")
+DTYPES = (
+    "bfloat16",
+    "float16",
+    "float32",
+    "float64",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+)
+FORMATS = ("e4m3", "e2m1", "e5m6")
+TOP_KEYS = ("package", "kernels")
+PACKAGE_KEYS = ("name", "version")
+KERNEL_KEYS = ("module", "template", "op", "archs", "grid", "constraints", "pass_configs", "description")
+REQUIRED_KERNEL_KEYS = ("module", "template", "op", "grid")
+# Grid keys whose values come from a closed set; any other key takes free scalars.
+CLOSED_GRID_KEYS: dict[str, tuple[str, ...]] = {"fmt": FORMATS}
+_VERSION_RE = re.compile(r"^\d+(\.\d+)*([ab]|rc)?\d*(\.post\d+)?(\.dev\d+)?$")
+# Constraint expressions may use these syntax nodes only: comparisons, boolean and
+# arithmetic operators over grid keys and literals. No calls, attributes or subscripts.
+_SAFE_NODES = (
+    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,
+    ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare, ast.Eq,
+    ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Name, ast.Load,
+    ast.Constant, ast.Tuple, ast.List, ast.IfExp,
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Package:
+    name: str
+    version: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelSpec:
+    """One kernel of a spec file, with its compile-time grid."""
+
+    name: str
+    module: str
+    template: str  # path relative to the templates folder
+    op: str  # path relative to the templates folder
+    archs: tuple[str, ...]
+    grid: tuple[tuple[str, tuple[Value, ...]], ...]
+    constraints: tuple[str, ...]
+    pass_configs: tuple[tuple[str, Value], ...]
+    description: str
+    source: str  # the spec file, for messages
+    line: int
+
+    @property
+    def grid_keys(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.grid)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    """One grid point of a kernel: the unit that is rendered, lowered and compiled."""
+
+    kernel: KernelSpec
+    params: tuple[tuple[str, Value], ...]  # in grid-key order
+
+    @property
+    def id(self) -> str:
+        """Deterministic name: kernel name plus a short hash of the sorted parameters."""
+        text = repr(sorted(self.params))
+        return f"{self.kernel.name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+    @property
+    def param_dict(self) -> dict[str, Value]:
+        return dict(self.params)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecSet:
+    package: Package
+    kernels: tuple[KernelSpec, ...]
+    files: tuple[str, ...]
+
+    def kernel(self, name: str) -> KernelSpec:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise SpecError(f"no kernel {name!r} in the specs; kernels: {', '.join(k.name for k in self.kernels)}"
+                        f"{_did_you_mean(name, [k.name for k in self.kernels])}")
+
+
+@dataclass
+class _Problems:
+    """Collects every problem of a spec set so one run reports them all."""
+
+    items: list[str] = field(default_factory=list)
+
+    def add(self, file: str, node: yaml.Node | None, where: str, message: str) -> None:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        self.items.append(f"{file}{line}: {where}: {message}")
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _scalar(node: yaml.Node) -> Value | None:
+    """The Python value of a YAML scalar node, or None if the node is not a scalar."""
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    value = yaml.safe_load(yaml.serialize(node))
+    return value if isinstance(value, str | int | bool | float) else None
+
+
+def _mapping(node: yaml.Node, file: str, where: str, allowed: tuple[str, ...],
+             problems: _Problems) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    """A mapping node's entries by key, reporting unknown and duplicate keys."""
+    if not isinstance(node, yaml.MappingNode):
+        problems.add(file, node, where, f"expected a mapping with keys {', '.join(allowed) or '...'}")
+        return {}
+    out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    for key_node, value_node in node.value:
+        key = _scalar(key_node)
+        if not isinstance(key, str):
+            problems.add(file, key_node, where, f"keys must be strings, got {key_node.value!r}")
+            continue
+        if key in out:
+            problems.add(file, key_node, f"{where}.{key}", "duplicate key; keep one")
+            continue
+        if allowed and key not in allowed:
+            problems.add(file, key_node, f"{where}.{key}",
+                         f"unknown key; valid keys: {', '.join(allowed)}{_did_you_mean(key, allowed)}")
+            continue
+        out[key] = (key_node, value_node)
+    return out
+
+
+def _string(entries: Mapping[str, tuple[yaml.Node, yaml.Node]], key: str, file: str, where: str,
+            problems: _Problems) -> str | None:
+    if key not in entries:
+        return None
+    node = entries[key][1]
+    value = _scalar(node)
+    if not isinstance(value, str) or not value:
+        problems.add(file, node, f"{where}.{key}", f"expected a non-empty string, got {node.value!r}")
+        return None
+    return value
+
+
+def _identifier(value: str) -> bool:
+    return value.isidentifier() and not keyword.iskeyword(value)
+
+
+def _check_grid(node: yaml.Node, file: str, where: str,
+                problems: _Problems) -> tuple[tuple[str, tuple[Value, ...]], ...]:
+    grid: list[tuple[str, tuple[Value, ...]]] = []
+    for key, (key_node, values_node) in _mapping(node, file, where, (), problems).items():
+        here = f"{where}.{key}"
+        if not _identifier(key):
+            problems.add(file, key_node, here, "grid keys must be Python identifiers (they become template "
+                         "variables and keyword arguments of select())")
+            continue
+        items = values_node.value if isinstance(values_node, yaml.SequenceNode) else [values_node]
+        values: list[Value] = []
+        for item in items:
+            value = _scalar(item)
+            if value is None:
+                problems.add(file, item, here, f"expected scalars (str, int, bool, float), got {item.value!r}")
+                continue
+            choices = DTYPES if key.endswith("dtype") else CLOSED_GRID_KEYS.get(key)
+            if choices is not None and value not in choices:
+                problems.add(file, item, here, f"bad value {value!r}; valid choices: {', '.join(choices)}"
+                             f"{_did_you_mean(str(value), choices)}")
+                continue
+            if value in values:
+                problems.add(file, item, here, f"value {value!r} is listed twice; list it once")
+                continue
+            values.append(value)
+        if not items:
+            problems.add(file, values_node, here, "empty list; give at least one value")
+        grid.append((key, tuple(values)))
+    if not grid and isinstance(node, yaml.MappingNode):
+        problems.add(file, node, where, "empty grid; give at least one key (e.g. dtype: [bfloat16])")
+    return tuple(grid)
+
+
+def _check_constraints(node: yaml.Node, file: str, where: str, keys: tuple[str, ...],
+                       problems: _Problems) -> tuple[str, ...]:
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    out: list[str] = []
+    for item in items:
+        text = _scalar(item)
+        if not isinstance(text, str):
+            problems.add(file, item, where, f"expected a Python expression string, got {item.value!r}")
+            continue
+        try:
+            tree = ast.parse(text, mode="eval")
+        except SyntaxError as exc:
+            problems.add(file, item, where, f"{text!r} is not a Python expression: {exc.msg}")
+            continue
+        bad = [type(n).__name__ for n in ast.walk(tree) if not isinstance(n, _SAFE_NODES)]
+        if bad:
+            problems.add(file, item, where, f"{text!r} uses {bad[0]}; constraints may only compare grid keys "
+                         "and literals (and, or, not, in, arithmetic)")
+            continue
+        unknown = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in keys]
+        if unknown:
+            problems.add(file, item, where, f"{text!r} names {unknown[0]!r}, which is not a grid key; grid keys: "
+                         f"{', '.join(keys)}{_did_you_mean(unknown[0], keys)}")
+            continue
+        out.append(text)
+    return tuple(out)
+
+
+def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, templates: Path,
+                  problems: _Problems) -> KernelSpec | None:
+    where = f"kernels.{name}"
+    before = len(problems.items)
+    if not _identifier(name):
+        problems.add(file, key_node, where, "kernel names must be Python identifiers")
+    entries = _mapping(node, file, where, KERNEL_KEYS, problems)
+    for key in REQUIRED_KERNEL_KEYS:
+        if key not in entries and isinstance(node, yaml.MappingNode):
+            problems.add(file, node, f"{where}.{key}", "missing required key")
+    module = _string(entries, "module", file, where, problems)
+    if module is not None and module not in MODULES:
+        problems.add(file, entries["module"][1], f"{where}.module",
+                     f"bad value {module!r}; valid choices: {', '.join(MODULES)}{_did_you_mean(module, MODULES)}")
+    paths: dict[str, str | None] = {}
+    for key, suffix in (("template", ".py.j2"), ("op", ".py")):
+        value = _string(entries, key, file, where, problems)
+        paths[key] = value
+        if value is None:
+            continue
+        if not value.endswith(suffix):
+            problems.add(file, entries[key][1], f"{where}.{key}", f"{value!r} should end in {suffix}")
+        elif not (templates / value).is_file():
+            problems.add(file, entries[key][1], f"{where}.{key}",
+                         f"{value!r} does not exist under {templates}; create it or fix the path")
+    archs: tuple[str, ...] = tuple(ARCHS)
+    if "archs" in entries:
+        arch_node = entries["archs"][1]
+        items = arch_node.value if isinstance(arch_node, yaml.SequenceNode) else [arch_node]
+        picked = []
+        for item in items:
+            value = _scalar(item)
+            if value not in ARCHS:
+                problems.add(file, item, f"{where}.archs", f"bad value {item.value!r}; valid choices: "
+                             f"{', '.join(ARCHS)}{_did_you_mean(str(value), ARCHS)}")
+            elif value not in picked:
+                picked.append(str(value))
+        archs = tuple(picked)
+    grid = _check_grid(entries["grid"][1], file, f"{where}.grid", problems) if "grid" in entries else ()
+    keys = tuple(k for k, _ in grid)
+    constraints = (_check_constraints(entries["constraints"][1], file, f"{where}.constraints", keys, problems)
+                   if "constraints" in entries else ())
+    pass_configs: list[tuple[str, Value]] = []
+    if "pass_configs" in entries:
+        for key, (_, value_node) in _mapping(entries["pass_configs"][1], file, f"{where}.pass_configs", (),
+                                             problems).items():
+            value = _scalar(value_node)
+            if value is None:
+                problems.add(file, value_node, f"{where}.pass_configs.{key}", "expected a scalar value")
+            else:
+                pass_configs.append((key, value))
+    description = _string(entries, "description", file, where, problems) or ""
+    if len(problems.items) > before:
+        return None
+    spec = KernelSpec(
+        name=name, module=str(module), template=str(paths["template"]), op=str(paths["op"]), archs=archs,
+        grid=grid, constraints=constraints, pass_configs=tuple(sorted(pass_configs)), description=description,
+        source=file, line=key_node.start_mark.line + 1,
+    )
+    if not expand(spec):
+        problems.add(file, entries["constraints"][1] if "constraints" in entries else node, where,
+                     "the constraints exclude every grid point; relax them or widen the grid")
+        return None
+    return spec
+
+
+def _load_file(path: Path, templates: Path, problems: _Problems) -> tuple[Package | None, list[KernelSpec]]:
+    file = str(path)
+    try:
+        root = yaml.compose(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problems.items.append(f"{file}{line}: not valid YAML: {getattr(exc, 'problem', exc)}")
+        return None, []
+    if root is None:
+        problems.items.append(f"{file}: empty spec file; declare 'package' and 'kernels'")
+        return None, []
+    top = _mapping(root, file, "(top level)", TOP_KEYS, problems)
+    package = None
+    if "package" in top:
+        entries = _mapping(top["package"][1], file, "package", PACKAGE_KEYS, problems)
+        name = _string(entries, "name", file, "package", problems)
+        version = _string(entries, "version", file, "package", problems)
+        if name is not None and not _identifier(name):
+            problems.add(file, entries["name"][1], "package.name", f"{name!r} is not a Python package name")
+        if version is not None and not _VERSION_RE.match(version):
+            problems.add(file, entries["version"][1], "package.version",
+                         f"{version!r} is not a PEP 440 version such as 0.1.0")
+        if name and version:
+            package = Package(name=name, version=version)
+    kernels: list[KernelSpec] = []
+    if "kernels" not in top:
+        problems.add(file, root, "kernels", "missing required key; declare at least one kernel")
+    else:
+        for name, (key_node, node) in _mapping(top["kernels"][1], file, "kernels", (), problems).items():
+            spec = _check_kernel(name, key_node, node, file, templates, problems)
+            if spec is not None:
+                kernels.append(spec)
+    return package, kernels
+
+
+def load_specs(paths: Iterable[Path], templates: Path) -> SpecSet:
+    """Parse and validate spec files (or folders of ``*.yaml``) into one ``SpecSet``."""
+    files: list[Path] = []
+    for p in paths:
+        files.extend(sorted(p.glob("*.yaml")) + sorted(p.glob("*.yml")) if p.is_dir() else [p])
+    problems = _Problems()
+    if not files:
+        raise SpecError(f"no spec files found in {', '.join(map(str, paths))}; add kernel_specs/*.yaml")
+    package: Package | None = None
+    kernels: list[KernelSpec] = []
+    for path in files:
+        if not path.is_file():
+            problems.items.append(f"{path}: no such spec file")
+            continue
+        pkg, found = _load_file(path, templates, problems)
+        if pkg is not None and package is not None and pkg != package:
+            problems.items.append(f"{path}: package {pkg.name} {pkg.version} differs from {package.name} "
+                                  f"{package.version} declared earlier; all specs of a build share one package")
+        package = package or pkg
+        for spec in found:
+            clash = next((k for k in kernels if k.name == spec.name), None)
+            if clash is not None:
+                problems.items.append(f"{spec.source}:{spec.line}: kernels.{spec.name}: already declared at "
+                                      f"{clash.source}:{clash.line}; rename one")
+            else:
+                kernels.append(spec)
+    if package is None and not problems.items:
+        problems.items.append(f"{files[0]}: no spec declares 'package' (name, version); add it to one file")
+    if problems.items:
+        raise SpecError("invalid kernel spec:\n  " + "\n  ".join(problems.items))
+    assert package is not None
+    return SpecSet(package=package, kernels=tuple(kernels), files=tuple(map(str, files)))
+
+
+def _satisfies(spec: KernelSpec, params: dict[str, Value]) -> bool:
+    for text in spec.constraints:
+        code = compile(ast.parse(text, mode="eval"), f"<{spec.source} constraint>", "eval")
+        try:
+            # Only whitelisted syntax over grid values reaches eval (checked in _check_constraints).
+            ok = eval(code, {"__builtins__": {}}, dict(params))
+        except Exception as exc:
+            raise SpecError(f"{spec.source}:{spec.line}: kernels.{spec.name}.constraints: {text!r} fails for "
+                            f"{params}: {exc}; fix the expression") from exc
+        if not ok:
+            return False
+    return True
+
+
+def expand(spec: KernelSpec) -> tuple[Variant, ...]:
+    """Every grid point of ``spec`` that satisfies all its constraints, in grid order."""
+    keys = spec.grid_keys
+    out = []
+    for values in itertools.product(*(v for _, v in spec.grid)):
+        params = dict(zip(keys, values, strict=True))
+        if _satisfies(spec, params):
+            out.append(Variant(kernel=spec, params=tuple(params.items())))
+    return tuple(out)

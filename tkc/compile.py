@@ -8,7 +8,9 @@ JIT-compiled at run time.
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -23,6 +25,7 @@ from tkc.errors import ToolchainError
 
 # Fixed flags. No --use_fast_math: the quantization contract needs IEEE division
 # (results must match torch bit for bit). C++20 is what TileLang's templates need.
+FIXED_MTIME = 315532800  # 1980-01-01, the epoch the wheels use too
 NVCC_FLAGS = ("-cubin", "-std=c++20", "-O3", "-w", "-Xcudafe", "--diag_suppress=177", "-lineinfo",
               "-Xptxas", "-v")
 
@@ -143,18 +146,32 @@ def parse_ptxas(log: str) -> dict[str, Resources]:
 
 
 def compile_cubin(cuda_source: str, arch: Arch, toolchain: Toolchain, *, name: str) -> CompiledKernel:
-    """Compile one kernel's CUDA source for ``arch``; the source is kept next to errors for debugging."""
-    with tempfile.TemporaryDirectory(prefix="tkc-nvcc-") as tmp:
-        source = Path(tmp) / f"{name}.cu"
-        output = Path(tmp) / f"{name}.cubin"
-        source.write_text(cuda_source)
-        cmd = nvcc_command(toolchain, arch, source, output)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0:
-            raise ToolchainError(f"nvcc failed for {name} ({arch.target}):\n{log.strip()[-4000:]}\n"
-                                 f"command: {' '.join(cmd)}")
-        cubin = output.read_bytes()
+    """Compile one kernel's CUDA source for ``arch``.
+
+    nvcc records its working folder, the source path and its mtime in the
+    cubin's line info, so the compile runs in a folder named after the content hash, with a
+    relative source path: the same inputs give the same cubin bytes on every
+    machine and in every build folder. A file lock serialises builds that
+    compile the very same source at once.
+    """
+    digest = hashlib.sha256(f"{arch.target}\n{cuda_source}".encode()).hexdigest()[:20]
+    workdir = Path(tempfile.gettempdir()) / "tkc-nvcc" / digest
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            (workdir / "kernel.cu").write_text(cuda_source)
+            # The line table records the source's mtime too: pin it to the wheels' fixed epoch.
+            os.utime(workdir / "kernel.cu", (FIXED_MTIME, FIXED_MTIME))
+            cmd = nvcc_command(toolchain, arch, Path("kernel.cu"), Path("kernel.cubin"))
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+            log = proc.stdout + proc.stderr
+            if proc.returncode != 0:
+                raise ToolchainError(f"nvcc failed for {name} ({arch.target}):\n{log.strip()[-4000:]}\n"
+                                     f"command (in {workdir}): {' '.join(cmd)}")
+            cubin = (workdir / "kernel.cubin").read_bytes()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
     return CompiledKernel(cubin=cubin, resources=parse_ptxas(log), log=log)
 
 

@@ -1,0 +1,57 @@
+"""Shared fixtures: one real build of the small spec for both archs, reused by the tests.
+
+GPU tests (marker ``gpu``) skip cleanly where torch sees no CUDA device, so the
+same ``pytest`` command runs on CI machines without a GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from tkc.build import ArchSummary, BuildOptions
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL_SPEC = REPO / "tests" / "data" / "specs" / "small.yaml"
+TEMPLATES = REPO / "templates"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marker gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def small_options(root: Path, jobs: int = 2) -> BuildOptions:
+    # Imported here so that GPU-only runs (no TileLang on the GPU machine) never import the build stages.
+    from tkc.arch import ARCHS
+    from tkc.build import BuildOptions
+    from tkc.spec import load_specs
+
+    return BuildOptions(
+        specs=load_specs([SMALL_SPEC], TEMPLATES), templates=TEMPLATES, build_dir=root / "build",
+        dist_dir=root / "dist", archs=tuple(ARCHS.values()), jobs=jobs,
+    )
+
+
+@pytest.fixture(scope="session")
+def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[BuildOptions, list[ArchSummary]]:
+    """The small spec built once through TileLang and nvcc (about a minute on 2 cores)."""
+    from tkc.build import build
+
+    options = small_options(tmp_path_factory.mktemp("small"))
+    return options, build(options)

@@ -1,0 +1,62 @@
+"""The build stage: cache hits call neither TileLang nor nvcc; wheels are byte-identical across builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tkc.build
+from tkc.build import ArchSummary, BuildOptions, build, plan
+from tests.conftest import small_options
+
+pytestmark = pytest.mark.slow
+
+
+def test_first_build_compiles_every_variant_for_both_archs(small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
+    options, summaries = small_build
+    assert [s.arch.name for s in summaries] == ["sm90", "sm100"]
+    per_arch = len(plan(options)) // 2
+    for s in summaries:
+        assert s.variants == per_arch == 3
+        assert s.compiled == per_arch and s.cached == 0
+        assert s.wheel.is_file() and f"+{s.arch.name}-" in s.wheel.name
+
+
+def test_rebuild_is_all_cache_hits_and_calls_neither_tilelang_nor_nvcc(
+        small_build: tuple[BuildOptions, list[ArchSummary]], monkeypatch: pytest.MonkeyPatch) -> None:
+    options, first = small_build
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cached rebuild must not lower or compile")
+
+    monkeypatch.setattr(tkc.build, "lower", forbidden)
+    monkeypatch.setattr(tkc.build, "compile_cubin", forbidden)
+    again = build(options)
+    assert all(s.compiled == 0 and s.cached == s.variants for s in again)
+    assert [s.wheel.read_bytes() for s in again] == [s.wheel.read_bytes() for s in first]
+
+
+def test_clean_rebuild_in_another_folder_gives_byte_identical_wheels(
+        small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path) -> None:
+    _, first = small_build
+    # Serial this time: the job count must not change a single byte either.
+    second = build(small_options(tmp_path, jobs=1))
+    for a, b in zip(first, second):
+        assert a.wheel.name == b.wheel.name
+        assert a.wheel.read_bytes() == b.wheel.read_bytes()
+
+
+def test_changed_template_misses_the_cache(small_build: tuple[BuildOptions, list[ArchSummary]],
+                                           tmp_path: Path) -> None:
+    options, _ = small_build
+    variant, arch = plan(options)[0]
+    from tkc.compile import find_toolchain
+    from tkc.render import render
+
+    toolchain = find_toolchain()
+    a = render(variant, arch, options.templates, tmp_path / "a")
+    key_a = tkc.build.cache_key(a, toolchain)
+    changed = type(a)(variant=a.variant, arch=a.arch, path=a.path, source=a.source + "\n# touched\n")
+    assert tkc.build.cache_key(changed, toolchain) != key_a
+    assert tkc.build.cache_key(a, toolchain) == key_a

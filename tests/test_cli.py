@@ -1,0 +1,47 @@
+"""The tkc command: exit codes, messages, and nothing written on bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from tkc.cli import main
+from tests.conftest import REPO, SMALL_SPEC, TEMPLATES
+
+
+def test_validate_shipped_specs() -> None:
+    result = CliRunner().invoke(main, ["validate", "--specs", str(REPO / "kernel_specs"), "--templates", str(TEMPLATES)])
+    assert result.exit_code == 0, result.output
+    assert "package tile_kernels_aot" in result.output
+
+
+def test_bad_spec_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SMALL_SPEC.read_text().replace("fmt: [e4m3, e2m1]", "fmt: [e4m3, e2m2]"))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", "--specs", str(bad), "--templates", str(TEMPLATES),
+                                       "--build-dir", str(out / "build"), "--dist", str(out / "dist")])
+    assert result.exit_code == 2
+    assert "bad.yaml:15: kernels.per_token_cast.grid.fmt: bad value 'e2m2'" in result.output
+    assert "did you mean 'e2m1'?" in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_unknown_arch_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["build", "--specs", str(SMALL_SPEC), "--templates", str(TEMPLATES),
+                                       "--arch", "sm89", "--build-dir", str(tmp_path / "b")])
+    assert result.exit_code == 2 and "unknown arch 'sm89'" in result.output
+    assert not (tmp_path / "b").exists()
+
+
+def test_list_and_render() -> None:
+    args = ["--specs", str(SMALL_SPEC), "--templates", str(TEMPLATES)]
+    listed = CliRunner().invoke(main, ["list", *args])
+    assert listed.exit_code == 0 and "per_token_cast (quant" in listed.output and "fmt=e2m1" in listed.output
+    rendered = CliRunner().invoke(main, ["render", *args, "per_token_cast", "--set", "fmt=e2m1", "--arch", "sm100"])
+    assert rendered.exit_code == 0, rendered.output
+    assert "for sm100 (sm_100a)" in rendered.output and "fmt=e2m1" in rendered.output
+    missing = CliRunner().invoke(main, ["render", *args, "per_token_cast", "--set", "fmt=e5m6"])
+    assert missing.exit_code == 2 and "no variant of per_token_cast" in missing.output

@@ -1,0 +1,67 @@
+"""Lowering with TileLang for both archs with no GPU, and the launch contract read back from the IR."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tkc.arch import ARCHS
+from tkc.lower import TensorParam, lower, py_expr
+from tkc.render import render
+from tkc.spec import expand, load_specs
+from tests.conftest import SMALL_SPEC, TEMPLATES
+
+
+def _variant(kernel: str, **params: object):  # type: ignore[no-untyped-def]
+    spec = load_specs([SMALL_SPEC], TEMPLATES).kernel(kernel)
+    return next(v for v in expand(spec) if all(v.param_dict[k] == p for k, p in params.items()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_per_token_cast_contract(arch: str, tmp_path: Path) -> None:
+    rendered = render(_variant("per_token_cast", fmt="e4m3"), ARCHS[arch], TEMPLATES, tmp_path)
+    lowered = lower(rendered, ARCHS[arch])
+    c = lowered.contract
+    assert [p.name for p in c.params] == ["x", "q", "sf"]
+    x, q, sf = c.params
+    assert isinstance(x, TensorParam) and x.dtype == "bfloat16" and x.shape == ("num_tokens", 2048)
+    assert isinstance(q, TensorParam) and q.dtype in ("float8_e4m3fn", "float8_e4m3")
+    assert isinstance(sf, TensorParam) and sf.shape == ("num_tokens", 2048 // 128) and sf.dtype == "float32"
+    (size,) = c.sizes
+    assert (size.name, size.tensor, size.dim, size.kind) == ("num_tokens", "x", 0, "shape")
+    (launch,) = c.launches
+    # Every tensor reaches the kernel, whatever order the lowered host code uses.
+    assert {a.name for a in launch.args if a.kind == "tensor"} == {"x", "q", "sf"}
+    assert any(a.kind == "size" and a.name == "num_tokens" for a in launch.args)
+    assert "num_tokens" in " ".join(launch.grid)
+    grid0 = eval(launch.grid[0], {}, {"num_tokens": 0})
+    assert grid0 == 0 and eval(launch.grid[0], {}, {"num_tokens": 1}) >= 1
+    assert "extern \"C\" __global__" in lowered.cuda_source and launch.symbol in lowered.cuda_source
+    assert "__fdividef" not in lowered.cuda_source
+
+
+@pytest.mark.slow
+def test_transpose_contract_records_tma_descriptors(tmp_path: Path) -> None:
+    rendered = render(_variant("batched_transpose"), ARCHS["sm90"], TEMPLATES, tmp_path)
+    c = lower(rendered, ARCHS["sm90"]).contract
+    assert {s.name for s in c.sizes} >= {s for p in c.params if isinstance(p, TensorParam)
+                                        for s in p.shape if isinstance(s, str)}
+    (launch,) = c.launches
+    for desc in c.tma:
+        assert desc.tensor in {"x", "y"} and desc.rank == len(desc.global_dims) == len(desc.box_dims)
+        assert any(a.kind == "tma" and a.name == desc.name for a in launch.args)
+        # The element size is the first global stride: bf16 is 2 bytes.
+        assert desc.global_strides[0] == "2"
+
+
+def test_py_expr_prints_python() -> None:
+    from tilelang import tvm
+
+    n = tvm.tirx.Var("n", "int32")
+    expr = tvm.tirx.floordiv(n + 63, 64) * 2 + tvm.tirx.floormod(n, 4)
+    text = py_expr(expr)
+    for value in (0, 1, 63, 64, 4001):
+        assert eval(text, {}, {"n": value}) == ((value + 63) // 64) * 2 + value % 4
+    assert py_expr(tvm.tirx.Max(n, 1)) == "max(n, 1)"

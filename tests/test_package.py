@@ -1,0 +1,110 @@
+"""The package stage: wheel names and contents, manifest, cubin ELF arch, install and import without a GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tkc.build import ArchSummary, BuildOptions
+from tkc.compile import cubin_target
+from tkc.fsutil import sha256_bytes
+from tkc.package import public_names
+
+pytestmark = pytest.mark.slow
+
+
+def _wheel(summaries: list[ArchSummary], arch: str) -> Path:
+    return next(s.wheel for s in summaries if s.arch.name == arch)
+
+
+def test_wheel_names_carry_the_arch(small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
+    _, summaries = small_build
+    assert _wheel(summaries, "sm90").name == "tkc_small_kernels-0.0.1+sm90-py3-none-any.whl"
+    assert _wheel(summaries, "sm100").name == "tkc_small_kernels-0.0.1+sm100-py3-none-any.whl"
+
+
+@pytest.mark.parametrize(("arch", "target"), [("sm90", "sm_90a"), ("sm100", "sm_100a")])
+def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, list[ArchSummary]], arch: str,
+                                            target: str) -> None:
+    _, summaries = small_build
+    with zipfile.ZipFile(_wheel(summaries, arch)) as wheel:
+        names = set(wheel.namelist())
+        assert names == set(sorted(names))
+        for required in ("__init__.py", "_runtime.py", "_build_info.py", "errors.py", "manifest.json",
+                         "_kernels/per_token_cast.py", "_kernels/batched_transpose.py", "quant/__init__.py",
+                         "quant/_per_token_cast.py", "transpose/__init__.py", "transpose/_batched_transpose.py"):
+            assert f"tkc_small_kernels/{required}" in names
+        # Nothing of the build machine travels: no TileLang sources, no CUDA sources.
+        assert not [n for n in names if n.endswith((".cu", ".j2"))]
+        manifest = json.loads(wheel.read("tkc_small_kernels/manifest.json"))
+        assert manifest["arch"] == arch and manifest["target"] == target
+        metadata = wheel.read(f"tkc_small_kernels-0.0.1+{arch}.dist-info/METADATA").decode()
+        requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+        assert requires == ["Requires-Dist: torch>=2.4"]
+        variants = [v for k in manifest["kernels"].values() for v in k["variants"]]
+        assert len(variants) == 3
+        for v in variants:
+            cubin = wheel.read(f"tkc_small_kernels/{v['cubin']}")
+            assert sha256_bytes(cubin) == v["sha256"]
+            assert cubin_target(cubin) == target
+            (launch,) = v["contract"]["launches"]
+            assert launch["block"][0] > 0 and launch["grid"]
+            for symbol, res in v["resources"].items():
+                assert symbol == launch["symbol"]
+                assert res["registers"] > 0 and res["spill_stores"] == 0
+        ptc = manifest["kernels"]["per_token_cast"]
+        assert ptc["keys"] == ["in_dtype", "hidden", "fmt", "npc", "round_sf"]
+        assert {v["params"]["fmt"] for v in ptc["variants"]} == {"e4m3", "e2m1"}
+        for v in ptc["variants"]:
+            assert any("num_tokens" in g for g in v["contract"]["launches"][0]["grid"])
+
+
+def test_installed_wheel_imports_without_gpu_and_without_tilelang(
+        small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path) -> None:
+    _, summaries = small_build
+    env_dir = tmp_path / "venv"
+    # System site packages give the venv torch without a download; the wheel itself installs --no-deps.
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                    str(tmp_path / "site"), str(_wheel(summaries, "sm90"))], check=True)
+    script = """
+import sys, torch
+import tkc_small_kernels as tk
+from tkc_small_kernels.errors import NoGpuError, KernelArgumentError, VariantNotFoundError
+assert tk.ARCH == "sm90" and tk.__version__ == "0.0.1+sm90", (tk.ARCH, tk.__version__)
+assert callable(tk.quant.per_token_cast) and callable(tk.transpose.batched_transpose)
+x = torch.randn(4, 2048, dtype=torch.bfloat16)
+try:
+    tk.quant.per_token_cast(x, "e4m3", 128, round_sf=True)
+except NoGpuError as exc:
+    assert "x" in str(exc) and "GPU" in str(exc), exc
+else:
+    raise AssertionError("a CPU tensor without a GPU must raise NoGpuError")
+try:
+    tk.quant.per_token_cast(torch.randn(4, 1536, dtype=torch.bfloat16), "e4m3", 128, round_sf=True)
+except VariantNotFoundError as exc:
+    assert "hidden=1536" in str(exc) and "small.yaml" in str(exc) and "hidden=2048" in str(exc), exc
+else:
+    raise AssertionError("an uncovered H must raise VariantNotFoundError")
+assert "tilelang" not in sys.modules and "tkc" not in sys.modules
+print("ok")
+"""
+    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_public_names_prefers_dunder_all(tmp_path: Path) -> None:
+    op = tmp_path / "op.py"
+    op.write_text("__all__ = ['a']\ndef a(): pass\ndef b(): pass\n")
+    assert public_names(op) == ["a"]
+    op.write_text("def a(): pass\ndef _hidden(): pass\n")
+    assert public_names(op) == ["a"]

@@ -1,0 +1,197 @@
+"""CPU tests of the plain-torch quantization reference (tests/reference/quant.py).
+
+The GPU tests compare kernels bit for bit against this reference, so the reference itself is
+pinned here against independent formulations: the e2m1 comparison chain of KERNELS.md, the
+exact value tables of both formats, and torch's own fp8 cast.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.reference.quant import (
+    AMAX_FLOOR,
+    FP4_VALUES,
+    QMAX,
+    cast_error,
+    dequant,
+    fp4_decode,
+    fp4_encode,
+    fp4_pack,
+    fp4_unpack,
+    per_token_cast_ref,
+    round_sf_up,
+    scales,
+)
+
+# (fmt, npc) pairs of the spec grid; dequantization error bounds of 1 - 2 sum(xy)/sum(x^2 + y^2)
+# on Gaussian data: e4m3 keeps 3 mantissa bits, e2m1 only 1.
+FORMATS = [("e4m3", 32), ("e4m3", 64), ("e4m3", 128), ("e2m1", 16), ("e2m1", 32)]
+ERROR_BOUND = {"e4m3": 1e-3, "e2m1": 2e-2}
+
+
+def comparison_encode(v: torch.Tensor) -> torch.Tensor:
+    """KERNELS.md's e2m1 rule, the one the kernel implements: a chain of midpoint comparisons."""
+    a = v.abs()
+    code = sum(
+        (c).to(torch.int32)
+        for c in (a > 0.25, a >= 0.75, a > 1.25, a >= 1.75, a > 2.5, a >= 3.5, a > 5.0)
+    )
+    return code | ((v < 0).to(torch.int32) << 3)
+
+
+def random_rows(num_tokens: int, hidden: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Gaussian rows with per-row magnitudes over six decades, no exact zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    magnitude = torch.pow(10.0, torch.empty(num_tokens, 1).uniform_(-3, 3, generator=gen))
+    x = torch.randn(num_tokens, hidden, generator=gen) * magnitude
+    return torch.where(x == 0, torch.ones_like(x), x).to(dtype)
+
+
+class TestFp4Encode:
+    def test_every_representable_value(self) -> None:
+        values = torch.tensor(FP4_VALUES)
+        assert fp4_encode(values).tolist() == list(range(8))
+        # Negative values carry the sign bit; -0.0 is not < 0 and keeps code 0.
+        assert fp4_encode(-values[1:]).tolist() == list(range(9, 16))
+        assert fp4_encode(torch.tensor([-0.0])).tolist() == [0]
+
+    @pytest.mark.parametrize(
+        ("tie", "lower"),
+        # (midpoint, code just below it): the midpoint itself takes the even one of lower, lower + 1.
+        [(0.25, 0), (0.75, 1), (1.25, 2), (1.75, 3), (2.5, 4), (3.5, 5), (5.0, 6)],
+    )
+    def test_ties_round_to_even(self, tie: float, lower: int) -> None:
+        t = torch.tensor([tie])
+        below, above = t.nextafter(torch.zeros(1)), t.nextafter(torch.full((1,), 9.0))
+        even = lower + (lower % 2)
+        assert fp4_encode(below).item() == lower
+        assert fp4_encode(t).item() == even
+        assert fp4_encode(above).item() == lower + 1
+        assert fp4_encode(-t).item() == even | 8
+
+    def test_saturates_at_six(self) -> None:
+        v = torch.tensor([5.0001, 6.0, 7.0, 8.0, 1e30, float("inf")])
+        assert fp4_encode(v).tolist() == [7] * 6
+        assert fp4_encode(-v).tolist() == [15] * 6
+
+    def test_small_values(self) -> None:
+        tiny = torch.tensor([1e-45, 1e-38, 1e-10, 0.1, 0.25])  # subnormal fp32 included
+        assert fp4_encode(tiny).tolist() == [0] * 5
+        assert fp4_encode(-tiny).tolist() == [8] * 5  # negative values keep the sign bit
+
+    def test_matches_comparison_chain(self) -> None:
+        gen = torch.Generator().manual_seed(1)
+        v = torch.randn(1 << 16, generator=gen) * 3
+        # Every fp32 on a fine grid around each tie, and random values over a wide range.
+        grid = torch.linspace(-7, 7, 14001)
+        for values in (v, grid, torch.tensor([t + s * d for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+                                              for s in (-1, 0, 1) for d in (1e-7, 1e-6)])):
+            assert torch.equal(fp4_encode(values), comparison_encode(values))
+
+    def test_pack_layout_and_round_trip(self) -> None:
+        codes = torch.arange(16, dtype=torch.int32).repeat(3).reshape(3, 16)
+        packed = fp4_pack(codes)
+        assert packed.dtype == torch.int8 and packed.shape == (3, 8)
+        # Element 2i in the low nibble, 2i + 1 in the high nibble.
+        assert packed.view(torch.uint8)[0, 0].item() == 0x10
+        assert packed.view(torch.uint8)[0, 7].item() == 0xFE
+        assert torch.equal(fp4_unpack(packed), codes)
+        decoded = fp4_decode(packed)[0]
+        expected = torch.tensor(FP4_VALUES + tuple(-v for v in FP4_VALUES))
+        assert torch.equal(decoded, expected)
+        assert torch.signbit(decoded[8])  # code 8 is -0.0
+
+
+class TestScales:
+    def test_round_sf_is_smallest_power_of_two_not_below(self) -> None:
+        gen = torch.Generator().manual_seed(2)
+        sf = torch.pow(2.0, torch.empty(10000).uniform_(-120, 120, generator=gen))
+        sf = torch.cat([sf, torch.pow(2.0, torch.arange(-126.0, 127.0))])  # exact powers stay put
+        rounded = round_sf_up(sf)
+        mantissa = rounded.view(torch.int32) & 0x7FFFFF
+        assert torch.all(mantissa == 0)
+        assert torch.all(rounded >= sf)
+        assert torch.all(rounded / 2 < sf)
+        assert torch.equal(round_sf_up(rounded), rounded)
+
+    @pytest.mark.parametrize(("fmt", "npc"), FORMATS)
+    @pytest.mark.parametrize("round_sf", [False, True])
+    def test_scale_definition(self, fmt: str, npc: int, round_sf: bool) -> None:
+        x = random_rows(16, 256, torch.float32)
+        sf, q_scale = scales(x, fmt, npc, round_sf)
+        amax = x.reshape(16, -1, npc).abs().amax(-1).clamp_min(AMAX_FLOOR[fmt]).double()
+        if round_sf:
+            assert torch.all((sf.view(torch.int32) & 0x7FFFFF) == 0)
+            assert torch.equal(q_scale * sf, torch.ones_like(sf))  # 1 / power of two is exact
+        else:
+            # float32(amax / qmax) computed in float64 then rounded: the IEEE quotient.
+            assert torch.equal(sf, (amax / QMAX[fmt]).float())
+            assert torch.equal(q_scale, (QMAX[fmt] / amax).float())
+
+    @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+    def test_amax_floor(self, fmt: str) -> None:
+        x = torch.full((2, 64), 1e-39)  # fp32 subnormal, below both floors
+        sf, _ = scales(x, fmt, 32, round_sf=False)
+        expected = torch.tensor(AMAX_FLOOR[fmt], dtype=torch.float32) / torch.tensor(QMAX[fmt])
+        assert torch.equal(sf, expected.expand(2, 2))
+
+
+class TestPerTokenCast:
+    def test_e4m3_boundaries(self) -> None:
+        # amax == 448 gives q_scale == 1: the values pass through unscaled.
+        row = torch.tensor([448.0, -448.0, -432.0, 240.0, 232.0, 1.0625, 1.1875, 2.0**-10, 3 * 2.0**-10])
+        x = torch.cat([row, torch.zeros(32 - row.numel())]).reshape(1, 32)
+        x[0, -1] = 1.0  # no exact zeros needed here, but keep one ordinary value
+        q, sf = per_token_cast_ref(x, "e4m3", 32)
+        assert sf.item() == 1.0
+        got = q.float()[0, : row.numel()].tolist()
+        # +-448 and 240 exact; the ties -432 (-416 | -448), 232 (224 | 240), 1.0625
+        # (1 | 1.125) and 1.1875 (1.125 | 1.25) go to the even mantissa; subnormal ties 2^-10
+        # (0 | 2^-9) -> 0 and 3 * 2^-10 (2^-9 | 2^-8) -> 2^-8.
+        assert got == [448.0, -448.0, -448.0, 240.0, 224.0, 1.0, 1.25, 0.0, 2.0**-8]
+
+    def test_e4m3_clamps_before_cast(self) -> None:
+        # amax just over the floor: q_scale rounds up so x * q_scale can exceed 448 slightly.
+        x = random_rows(64, 128, torch.float32, seed=3)
+        q, _ = per_token_cast_ref(x, "e4m3", 32)
+        assert not torch.isnan(q.float()).any()
+        assert q.float().abs().max().item() == 448.0
+
+    @pytest.mark.parametrize(("fmt", "npc"), FORMATS)
+    @pytest.mark.parametrize("round_sf", [False, True])
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    def test_shapes_and_dequant_error(self, fmt: str, npc: int, round_sf: bool, dtype: torch.dtype) -> None:
+        x = random_rows(33, 2048, dtype, seed=4)
+        q, sf = per_token_cast_ref(x, fmt, npc, round_sf)
+        assert sf.shape == (33, 2048 // npc) and sf.dtype == torch.float32
+        if fmt == "e4m3":
+            assert q.shape == (33, 2048) and q.dtype == torch.float8_e4m3fn
+        else:
+            assert q.shape == (33, 1024) and q.dtype == torch.int8
+        assert cast_error(x.float(), dequant(q, sf, fmt, npc)) < ERROR_BOUND[fmt]
+
+    def test_e2m1_codes_follow_comparison_chain(self) -> None:
+        x = random_rows(8, 512, torch.bfloat16, seed=5)
+        q, sf = per_token_cast_ref(x, "e2m1", 16, round_sf=True)
+        scaled = x.float().reshape(8, -1, 16) * (1.0 / sf).unsqueeze(-1)
+        assert torch.equal(fp4_unpack(q), comparison_encode(scaled.reshape(8, 512)))
+
+    def test_zero_tokens(self) -> None:
+        q, sf = per_token_cast_ref(torch.empty(0, 256, dtype=torch.bfloat16), "e2m1", 32)
+        assert q.shape == (0, 128) and sf.shape == (0, 8)
+
+    def test_argument_errors(self) -> None:
+        with pytest.raises(ValueError, match="fmt"):
+            per_token_cast_ref(torch.ones(1, 32), "e5m2", 32)
+        with pytest.raises(ValueError, match="npc"):
+            per_token_cast_ref(torch.ones(1, 48), "e4m3", 32)
+        with pytest.raises(ValueError, match="2-D"):
+            per_token_cast_ref(torch.ones(32), "e4m3", 32)
+
+    def test_cast_error_measure(self) -> None:
+        x = torch.randn(1000, dtype=torch.float64)
+        assert cast_error(x, x) == 0.0
+        assert cast_error(x, -x) == pytest.approx(2.0)
+        assert cast_error(torch.zeros(3), torch.zeros(3)) == 0.0

@@ -1,0 +1,153 @@
+"""Spec parsing and every class of validation error (no TileLang, no nvcc)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tkc.errors import SpecError
+from tkc.spec import expand, load_specs
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOOD = """\
+package:
+  name: my_kernels
+  version: 1.2.3
+kernels:
+  per_token_cast:
+    module: quant
+    template: quant/per_token_cast.py.j2
+    op: quant/per_token_cast.py
+    archs: [sm90]
+    grid:
+      in_dtype: [bfloat16, float32]
+      hidden: [2048, 7168]
+      fmt: [e4m3, e2m1]
+      npc: [32, 128]
+      round_sf: [false, true]
+    constraints:
+      - "fmt != 'e2m1' or npc == 32"
+"""
+
+
+@pytest.fixture
+def templates(tmp_path: Path) -> Path:
+    root = tmp_path / "templates"
+    (root / "quant").mkdir(parents=True)
+    (root / "quant" / "per_token_cast.py.j2").write_text("prim_func = None\n")
+    (root / "quant" / "per_token_cast.py").write_text("def per_token_cast(x):\n    return x\n")
+    return root
+
+
+def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+    path = tmp_path / "specs" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def error_of(tmp_path: Path, templates: Path, text: str) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_specs([path], templates)
+    assert info.value.exit_code == 2
+    return str(info.value)
+
+
+def test_good_spec_parses_into_frozen_dataclasses(tmp_path: Path, templates: Path) -> None:
+    specs = load_specs([write(tmp_path, GOOD)], templates)
+    assert specs.package.name == "my_kernels" and specs.package.version == "1.2.3"
+    (k,) = specs.kernels
+    assert k.name == "per_token_cast" and k.module == "quant" and k.archs == ("sm90",)
+    assert k.grid_keys == ("in_dtype", "hidden", "fmt", "npc", "round_sf")
+    assert k.line == 5
+    with pytest.raises(AttributeError):
+        k.name = "other"  # type: ignore[misc]
+    variants = expand(k)
+    # 2 dtypes x 2 H x (e4m3: 2 npc + e2m1: 1 npc) x 2 round_sf
+    assert len(variants) == 2 * 2 * 3 * 2
+    assert all(v.param_dict["npc"] == 32 for v in variants if v.param_dict["fmt"] == "e2m1")
+    ids = [v.id for v in variants]
+    assert len(set(ids)) == len(ids)
+    assert ids == [v.id for v in expand(k)]  # deterministic
+
+
+def test_shipped_specs_are_valid() -> None:
+    specs = load_specs([REPO / "kernel_specs"], REPO / "templates")
+    names = {k.name for k in specs.kernels}
+    assert {"per_token_cast", "batched_transpose"} <= names
+    assert specs.package.name == "tile_kernels_aot"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("  per_token_cast:\n    module: quant", "  per_token_cast:\n    modul: quant",
+         "kernels.per_token_cast.modul: unknown key; valid keys: module"),
+        ("fmt: [e4m3, e2m1]", "fmt: [e4m3, e4m4]", "bad value 'e4m4'; valid choices: e4m3, e2m1, e5m6 (did you mean 'e4m3'?)"),
+        ("in_dtype: [bfloat16, float32]", "in_dtype: [bfloat16, bfloat61]", "bad value 'bfloat61'"),
+        ("archs: [sm90]", "archs: [sm91]", "kernels.per_token_cast.archs: bad value 'sm91'; valid choices: sm90, sm100"),
+        ("module: quant", "module: qaunt", "did you mean 'quant'?"),
+        ("template: quant/per_token_cast.py.j2", "template: quant/missing.py.j2",
+         "'quant/missing.py.j2' does not exist under"),
+        ("op: quant/per_token_cast.py", "op: quant/per_token_cast.txt", "should end in .py"),
+        ("    op: quant/per_token_cast.py\n", "", "kernels.per_token_cast.op: missing required key"),
+        ("\"fmt != 'e2m1' or npc == 32\"", "\"fmt != 'e2m1' or npcs == 32\"",
+         "names 'npcs', which is not a grid key; grid keys: in_dtype, hidden, fmt, npc, round_sf (did you mean 'npc'?)"),
+        ("\"fmt != 'e2m1' or npc == 32\"", "\"__import__('os').system('true')\"", "uses Call"),
+        ("\"fmt != 'e2m1' or npc == 32\"", "\"fmt == \"", "is not a Python expression"),
+        ("\"fmt != 'e2m1' or npc == 32\"", "\"npc == 7\"", "the constraints exclude every grid point"),
+        ("hidden: [2048, 7168]", "hidden: [2048, 2048]", "value 2048 is listed twice"),
+        ("hidden: [2048, 7168]", "hidden: []", "empty list"),
+        ("hidden: [2048, 7168]", "hidden: [{a: 1}]", "expected scalars"),
+        ("version: 1.2.3", "version: one", "'one' is not a PEP 440 version"),
+        ("name: my_kernels", "name: my-kernels", "is not a Python package name"),
+        ("package:", "packages:", "(top level).packages: unknown key; valid keys: package, kernels (did you mean 'package'?)"),
+    ],
+)
+def test_validation_errors_name_file_line_key_value_and_fix(tmp_path: Path, templates: Path, old: str, new: str,
+                                                            expected: str) -> None:
+    assert old in GOOD
+    message = error_of(tmp_path, templates, GOOD.replace(old, new, 1))
+    assert expected in message
+    assert "spec.yaml:" in message  # file and line
+
+
+def test_error_reports_the_line_of_the_bad_value(tmp_path: Path, templates: Path) -> None:
+    message = error_of(tmp_path, templates, GOOD.replace("fmt: [e4m3, e2m1]", "fmt: [e4m3, e2m7]"))
+    line = GOOD.splitlines().index("      fmt: [e4m3, e2m1]") + 1
+    assert f"spec.yaml:{line}: kernels.per_token_cast.grid.fmt" in message
+
+
+def test_all_problems_are_reported_at_once(tmp_path: Path, templates: Path) -> None:
+    text = GOOD.replace("fmt: [e4m3, e2m1]", "fmt: [e4m9]").replace("archs: [sm90]", "archs: [sm42]")
+    message = error_of(tmp_path, templates, text)
+    assert "e4m9" in message and "sm42" in message
+
+
+def test_invalid_yaml_and_empty_file(tmp_path: Path, templates: Path) -> None:
+    assert "not valid YAML" in error_of(tmp_path, templates, "kernels: [unclosed\n")
+    assert "empty spec file" in error_of(tmp_path, templates, "")
+
+
+def test_duplicate_kernel_across_files_and_package_mismatch(tmp_path: Path, templates: Path) -> None:
+    write(tmp_path, GOOD, "a.yaml")
+    write(tmp_path, GOOD.replace("version: 1.2.3", "version: 2.0.0"), "b.yaml")
+    with pytest.raises(SpecError) as info:
+        load_specs([tmp_path / "specs"], templates)
+    message = str(info.value)
+    assert "already declared at" in message and "differs from my_kernels 1.2.3" in message
+
+
+def test_duplicate_key_is_an_error(tmp_path: Path, templates: Path) -> None:
+    text = GOOD.replace("    module: quant\n", "    module: quant\n    module: quant\n")
+    assert "kernels.per_token_cast.module: duplicate key" in error_of(tmp_path, templates, text)
+
+
+def test_no_spec_files(tmp_path: Path, templates: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match="no spec files found"):
+        load_specs([tmp_path / "empty"], templates)

@@ -1,0 +1,292 @@
+"""Benchmark the prebuilt ops against the card's copy bandwidth, torch eager and torch.compile.
+
+Needs only torch and an installed ``tile_kernels_aot`` wheel (no TileLang):
+
+    python benchmarks/bench.py --out DIR [--commit SHA] [--quick]
+
+Every number is the median GPU time of many calls, taken with CUDA events after a
+warm-up. Before each timed call a GPU sleep keeps the stream busy while the host
+enqueues the call, so host-side overhead (argument checks, Python) stays out of the
+GPU time. Inputs rotate among buffers that together exceed three times the L2 cache, so
+the cache does not serve them. Bytes count every input and output once (read +
+written); GB/s is bytes / median time, and "% copy" compares it with a large
+device-to-device copy measured in the same run.
+
+Writes DIR/results.json and DIR/results.md and prints the markdown table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+COPY_BYTES = 1 << 30  # one buffer of the copy-bandwidth measurement: far larger than any L2
+MAX_BUFFERS = 16
+
+Inputs = tuple[Any, ...]
+Op = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Settings:
+    reps: int
+    warmup: int
+
+
+@dataclass(frozen=True)
+class Row:
+    op: str
+    shape: str
+    us: float | None
+    gb_s: float | None
+    pct_copy: float | None
+    eager_us: float | None
+    compiled_us: float | None
+    note: str
+
+    @property
+    def vs_eager(self) -> float | None:
+        return self.eager_us / self.us if self.us and self.eager_us else None
+
+    @property
+    def vs_compiled(self) -> float | None:
+        return self.compiled_us / self.us if self.us and self.compiled_us else None
+
+
+class Timer:
+    """Median GPU time of a call, with the host kept ahead of the GPU by a calibrated sleep."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.cycles_per_us = self._calibrate()
+
+    @staticmethod
+    def _calibrate() -> float:
+        cycles = 10_000_000
+        torch.cuda._sleep(cycles)  # first call loads the kernel
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / (start.elapsed_time(end) * 1e3)
+
+    def _host_us(self, fn: Op, inputs: Sequence[Inputs]) -> float:
+        """Host time to enqueue one call, while a long sleep keeps the stream from blocking the host."""
+        torch.cuda._sleep(int(50_000 * self.cycles_per_us))
+        t0 = time.perf_counter()
+        for args in inputs[:4]:
+            fn(*args)
+        host = (time.perf_counter() - t0) * 1e6 / len(inputs[:4])
+        torch.cuda.synchronize()
+        return host
+
+    def median_us(self, fn: Op, inputs: Sequence[Inputs]) -> float:
+        for i in range(self.settings.warmup):
+            fn(*inputs[i % len(inputs)])
+        torch.cuda.synchronize()
+        # Sleep twice the host time (plus margin), so the call is queued before the GPU gets to it.
+        sleep_cycles = int((2 * self._host_us(fn, inputs) + 20) * self.cycles_per_us)
+        events = []
+        for i in range(self.settings.reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(sleep_cycles)
+            start.record()
+            fn(*inputs[i % len(inputs)])
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
+
+
+def rotating_inputs(make: Callable[[], Inputs]) -> list[Inputs]:
+    """Enough input sets that cycling through them defeats the L2 cache (3x its size, at least 2 sets)."""
+    first = make()
+    nbytes = sum(t.nbytes for t in first if isinstance(t, torch.Tensor))
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    count = min(MAX_BUFFERS, max(2, math.ceil(3 * l2 / max(nbytes, 1))))
+    return [first] + [make() for _ in range(count - 1)]
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor in a (nested) result."""
+    if isinstance(value, torch.Tensor):
+        return value.nbytes
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def reason(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"[:160]
+
+
+def try_time(timer: Timer, fn: Op | None, inputs: Sequence[Inputs], notes: list[str],
+             label: str) -> float | None:
+    """Time ``fn``; a failure (a torch.compile error, say) becomes a note "label n/a: reason"."""
+    if fn is None:
+        return None
+    try:
+        return timer.median_us(fn, inputs)
+    except Exception as exc:  # reported in the table, never hidden
+        notes.append(f"{label} n/a: {reason(exc)}")
+        return None
+
+
+def compiled(fn: Op) -> Op:
+    return torch.compile(fn, dynamic=False)
+
+
+def copy_bandwidth(timer: Timer) -> float:
+    """GB/s of y.copy_(x) over COPY_BYTES, counting bytes read + written."""
+    inputs = [(torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda"),
+               torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")) for _ in range(2)]
+    us = timer.median_us(lambda x, y: y.copy_(x), inputs)
+    return 2 * COPY_BYTES / us / 1e3
+
+
+def bench_case(timer: Timer, copy_gb_s: float, op: str, shape: str, make: Callable[[], Inputs],
+               ours: Op | None, eager: Op | None, missing: str = "") -> Row:
+    """One table row: our op, torch eager and torch.compile of the eager function on the same inputs."""
+    notes = [missing] if missing else []
+    inputs = rotating_inputs(make)
+    us = try_time(timer, ours, inputs, notes, "ours")
+    gb_s = pct = None
+    if us is not None and ours is not None:
+        nbytes = tensor_bytes(inputs[0]) + tensor_bytes(ours(*inputs[0]))
+        gb_s = nbytes / us / 1e3
+        pct = 100 * gb_s / copy_gb_s
+    eager_us = try_time(timer, eager, inputs, notes, "eager")
+    compiled_us = try_time(timer, compiled(eager) if eager else None, inputs, notes, "compiled")
+    return Row(op, shape, us, gb_s, pct, eager_us, compiled_us, "; ".join(notes))
+
+
+def load_quant_reference() -> tuple[Op | None, str]:
+    """per_token_cast_ref from tests/reference/quant.py, or None and why not."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from reference.quant import per_token_cast_ref
+    except Exception as exc:  # the reference is optional here: the row says it is missing
+        return None, f"eager/compiled n/a: tests/reference/quant.py not importable ({reason(exc)})"
+    return per_token_cast_ref, ""
+
+
+def quant_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
+    tokens, hidden = 8192, 7168
+    reference, ref_note = load_quant_reference()
+    quant = getattr(tk, "quant", None)
+    no_op = "" if quant else "ours n/a: the wheel has no quant module"
+    missing = "; ".join(n for n in (ref_note, no_op) if n)
+
+    def make() -> Inputs:
+        return (torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda"),)
+
+    def bind(fn: Op | None, cast_fmt: str, npc: int, **kwargs: Any) -> Op | None:
+        if fn is None:
+            return None
+        return lambda x: fn(x, cast_fmt, npc, **kwargs)
+
+    rows = []
+    for cast_fmt, npc in (("e4m3", 128), ("e4m3", 32), ("e2m1", 32)):
+        ours = bind(quant.per_token_cast if quant else None, cast_fmt, npc, round_sf=False)
+        eager = bind(reference, cast_fmt, npc, round_sf=False)
+        rows.append(bench_case(timer, copy_gb_s, f"per_token_cast {cast_fmt} npc={npc}",
+                               f"({tokens}, {hidden}) bf16", make, ours, eager, missing))
+    return rows
+
+
+def transpose_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
+    batch, m, n = 8, 512, 7168
+    module = getattr(tk, "transpose", None)
+    ours = module.batched_transpose if module is not None else None
+
+    def eager(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).contiguous()
+
+    rows = []
+    for dtype, label in ((torch.bfloat16, "bf16"), (torch.float8_e4m3fn, "e4m3")):
+        def make(dtype: torch.dtype = dtype) -> Inputs:
+            return (torch.randn(batch, m, n, device="cuda").to(dtype),)
+
+        rows.append(bench_case(timer, copy_gb_s, "batched_transpose", f"({batch}, {m}, {n}) {label}", make,
+                               ours, eager, "" if module else "ours n/a: the wheel has no transpose module"))
+    return rows
+
+
+def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def markdown(meta: dict[str, Any], rows: Sequence[Row]) -> str:
+    lines = [
+        f"# tile_kernels_aot benchmarks, {meta['date']}",
+        "",
+        f"GPU: {meta['gpu']}; torch {meta['torch']}; tile_kernels_aot {meta['package']} "
+        f"(commit {meta['commit']}); copy bandwidth {meta['copy_gb_s']:.0f} GB/s "
+        f"(read + written); median of {meta['reps']} calls.",
+        "",
+        "| op | shape | µs | GB/s | % copy | eager µs | compiled µs | vs eager | vs compiled | note |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.op} | {r.shape} | {fmt(r.us)} | {fmt(r.gb_s, 0)} | {fmt(r.pct_copy, 0, '%')} "
+            f"| {fmt(r.eager_us)} | {fmt(r.compiled_us)} | {fmt(r.vs_eager, 2, 'x')} "
+            f"| {fmt(r.vs_compiled, 2, 'x')} | {r.note} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for results.json and results.md")
+    parser.add_argument("--commit", default="unknown", help="package commit to record in the header")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    import tile_kernels_aot as tk
+
+    settings = Settings(reps=20, warmup=3) if args.quick else Settings(reps=200, warmup=10)
+    timer = Timer(settings)
+    copy_gb_s = copy_bandwidth(timer)
+    rows = quant_rows(timer, copy_gb_s, tk) + transpose_rows(timer, copy_gb_s, tk)
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "package": getattr(tk, "__version__", "unknown"),
+        "commit": args.commit,
+        "copy_gb_s": copy_gb_s,
+        "reps": settings.reps,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"meta": meta, "rows": [asdict(r) | {"vs_eager": r.vs_eager, "vs_compiled": r.vs_compiled}
+                                      for r in rows]}
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = markdown(meta, rows)
+    (args.out / "results.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

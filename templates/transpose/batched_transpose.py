@@ -1,0 +1,73 @@
+"""Transposes of the last two dimensions: ``batched_transpose`` (B, M, N) -> (B, N, M) and ``transpose``.
+
+Both run the prebuilt ``batched_transpose`` kernel (templates/transpose/batched_transpose.py.j2):
+one variant per dtype (bfloat16, float32, float8_e4m3fn), with B, M and N read from the
+tensors at run time. The kernel moves whole 64 x 64 tiles, so M and N must be multiples of
+64, and it indexes x as a contiguous tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._runtime import dtype_name, get_kernel
+from ..errors import KernelArgumentError
+
+__all__ = ["batched_transpose", "transpose"]
+
+TILE = 64  # the kernel's tile edge: M and N must be multiples of it
+MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y (M / 64 tiles) and gridDim.z (B)
+
+_kernel = get_kernel("batched_transpose")
+
+
+def _check(x: Any, ndim: int, op: str) -> None:
+    """Raise ``KernelArgumentError`` (a ``ValueError``) naming x unless the kernel can take it."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelArgumentError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        layout = "(B, M, N)" if ndim == 3 else "(M, N)"
+        hint = "; use transpose() for a single matrix" if ndim == 3 and x.dim() == 2 else ""
+        raise KernelArgumentError(f"{op}: x must be {ndim}-D {layout}, got shape {tuple(x.shape)}{hint}")
+    m, n = x.shape[-2], x.shape[-1]
+    if m % TILE or n % TILE:
+        raise KernelArgumentError(f"{op}: the last two sizes of x must be multiples of {TILE}, got "
+                                  f"M={m}, N={n} (shape {tuple(x.shape)}); pad x to multiples of {TILE}")
+    batch = x.shape[0] if ndim == 3 else 1
+    if batch > MAX_GRID_YZ or m // TILE > MAX_GRID_YZ:
+        raise KernelArgumentError(f"{op}: x of shape {tuple(x.shape)} needs more than {MAX_GRID_YZ} thread "
+                                  f"blocks along B or M / {TILE}; split x into chunks along that dimension")
+    if not x.is_contiguous():
+        raise KernelArgumentError(f"{op}: x must be contiguous, got shape {tuple(x.shape)} with strides "
+                                  f"{x.stride()}; pass x.contiguous()")
+
+
+def _launch(x: torch.Tensor) -> torch.Tensor:
+    """y[b] = x[b].T for a checked (B, M, N) tensor x."""
+    launch = _kernel.select(dtype=dtype_name(x.dtype))
+    b, m, n = x.shape
+    y = torch.empty((b, n, m), dtype=x.dtype, device=x.device)
+    launch(x, y)
+    return y
+
+
+def batched_transpose(x: torch.Tensor) -> torch.Tensor:
+    """Return x.transpose(-1, -2) as a new contiguous tensor: (B, M, N) -> (B, N, M).
+
+    x: a contiguous CUDA tensor of bfloat16, float32 or float8_e4m3fn, with M and N
+    multiples of 64; B may be 0. Raises ``KernelArgumentError`` (a ``ValueError``) naming
+    x for a bad shape, layout or device, and ``VariantNotFoundError`` for another dtype.
+    """
+    _check(x, 3, "batched_transpose")
+    return _launch(x)
+
+
+def transpose(x: torch.Tensor) -> torch.Tensor:
+    """Return x.T as a new contiguous tensor: (M, N) -> (N, M); the batched kernel with B = 1.
+
+    Same conditions on x as ``batched_transpose``.
+    """
+    _check(x, 2, "transpose")
+    return _launch(x.unsqueeze(0)).squeeze(0)

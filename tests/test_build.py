@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import tkc.build
-from tkc.build import ArchSummary, BuildOptions, build, plan
 from tests.conftest import small_options
+from tkc.build import ArchSummary, BuildOptions, build, plan
 
 pytestmark = pytest.mark.slow
 

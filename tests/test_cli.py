@@ -6,8 +6,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from tkc.cli import main
 from tests.conftest import REPO, SMALL_SPEC, TEMPLATES
+from tkc.cli import main
 
 
 def test_validate_shipped_specs() -> None:

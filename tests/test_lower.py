@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SMALL_SPEC, TEMPLATES
 from tkc.arch import ARCHS
 from tkc.lower import TensorParam, lower, py_expr
 from tkc.render import render
 from tkc.spec import expand, load_specs
-from tests.conftest import SMALL_SPEC, TEMPLATES
 
 
 def _variant(kernel: str, **params: object):  # type: ignore[no-untyped-def]

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SMALL_SPEC, TEMPLATES
 from tkc.arch import ARCHS
 from tkc.errors import TemplateError
 from tkc.render import render
 from tkc.spec import expand, load_specs
-from tests.conftest import SMALL_SPEC, TEMPLATES
 
 
 def test_render_writes_one_module_per_variant_and_arch(tmp_path: Path) -> None:

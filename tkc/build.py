@@ -27,7 +27,17 @@ from pathlib import Path
 
 from tkc.arch import Arch, get_arch
 from tkc.compile import NVCC_FLAGS, Resources, Toolchain, compile_cubin, find_toolchain
-from tkc.lower import KernelArg, Launch, LaunchContract, ScalarParam, SizeSource, TensorParam, TmaDescriptor, lower
+from tkc.errors import UsageError
+from tkc.lower import (
+    KernelArg,
+    Launch,
+    LaunchContract,
+    ScalarParam,
+    SizeSource,
+    TensorParam,
+    TmaDescriptor,
+    lower,
+)
 from tkc.package import BuiltVariant, PackageResult, write_package
 from tkc.render import RenderedKernel, render
 from tkc.spec import SpecSet, Variant, expand
@@ -95,7 +105,7 @@ def _contract_from_json(data: dict) -> LaunchContract:
     return LaunchContract(
         params=params,
         sizes=tuple(SizeSource(**s) for s in data["sizes"]),
-        tma=tuple(TmaDescriptor(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()})
+        tma=tuple(TmaDescriptor(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()})  # type: ignore[arg-type]
                   for t in data["tma"]),
         launches=tuple(Launch(**{
             **launch, "args": tuple(KernelArg(**a) for a in launch["args"]), "grid": tuple(launch["grid"]),
@@ -157,15 +167,33 @@ def plan(options: BuildOptions) -> list[tuple[Variant, Arch]]:
             for v in expand(k)]
 
 
-def build(options: BuildOptions, progress: Callable[[int], None] | None = None) -> list[ArchSummary]:
-    """Build every variant for every arch and one wheel per arch; ``progress(n)`` after each n variants."""
-    toolchain = find_toolchain(options.nvcc)
+def shard_of(work: list[tuple[Variant, Arch]], index: int, count: int) -> list[tuple[Variant, Arch]]:
+    """Shard ``index`` (1-based) of ``count``: round-robin over the work sorted by (arch, kernel, variant id).
+
+    Sorting first makes the split independent of spec file order, and round-robin
+    spreads each kernel's variants (which cost about the same) evenly.
+    """
+    if not 1 <= index <= count:
+        raise UsageError(f"--shard {index}/{count}: the shard index must be between 1 and {count}")
+    ordered = sorted(work, key=lambda w: (w[1].name, w[0].kernel.name, w[0].id))
+    return [w for i, w in enumerate(ordered) if i % count == index - 1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Compiled:
+    entries: dict[tuple[str, str], Path]  # (variant id, arch) -> cache entry
+    hits: dict[tuple[str, str], bool]
+    seconds: dict[str, float]
+
+
+def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain: Toolchain,
+             progress: Callable[[int], None] | None, cached_only: bool = False) -> _Compiled:
+    """Render everything, then lower and compile the cache misses (in a pool when jobs > 1)."""
     cache = options.build_dir / "cache"
     jobs: list[Job] = []
     hits: dict[tuple[str, str], bool] = {}
     entries: dict[tuple[str, str], Path] = {}
     seconds: dict[str, float] = {arch.name: 0.0 for arch in options.archs}
-    work = plan(options)
     for variant, arch in work:
         rendered = render(variant, arch, options.templates, options.build_dir / "src")
         key = cache_key(rendered, toolchain)
@@ -178,6 +206,11 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None) 
                 progress(1)
         else:
             jobs.append(Job(rendered=rendered, key=key, entry=entry, toolchain=toolchain))
+    if cached_only and jobs:
+        missing = ", ".join(f"{j.rendered.variant.id} ({j.rendered.arch.name})" for j in jobs[:5])
+        raise UsageError(f"{len(jobs)} variants are in none of the merged shards (e.g. {missing}); merge the "
+                         "outputs of every shard (tkc build --shard I/N for I = 1..N) built from the same specs, "
+                         "templates and toolchain")
     with _pool(options.jobs) as pool:
         if pool is None:
             for job in jobs:
@@ -190,6 +223,19 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None) 
                 seconds[futures[future].rendered.arch.name] += future.result()
                 if progress:
                     progress(1)
+    return _Compiled(entries=entries, hits=hits, seconds=seconds)
+
+
+def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
+          cached_only: bool = False) -> list[ArchSummary]:
+    """Build every variant for every arch and one wheel per arch; ``progress(n)`` after each n variants.
+
+    ``cached_only`` (used by ``merge``) refuses to lower or compile anything: every
+    variant must already be in the cache.
+    """
+    toolchain = find_toolchain(options.nvcc)
+    work = plan(options)
+    compiled = _compile(options, work, toolchain, progress, cached_only=cached_only)
     toolchain_info = {"nvcc": toolchain.version, "tilelang": tilelang_version(), "nvcc_flags": " ".join(NVCC_FLAGS)}
     summaries = []
     for arch in options.archs:
@@ -197,20 +243,67 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None) 
         for variant, a in work:
             if a != arch:
                 continue
-            found = read_entry(entries[(variant.id, arch.name)])
+            found = read_entry(compiled.entries[(variant.id, arch.name)])
             assert found is not None, f"cache entry of {variant.id} ({arch.name}) vanished during the build"
             cubin, contract, resources = found
             built.append(BuiltVariant(variant=variant, arch=arch, cubin=cubin, contract=contract,
-                                      resources=resources, cached=hits[(variant.id, arch.name)]))
+                                      resources=resources, cached=compiled.hits[(variant.id, arch.name)]))
         result: PackageResult = write_package(options.specs, arch, built, options.templates,
                                               options.build_dir / "pkg" / arch.name, options.dist_dir,
                                               toolchain_info)
         summaries.append(ArchSummary(
             arch=arch, variants=len(built), compiled=sum(not b.cached for b in built),
-            cached=sum(b.cached for b in built), seconds=seconds[arch.name],
+            cached=sum(b.cached for b in built), seconds=compiled.seconds[arch.name],
             wheel=result.wheel, wheel_bytes=result.wheel.stat().st_size,
         ))
     return summaries
 
 
-__all__ = ["ArchSummary", "BuildOptions", "build", "get_arch", "plan"]
+def build_shard(options: BuildOptions, index: int, count: int, out: Path,
+                progress: Callable[[int], None] | None = None) -> int:
+    """Compile shard ``index`` of ``count`` and export its cache entries to ``out``; returns the variant count.
+
+    ``out`` holds ``cache/<key[:2]>/<key>/`` entries and ``shard.json``; ``merge``
+    takes the folders of all shards and packages byte-identical wheels.
+    """
+    toolchain = find_toolchain(options.nvcc)
+    work = shard_of(plan(options), index, count)
+    compiled = _compile(options, work, toolchain, progress)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for entry in compiled.entries.values():
+        shutil.copytree(entry, tmp / "cache" / entry.parent.name / entry.name)
+    listing = [{"variant": v, "arch": a, "key": e.name} for (v, a), e in sorted(compiled.entries.items())]
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "shard.json").write_text(json.dumps({"index": index, "count": count, "entries": listing}, indent=1))
+    os.replace(tmp, out)
+    return len(work)
+
+
+def merge(options: BuildOptions, shard_dirs: list[Path],
+          progress: Callable[[int], None] | None = None) -> list[ArchSummary]:
+    """Import the cache entries of shard folders, then package every arch without compiling anything."""
+    counts = set()
+    for shard in shard_dirs:
+        meta = shard / "shard.json"
+        if not meta.is_file():
+            raise UsageError(f"{shard}: not a shard folder (no shard.json); pass the --out folders of "
+                             "tkc build --shard")
+        counts.add(json.loads(meta.read_text())["count"])
+        for entry in sorted((shard / "cache").glob("*/*")):
+            target = options.build_dir / "cache" / entry.parent.name / entry.name
+            if not (target / "meta.json").is_file():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{entry.name}."))
+                shutil.rmtree(tmp)
+                shutil.copytree(entry, tmp)
+                os.replace(tmp, target)
+    if len(counts) > 1:
+        raise UsageError(f"the shard folders come from different splits (N = {sorted(counts)}); merge the "
+                         "shards of one split")
+    return build(options, progress, cached_only=True)
+
+
+__all__ = ["ArchSummary", "BuildOptions", "build", "build_shard", "get_arch", "merge", "plan", "shard_of"]

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -23,6 +23,9 @@ from tkc.errors import TkcError, UsageError
 from tkc.spec import SpecSet, expand, load_specs
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+if TYPE_CHECKING:
+    from tkc.build import ArchSummary, BuildOptions
 
 
 def _root_default(name: str) -> Path:
@@ -122,33 +125,36 @@ def _format_bytes(n: int) -> str:
     raise AssertionError
 
 
-@main.command(name="build")
-@spec_option
-@templates_option
-@click.option("--arch", "arch_list", default=",".join(ARCHS), show_default=True, help="Comma-separated archs.")
-@click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 256),
-              help="Variants lowered and compiled in parallel.")
-@click.option("--build-dir", type=click.Path(path_type=Path), default=None, help="Default: ./build")
-@click.option("--dist", "dist_dir", type=click.Path(path_type=Path), default=None, help="Default: ./dist")
-@click.option("--nvcc", default=None, envvar="TKC_NVCC",
-              help="nvcc to use: a path, or 'system' for $CUDA_HOME/bin or PATH. Default: nvcc from PyPI. "
-                   "[env: TKC_NVCC]")
-@_handle_errors
-def build_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
-              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None) -> None:
-    """Build every spec for every arch: cubins, packages, and one wheel per arch in dist/."""
-    from tkc.build import BuildOptions, build, plan
+def _build_options(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
+                   build_dir: Path | None, dist_dir: Path | None, nvcc: str | None) -> BuildOptions:
+    from tkc.build import BuildOptions
 
     tdir = templates or _root_default("templates")
-    options = BuildOptions(
+    return BuildOptions(
         specs=_specs(spec_paths, tdir), templates=tdir, build_dir=build_dir or _root_default("build"),
         dist_dir=dist_dir or _root_default("dist"), archs=parse_arch_list(arch_list), jobs=jobs, nvcc=nvcc,
     )
-    start = time.perf_counter()
-    total = len(plan(options))
-    with click.progressbar(length=total, label="compiling", file=sys.stderr,
-                           show_pos=True, item_show_func=None) as bar:
-        summaries = build(options, progress=bar.update)
+
+
+def _build_flags(fn: F) -> F:
+    for option in reversed([
+        spec_option,
+        templates_option,
+        click.option("--arch", "arch_list", default=",".join(ARCHS), show_default=True,
+                     help="Comma-separated archs."),
+        click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 256),
+                     help="Variants lowered and compiled in parallel."),
+        click.option("--build-dir", type=click.Path(path_type=Path), default=None, help="Default: ./build"),
+        click.option("--dist", "dist_dir", type=click.Path(path_type=Path), default=None, help="Default: ./dist"),
+        click.option("--nvcc", default=None, envvar="TKC_NVCC",
+                     help="nvcc to use: a path, or 'system' for $CUDA_HOME/bin or PATH. Default: nvcc from PyPI. "
+                          "[env: TKC_NVCC]"),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _print_summary(summaries: list[ArchSummary], seconds: float, dist: Path) -> None:
     rows = [("arch", "variants", "compiled", "cached", "compile s", "wheel", "size")]
     rows += [(s.arch.name, str(s.variants), str(s.compiled), str(s.cached), f"{s.seconds:.1f}", s.wheel.name,
               _format_bytes(s.wheel_bytes)) for s in summaries]
@@ -157,7 +163,82 @@ def build_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: s
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
             click.echo("  ".join("-" * w for w in widths))
-    click.echo(f"done in {time.perf_counter() - start:.1f} s; wheels in {options.dist_dir}")
+    click.echo(f"done in {seconds:.1f} s; wheels in {dist}")
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: write it as I/N, e.g. 2/3 (shard 2 of 3)") from None
+    if count < 1:
+        raise UsageError(f"--shard {text!r}: N must be at least 1")
+    return index, count
+
+
+@main.command(name="build")
+@_build_flags
+@click.option("--shard", default=None, metavar="I/N",
+              help="Compile only shard I of N (1-based, deterministic split) into --shard-out; no wheels. "
+                   "Then run tkc merge on all N shard folders.")
+@click.option("--shard-out", type=click.Path(path_type=Path), default=None,
+              help="Folder for the shard's output. Default: ./build/shards/shard-I-of-N")
+@_handle_errors
+def build_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
+              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, shard: str | None,
+              shard_out: Path | None) -> None:
+    """Build every spec for every arch: cubins, packages, and one wheel per arch in dist/."""
+    from tkc.build import build, build_shard, plan, shard_of
+
+    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc)
+    start = time.perf_counter()
+    bar: Any
+    if shard is not None:
+        index, count = _parse_shard(shard)
+        out = shard_out or options.build_dir / "shards" / f"shard-{index}-of-{count}"
+        total = len(shard_of(plan(options), index, count))
+        with click.progressbar(length=total, label=f"shard {index}/{count}", file=sys.stderr, show_pos=True) as bar:
+            n = build_shard(options, index, count, out, progress=bar.update)
+        click.echo(f"shard {index}/{count}: {n} variants in {out} ({time.perf_counter() - start:.1f} s)")
+        return
+    with click.progressbar(length=len(plan(options)), label="compiling", file=sys.stderr, show_pos=True) as bar:
+        summaries = build(options, progress=bar.update)
+    _print_summary(summaries, time.perf_counter() - start, options.dist_dir)
+
+
+@main.command(name="merge")
+@_build_flags
+@click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
+@_handle_errors
+def merge_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
+              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, shards: tuple[Path, ...]) -> None:
+    """Assemble the outputs of tkc build --shard I/N into the per-arch wheels (nothing is compiled)."""
+    from tkc.build import merge
+
+    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc)
+    start = time.perf_counter()
+    summaries = merge(options, list(shards))
+    _print_summary(summaries, time.perf_counter() - start, options.dist_dir)
+
+
+@main.command(name="inspect")
+@click.argument("wheel", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_handle_errors
+def inspect_cmd(wheel: Path, as_json: bool) -> None:
+    """List the kernels, variants and cubins of a wheel and verify every sha256; exit 1 on any mismatch."""
+    import dataclasses
+    import json
+
+    from tkc.inspect import format_report, inspect_wheel
+
+    report = inspect_wheel(wheel)
+    if as_json:
+        click.echo(json.dumps({**dataclasses.asdict(report), "ok": report.ok}, indent=1))
+    else:
+        click.echo(format_report(report))
+    if not report.ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

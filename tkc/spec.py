@@ -277,12 +277,12 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, te
         items = arch_node.value if isinstance(arch_node, yaml.SequenceNode) else [arch_node]
         picked = []
         for item in items:
-            value = _scalar(item)
-            if value not in ARCHS:
+            arch = _scalar(item)
+            if arch not in ARCHS:
                 problems.add(file, item, f"{where}.archs", f"bad value {item.value!r}; valid choices: "
-                             f"{', '.join(ARCHS)}{_did_you_mean(str(value), ARCHS)}")
-            elif value not in picked:
-                picked.append(str(value))
+                             f"{', '.join(ARCHS)}{_did_you_mean(str(arch), ARCHS)}")
+            elif arch not in picked:
+                picked.append(str(arch))
         archs = tuple(picked)
     grid = _check_grid(entries["grid"][1], file, f"{where}.grid", problems) if "grid" in entries else ()
     keys = tuple(k for k, _ in grid)
@@ -292,11 +292,11 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, te
     if "pass_configs" in entries:
         for key, (_, value_node) in _mapping(entries["pass_configs"][1], file, f"{where}.pass_configs", (),
                                              problems).items():
-            value = _scalar(value_node)
-            if value is None:
+            config = _scalar(value_node)
+            if config is None:
                 problems.add(file, value_node, f"{where}.pass_configs.{key}", "expected a scalar value")
             else:
-                pass_configs.append((key, value))
+                pass_configs.append((key, config))
     description = _string(entries, "description", file, where, problems) or ""
     if len(problems.items) > before:
         return None

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import _build_info as info
+from . import _build_info as info  # type: ignore[attr-defined]  # generated into each package
 from .errors import (
     ArchMismatchError,
     CudaDriverError,
@@ -218,18 +218,38 @@ class Cubin:
     def launch(self, symbol: str, device: torch.device, grid: tuple[int, int, int], block: tuple[int, int, int],
                smem: int, args: Sequence[Any]) -> None:
         """Launch ``symbol`` on torch's current stream of ``device``; ``args`` are ctypes values."""
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = device.index if device.index is not None else _current_device()
         kernel = self.kernel(symbol, index)
-        params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
-        with torch.cuda.device(index):
-            stream = ctypes.c_void_p(torch.cuda.current_stream(index).cuda_stream)
-            lib = driver().lib
-            result = lib.cuLaunchKernel(kernel, *grid, *block, smem, stream, params, None)
-            if result == _CUDA_ERROR_INVALID_CONTEXT:
-                # A thread torch never made a CUDA call on has no current context yet.
-                torch.cuda.synchronize(index)
-                result = lib.cuLaunchKernel(kernel, *grid, *block, smem, stream, params, None)
-        driver().check(result, f"cuLaunchKernel({symbol}, grid={grid}, block={block}, smem={smem})")
+        params = (ctypes.c_void_p * len(args))(*map(ctypes.addressof, args))
+        if index == _current_device():
+            result = self._launch(kernel, index, grid, block, smem, params)
+        else:
+            with torch.cuda.device(index):  # the launch goes to the current context: make it the tensors'
+                result = self._launch(kernel, index, grid, block, smem, params)
+        if result:
+            driver().check(result, f"cuLaunchKernel({symbol}, grid={grid}, block={block}, smem={smem})")
+
+    @staticmethod
+    def _launch(kernel: ctypes.c_void_p, index: int, grid: tuple[int, int, int], block: tuple[int, int, int],
+                smem: int, params: Any) -> int:
+        stream = _current_stream(index)
+        lib = driver().lib
+        result: int = lib.cuLaunchKernel(kernel, *grid, *block, smem, ctypes.c_void_p(stream), params, None)
+        if result == _CUDA_ERROR_INVALID_CONTEXT:
+            # A thread torch never made a CUDA call on has no current context yet: let torch bind it.
+            torch.cuda.synchronize(index)
+            result = lib.cuLaunchKernel(kernel, *grid, *block, smem, ctypes.c_void_p(stream), params, None)
+        return result
+
+
+# torch's raw getters: the public torch.cuda.current_stream(...).cuda_stream builds a Stream
+# object per call (several microseconds); fall back to it where the private getter is missing.
+_current_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):
+    _current_stream: Callable[[int], int] = torch._C._cuda_getCurrentRawStream
+else:  # pragma: no cover - older torch
+    def _current_stream(index: int) -> int:
+        return int(torch.cuda.current_stream(index).cuda_stream)
 
 
 def pointer(t: torch.Tensor) -> ctypes.c_void_p:

@@ -1,0 +1,59 @@
+"""tkc inspect: per-cubin facts read from the wheel, and a tampered cubin fails naming the file."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tkc.build import ArchSummary, BuildOptions
+from tkc.cli import main
+from tkc.inspect import inspect_wheel
+
+pytestmark = pytest.mark.slow
+
+
+def test_inspect_reads_arch_registers_and_shared_memory(small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
+    options, summaries = small_build
+    for s in summaries:
+        report = inspect_wheel(s.wheel)
+        assert report.ok and report.arch == s.arch.name and len(report.cubins) == s.variants
+        manifest = json.loads((options.build_dir / "pkg" / s.arch.name / "tkc_small_kernels" / "manifest.json")
+                              .read_text())
+        for c in report.cubins:
+            assert c.target == s.arch.target
+            variant = next(v for v in manifest["kernels"][c.kernel]["variants"] if v["id"] == c.variant)
+            # Registers read from the cubin's .nv.info agree with ptxas's report at build time.
+            assert c.registers == {k: r["registers"] for k, r in variant["resources"].items()}
+
+
+def test_tampered_cubin_fails_naming_the_file(small_build: tuple[BuildOptions, list[ArchSummary]],
+                                              tmp_path: Path) -> None:
+    _, summaries = small_build
+    original = summaries[0].wheel
+    tampered = tmp_path / original.name
+    with zipfile.ZipFile(original) as src, zipfile.ZipFile(tampered, "w") as dst:
+        victim = next(n for n in src.namelist() if n.endswith(".cubin"))
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == victim:
+                data = data[:-1] + bytes([data[-1] ^ 0xFF])
+            dst.writestr(info, data)
+    ok = CliRunner().invoke(main, ["inspect", str(original)])
+    assert ok.exit_code == 0 and ok.output.strip().endswith("ok")
+    bad = CliRunner().invoke(main, ["inspect", str(tampered)])
+    assert bad.exit_code == 1
+    assert f"problem: {victim}: sha256" in bad.output
+    as_json = CliRunner().invoke(main, ["inspect", "--json", str(tampered)])
+    assert as_json.exit_code == 1 and json.loads(as_json.output)["ok"] is False
+
+
+def test_not_a_tkc_wheel(tmp_path: Path) -> None:
+    plain = tmp_path / "x-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(plain, "w") as z:
+        z.writestr("x/__init__.py", "")
+    result = CliRunner().invoke(main, ["inspect", str(plain)])
+    assert result.exit_code == 5 and "no tkc manifest.json" in result.output

@@ -1,0 +1,178 @@
+"""``tkc inspect WHEEL``: what a built wheel holds, read from the wheel itself.
+
+Per cubin: size, the arch in its ELF header, registers and static shared memory
+from its ``.nv.info`` / ``.nv.shared`` sections, dynamic shared memory from the
+launch contract, spills from the ptxas report in the manifest; and every sha256
+is checked against the manifest. Any mismatch makes the result not ``ok``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tkc.compile import cubin_target
+from tkc.errors import PackageError, ToolchainError
+from tkc.fsutil import sha256_bytes
+
+_EIATTR_REGCOUNT = 0x2F
+_EIFMT_SVAL = 0x04
+
+
+@dataclass(frozen=True, kw_only=True)
+class CubinReport:
+    kernel: str
+    variant: str
+    params: dict[str, object]
+    path: str
+    bytes: int
+    target: str
+    registers: dict[str, int]
+    static_smem: dict[str, int]
+    dynamic_smem: dict[str, int]
+    spill_bytes: dict[str, int]
+    sha256_ok: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class WheelReport:
+    wheel: str
+    package: str
+    version: str
+    arch: str
+    target: str
+    cubins: tuple[CubinReport, ...]
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _sections(elf: bytes) -> dict[str, bytes]:
+    """Section name -> contents of a 64-bit little-endian ELF."""
+    (shoff,) = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx]
+    strtab = elf[names[4] : names[4] + names[5]]
+    out = {}
+    for name_off, kind, _flags, _addr, offset, size, *_ in headers:
+        name = strtab[name_off : strtab.index(b"\0", name_off)].decode()
+        # SHT_NOBITS (8) sections occupy no file bytes; their size is what matters.
+        out[name] = b"\0" * size if kind == 8 else elf[offset : offset + size]
+    return out
+
+
+def _symbol_names(sections: dict[str, bytes]) -> list[str]:
+    symtab, strtab = sections.get(".symtab", b""), sections.get(".strtab", b"")
+    names = []
+    for i in range(len(symtab) // 24):
+        (name_off,) = struct.unpack_from("<I", symtab, i * 24)
+        names.append(strtab[name_off : strtab.index(b"\0", name_off)].decode())
+    return names
+
+
+def _attributes(data: bytes) -> list[tuple[int, bytes]]:
+    """(attribute, value bytes) of an ``.nv.info`` section; only EIFMT_SVAL entries carry a payload."""
+    out = []
+    pos = 0
+    while pos + 4 <= len(data):
+        fmt, attr, size = struct.unpack_from("<BBH", data, pos)
+        payload = size if fmt == _EIFMT_SVAL else 0  # other formats keep their value in the size field
+        out.append((attr, data[pos + 4 : pos + 4 + payload]))
+        pos += 4 + payload
+    return out
+
+
+def cubin_resources(cubin: bytes) -> tuple[dict[str, int], dict[str, int]]:
+    """Registers and static shared memory per kernel, read from the cubin's own sections.
+
+    Register counts sit in the global ``.nv.info`` section as (symbol index, count)
+    pairs (EIATTR_REGCOUNT); static shared memory is the size of ``.nv.shared.<kernel>``.
+    """
+    sections = _sections(cubin)
+    symbols = _symbol_names(sections)
+    registers: dict[str, int] = {}
+    for attr, value in _attributes(sections.get(".nv.info", b"")):
+        if attr == _EIATTR_REGCOUNT and len(value) == 8:
+            index, count = struct.unpack("<II", value)
+            if index < len(symbols):
+                registers[symbols[index]] = count
+    smem = {name.removeprefix(".nv.shared."): len(data) for name, data in sections.items()
+            if name.startswith(".nv.shared.") and not name.startswith(".nv.shared.reserved")}
+    for kernel in registers:
+        smem.setdefault(kernel, 0)
+    return registers, smem
+
+
+def inspect_wheel(path: Path) -> WheelReport:
+    """Read ``path``; raise ``PackageError`` only if it is not a tkc wheel at all."""
+    try:
+        wheel = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise PackageError(f"{path}: not a readable wheel ({exc})") from exc
+    with wheel:
+        manifests = [n for n in wheel.namelist() if n.count("/") == 1 and n.endswith("/manifest.json")]
+        if len(manifests) != 1:
+            raise PackageError(f"{path}: no tkc manifest.json in the wheel; was it built by tkc build?")
+        root = manifests[0].split("/")[0]
+        manifest = json.loads(wheel.read(manifests[0]))
+        problems: list[str] = []
+        listed = set()
+        reports = []
+        for kernel, entry in sorted(manifest["kernels"].items()):
+            for v in entry["variants"]:
+                member = f"{root}/{v['cubin']}"
+                listed.add(member)
+                try:
+                    data = wheel.read(member)
+                except KeyError:
+                    problems.append(f"{member}: listed in the manifest but missing from the wheel")
+                    continue
+                sha_ok = sha256_bytes(data) == v["sha256"]
+                if not sha_ok:
+                    problems.append(f"{member}: sha256 {sha256_bytes(data)[:16]}... does not match the manifest "
+                                    f"({v['sha256'][:16]}...); the cubin was modified after the build: rebuild")
+                try:
+                    target = cubin_target(data)
+                    registers, static_smem = cubin_resources(data)
+                except (ToolchainError, struct.error, ValueError) as exc:
+                    problems.append(f"{member}: not a valid cubin ({exc})")
+                    target, registers, static_smem = "?", {}, {}
+                if target != manifest["target"]:
+                    problems.append(f"{member}: built for {target}, but the wheel is for {manifest['target']}")
+                launches = v["contract"]["launches"]
+                reports.append(CubinReport(
+                    kernel=kernel, variant=v["id"], params=v["params"], path=member, bytes=len(data),
+                    target=target, registers=registers, static_smem=static_smem,
+                    dynamic_smem={launch["symbol"]: launch["dynamic_smem"] for launch in launches},
+                    spill_bytes={s: r["spill_stores"] + r["spill_loads"] for s, r in v["resources"].items()},
+                    sha256_ok=sha_ok,
+                ))
+        for name in wheel.namelist():
+            if name.endswith(".cubin") and name not in listed:
+                problems.append(f"{name}: a cubin the manifest does not list")
+    return WheelReport(wheel=str(path), package=manifest["package"], version=manifest["version"],
+                       arch=manifest["arch"], target=manifest["target"], cubins=tuple(reports),
+                       problems=tuple(problems))
+
+
+def format_report(report: WheelReport) -> str:
+    lines = [f"{Path(report.wheel).name}: {report.package} {report.version}, {report.arch} ({report.target}), "
+             f"{len(report.cubins)} cubins"]
+    rows = [("kernel", "variant", "bytes", "regs", "smem static", "smem dynamic", "spills", "sha256", "params")]
+    for c in report.cubins:
+        rows.append((c.kernel, c.variant, str(c.bytes), ",".join(map(str, c.registers.values())),
+                     ",".join(map(str, c.static_smem.values())) or "0",
+                     ",".join(map(str, c.dynamic_smem.values())), ",".join(map(str, c.spill_bytes.values())),
+                     "ok" if c.sha256_ok else "MISMATCH", ", ".join(f"{k}={v}" for k, v in c.params.items())))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    lines.extend(f"problem: {p}" for p in report.problems)
+    lines.append("ok" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
+    return "\n".join(lines)

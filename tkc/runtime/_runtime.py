@@ -284,6 +284,23 @@ class Kernel:
         return launcher
 
 
+def custom_op(name: str, fake: Callable[..., Any]) -> Callable[[Callable[..., Any]], Any]:
+    """Register a function as the torch custom op ``<package>::<name>`` with ``fake`` as its meta kernel.
+
+    ``torch.compile`` then treats the op as one opaque node (its ctypes launch would
+    otherwise break the graph) and infers output shapes from ``fake``. The public op
+    functions call it only while compiling; eager callers keep the direct path, which
+    skips the dispatcher's overhead.
+    """
+
+    def register(fn: Callable[..., Any]) -> Any:
+        op = torch.library.custom_op(f"{info.PACKAGE}::{name}", fn, mutates_args=())
+        op.register_fake(fake)
+        return op
+
+    return register
+
+
 def get_kernel(name: str) -> Kernel:
     """The ``Kernel`` of spec kernel ``name`` (its generated module is imported on first use)."""
     try:

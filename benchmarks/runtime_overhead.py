@@ -1,0 +1,122 @@
+"""Host overhead per call and cold start of the prebuilt ops (needs torch and the installed wheel).
+
+Host overhead: the wall time from call to return of an op on tiny inputs (GPU time
+negligible), median over many calls, next to torch eager's cost for one small op
+(``torch.add(a, b, out=c)``) measured in the same run. Both the direct path and
+the ``torch.library`` custom-op path (what ``torch.compile`` calls) are timed where
+the package registers one.
+
+Cold start: in a fresh process, ``import tile_kernels_aot`` plus the first call
+(cubin load included) minus ``import torch`` plus CUDA context creation.
+
+    python benchmarks/runtime_overhead.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+CALLS = 2000
+
+
+def host_us(fn: Callable[[], object], calls: int = CALLS) -> float:
+    """Median microseconds from call to return, in batches of 50 so clock reads cost nothing."""
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(calls // 50):
+        start = time.perf_counter_ns()
+        for _ in range(50):
+            fn()
+        samples.append((time.perf_counter_ns() - start) / 50 / 1e3)
+        torch.cuda.synchronize()  # keep the launch queue short: measure the host, not back-pressure
+    return statistics.median(samples)
+
+
+def ops() -> dict[str, tuple[Callable[[], object], Callable[[], object] | None]]:
+    """name -> (direct call, custom-op call or None) on tiny inputs."""
+    import tile_kernels_aot as tk
+
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    xt = torch.randn(1, 64, 64, device="cuda", dtype=torch.bfloat16)
+    out: dict[str, tuple[Callable[[], object], Callable[[], object] | None]] = {}
+    namespace = getattr(torch.ops, tk._build_info.PACKAGE)
+    for fmt, npc in (("e4m3", 128), ("e2m1", 32)):
+        op = getattr(namespace, "per_token_cast", None)
+        out[f"per_token_cast {fmt}/{npc}"] = (
+            lambda fmt=fmt, npc=npc: tk.quant.per_token_cast(x, fmt, npc),
+            (lambda op=op, fmt=fmt, npc=npc: op(x, fmt, npc, False)) if op is not None else None,
+        )
+    op = getattr(namespace, "batched_transpose", None)
+    out["batched_transpose bf16"] = (lambda: tk.transpose.batched_transpose(xt),
+                                     (lambda: op(xt)) if op is not None else None)
+    return out
+
+
+COLD = """
+import time, torch
+t0 = time.perf_counter()
+torch.cuda.init(); x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16); torch.cuda.synchronize()
+t1 = time.perf_counter()
+{body}
+torch.cuda.synchronize()
+print(t1 - t0, time.perf_counter() - t1)
+"""
+
+
+def cold_start(runs: int = 5) -> dict[str, float]:
+    """Median ms over fresh processes: torch + context, and the package import + first call on top."""
+    bodies = {
+        "baseline": "y = x * 2",
+        "package": "import tile_kernels_aot as tk\nq, sf = tk.quant.per_token_cast(x, 'e4m3', 128)",
+    }
+    result = {}
+    for name, body in bodies.items():
+        samples = []
+        for _ in range(runs):
+            proc = subprocess.run([sys.executable, "-c", COLD.format(body=body)], capture_output=True, text=True,
+                                  check=True)
+            samples.append([float(v) for v in proc.stdout.split()])
+        result[f"{name}_torch_ctx_ms"] = statistics.median(s[0] for s in samples) * 1e3
+        result[f"{name}_after_ctx_ms"] = statistics.median(s[1] for s in samples) * 1e3
+    result["added_ms"] = result["package_after_ctx_ms"] - result["baseline_after_ctx_ms"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    a, b, c = (torch.randn(16, device="cuda") for _ in range(3))
+    add_us = host_us(lambda: torch.add(a, b, out=c))
+    rows = []
+    for name, (direct, custom) in ops().items():
+        d = host_us(direct)
+        k = host_us(custom) if custom is not None else float("nan")
+        rows.append({"op": name, "direct_us": d, "custom_op_us": k, "torch_add_us": add_us,
+                     "direct_over_add": d / add_us})
+    cold = cold_start()
+    (args.out / "runtime_overhead.json").write_text(json.dumps({"host": rows, "cold_start": cold}, indent=1))
+    lines = [f"torch.add(a, b, out=c): {add_us:.2f} us per call", "",
+             "| op | direct µs | custom-op µs | direct / torch.add |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {r['op']} | {r['direct_us']:.2f} | {r['custom_op_us']:.2f} | {r['direct_over_add']:.2f} |"
+              for r in rows]
+    lines += ["", "cold start (median of 5 fresh processes): " + ", ".join(f"{k} {v:.1f}" for k, v in cold.items())]
+    text = "\n".join(lines)
+    (args.out / "runtime_overhead.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""cibuildwheel's configuration of the generated projects (tkc/cibw.py), checked without a container engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tkc import package
+from tkc.arch import ARCHS
+from tkc.cibw import BUILD_IDENTIFIERS, SOURCE_DATE_EPOCH, cibuildwheel_config
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+
+PACKAGE = "fake_kernels_aot"
+
+
+def _write_project(root: Path, arch: str) -> Path:
+    """A project shaped like tkc's generated ones (flit_core, a package with ARCH) plus the config."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["flit_core>=3.9,<5"]\nbuild-backend = "flit_core.buildapi"\n\n'
+        f'[project]\nname = "{PACKAGE}"\nversion = "0.1.0+{arch}"\ndescription = "test"\n'
+        'requires-python = ">=3.9"\ndependencies = ["torch>=2.4"]\n\n' + cibuildwheel_config(arch)
+    )
+    (root / PACKAGE).mkdir(exist_ok=True)
+    (root / PACKAGE / "__init__.py").write_text(f'"""Fake kernels."""\n\nARCH = {arch!r}\n__version__ = "0.1.0"\n')
+    return root
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_config_parses_and_names_the_arch(arch: str) -> None:
+    config = tomllib.loads(cibuildwheel_config(arch))["tool"]["cibuildwheel"]
+    assert config["build"] == list(BUILD_IDENTIFIERS)
+    assert config["linux"]["repair-wheel-command"] == ""
+    assert config["test-command"].endswith(f"{{package}}/pyproject.toml {arch}")
+
+
+def test_epoch_matches_the_packager() -> None:
+    assert SOURCE_DATE_EPOCH == package.SOURCE_DATE_EPOCH
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_cibuildwheel_selects_exactly_one_build(tmp_path: Path, arch: str) -> None:
+    # --print-build-identifiers reads the config and stops before any container engine is needed.
+    project = _write_project(tmp_path / "pkg" / arch, arch)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CIBW_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cibuildwheel", "--print-build-identifiers", "--platform", "linux",
+         str(project.relative_to(tmp_path))],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split() == list(BUILD_IDENTIFIERS)
+
+
+def test_test_command_imports_the_package_and_checks_its_arch(tmp_path: Path) -> None:
+    # What cibuildwheel runs in its test venv, run here through sh with the package on PYTHONPATH.
+    project = _write_project(tmp_path / "pkg", "sm90")
+    command = tomllib.loads(cibuildwheel_config("sm90"))["tool"]["cibuildwheel"]["test-command"]
+    command = command.replace("python ", f"{sys.executable} ", 1)
+    env = dict(os.environ, PYTHONPATH=str(project))
+
+    ok = subprocess.run(["sh", "-c", command.format(package=project)], cwd=tmp_path, capture_output=True,
+                        text=True, env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert f"{PACKAGE} 0.1.0 imports without a GPU" in ok.stdout
+
+    wrong = command.replace(" sm90", " sm100").format(package=project)
+    bad = subprocess.run(["sh", "-c", wrong], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert bad.returncode != 0 and "AssertionError" in bad.stderr

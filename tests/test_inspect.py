@@ -21,7 +21,7 @@ def test_inspect_reads_arch_registers_and_shared_memory(small_build: tuple[Build
     for s in summaries:
         report = inspect_wheel(s.wheel)
         assert report.ok and report.arch == s.arch.name and len(report.cubins) == s.variants
-        manifest = json.loads((options.build_dir / "pkg" / s.arch.name / "tkc_small_kernels" / "manifest.json")
+        manifest = json.loads((options.build_dir / "pkg" / "tkc_small_kernels" / s.arch.name / "tkc_small_kernels" / "manifest.json")
                               .read_text())
         for c in report.cubins:
             assert c.target == s.arch.target

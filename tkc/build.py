@@ -249,7 +249,7 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
             built.append(BuiltVariant(variant=variant, arch=arch, cubin=cubin, contract=contract,
                                       resources=resources, cached=compiled.hits[(variant.id, arch.name)]))
         result: PackageResult = write_package(options.specs, arch, built, options.templates,
-                                              options.build_dir / "pkg" / arch.name, options.dist_dir,
+                                              options.build_dir / "pkg" / options.specs.package.name / arch.name, options.dist_dir,
                                               toolchain_info)
         summaries.append(ArchSummary(
             arch=arch, variants=len(built), compiled=sum(not b.cached for b in built),

@@ -19,7 +19,7 @@ wheel comes too late. So the backend itself must write a platform tag:
   ``[tool.hatch.build.targets.wheel.hooks.custom]`` table) whose ``initialize``
   sets ``build_data["pure_python"] = False`` and
   ``build_data["tag"] = "py3-none-manylinux_2_17_x86_64"``. Tried on
-  ``build/pkg/sm90``: the wheel is ``tile_kernels_aot-0.1.0+sm90-py3-none-
+  ``build/pkg/tile_kernels_aot/sm90``: the wheel is ``tile_kernels_aot-0.1.0+sm90-py3-none-
   manylinux_2_17_x86_64.whl`` with ``Root-Is-Purelib: false``, the hook file is
   not in it, two builds with ``SOURCE_DATE_EPOCH`` set are byte-identical, and
   cibuildwheel's ``find_compatible_wheel`` takes it for ``cp311-manylinux_x86_64``.

@@ -14,5 +14,13 @@ python3 -m pip install -q --no-deps --no-index --no-compile --target "$site" dis
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, tile_kernels_aot as tk; print('torch', torch.__version__, 'package', tk.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
-python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE --junitxml="$OUT/gpu-tests.xml" "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 40
-python3 benchmarks/bench.py --out "$OUT" --commit "${COMMIT:-unknown}" 2>&1 | tee "$OUT/bench.log" | tail -n 30
+python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE --junitxml="$OUT/gpu-tests.xml" "$@" > "$OUT/gpu-tests.log" 2>&1
+tests=$?
+tail -n 25 "$OUT/gpu-tests.log"
+python3 benchmarks/bench.py --out "$OUT" --commit "${COMMIT:-unknown}" > "$OUT/bench.log" 2>&1
+bench=$?
+python3 benchmarks/runtime_overhead.py --out "$OUT" > "$OUT/runtime_overhead.log" 2>&1
+overhead=$?
+tail -n 30 "$OUT/bench.log"; tail -n 12 "$OUT/runtime_overhead.log"
+echo "exit codes: tests $tests, bench $bench, runtime_overhead $overhead"
+exit $((tests || bench || overhead))

@@ -34,10 +34,7 @@ ERROR_BOUND = {"e4m3": 1e-3, "e2m1": 2e-2}
 def comparison_encode(v: torch.Tensor) -> torch.Tensor:
     """KERNELS.md's e2m1 rule, the one the kernel implements: a chain of midpoint comparisons."""
     a = v.abs()
-    code = sum(
-        (c).to(torch.int32)
-        for c in (a > 0.25, a >= 0.75, a > 1.25, a >= 1.75, a > 2.5, a >= 3.5, a > 5.0)
-    )
+    code = sum((c).to(torch.int32) for c in (a > 0.25, a >= 0.75, a > 1.25, a >= 1.75, a > 2.5, a >= 3.5, a > 5.0))
     return code | ((v < 0).to(torch.int32) << 3)
 
 
@@ -86,8 +83,13 @@ class TestFp4Encode:
         v = torch.randn(1 << 16, generator=gen) * 3
         # Every fp32 on a fine grid around each tie, and random values over a wide range.
         grid = torch.linspace(-7, 7, 14001)
-        for values in (v, grid, torch.tensor([t + s * d for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-                                              for s in (-1, 0, 1) for d in (1e-7, 1e-6)])):
+        for values in (
+            v,
+            grid,
+            torch.tensor(
+                [t + s * d for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0) for s in (-1, 0, 1) for d in (1e-7, 1e-6)]
+            ),
+        ):
             assert torch.equal(fp4_encode(values), comparison_encode(values))
 
     def test_pack_layout_and_round_trip(self) -> None:

@@ -1,0 +1,269 @@
+"""GPU tests of ``tile_kernels_aot.quant.per_token_cast`` against tests/reference/quant.py.
+
+FP8/FP4 codes and fp32 scale factors are exact formats, so every element is compared bit for
+bit (tolerance: none): codes as uint8, scales as int32. The reference runs on the same GPU in
+fp32. Inputs are fresh Gaussian rows whose magnitudes span six decades, with no exact zero,
+so every scale group has its own scale. Launchers are also called directly on outputs
+poisoned with NaN / 0x7F bytes, which catches any element the kernel fails to write.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from tests.reference.quant import per_token_cast_ref
+
+tile_kernels_aot = pytest.importorskip("tile_kernels_aot")
+quant = importlib.import_module("tile_kernels_aot.quant")
+errors = importlib.import_module("tile_kernels_aot.errors")
+runtime = importlib.import_module("tile_kernels_aot._runtime")
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+HIDDEN = (2048, 4096, 7168)
+NPC = {"e4m3": (32, 64, 128), "e2m1": (16, 32)}
+POISON_BYTE = 0x7F  # an FP8 NaN, and an FP4 pair (7, 15) no all-zero input produces
+
+
+def grid() -> Iterator[tuple[str, int, str, int, bool]]:
+    """Every (in_dtype, hidden, fmt, npc, round_sf) of kernel_specs/quant.yaml."""
+    for in_dtype, hidden, fmt, round_sf in itertools.product(DTYPES, HIDDEN, NPC, (False, True)):
+        for npc in NPC[fmt]:
+            yield in_dtype, hidden, fmt, npc, round_sf
+
+
+def variant_id(v: tuple[str, int, str, int, bool]) -> str:
+    in_dtype, hidden, fmt, npc, round_sf = v
+    return f"{in_dtype}-H{hidden}-{fmt}-npc{npc}" + ("-round_sf" if round_sf else "")
+
+
+FULL = list(grid())
+# T = 8192 on a subset that still covers every dtype, format, npc and the largest hidden.
+LARGE = [v for v in FULL if v[1] == 7168 or (v[2] == "e4m3" and v[3] == 128)]
+
+
+def random_rows(num_tokens: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    """Gaussian rows times a random magnitude in [1e-3, 1e3] per row; no exact zeros."""
+    magnitude = torch.pow(10.0, torch.empty(num_tokens, 1, device="cuda").uniform_(-3, 3))
+    x = torch.randn(num_tokens, hidden, device="cuda") * magnitude
+    # bf16 keeps fp32's exponent range, so no non-zero value here rounds to 0 in the cast.
+    return torch.where(x == 0, torch.ones_like(x), x).to(dtype)
+
+
+def tie_rows(hidden: int, dtype: torch.dtype, fmt: str) -> torch.Tensor:
+    """Rows whose groups have amax == qmax, so q_scale == 1 and the format's ties are hit exactly."""
+    qmax = 448.0 if fmt == "e4m3" else 6.0
+    if fmt == "e2m1":
+        values = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 3.0, 4.0, 0.1, 5.5, 0.3, 2.9]
+    else:  # midpoints between e4m3 neighbours, subnormal ties and values just below 448
+        values = [
+            1.0625,
+            1.1875,
+            272.0,
+            304.0,
+            432.0,
+            440.0,
+            2.0**-10,
+            3 * 2.0**-10,
+            1e-3,
+            17.0,
+            13.0,
+            2.0**-9 * 1.5,
+            100.0,
+            240.0,
+            232.0,
+            447.0,
+        ]
+    row = torch.tensor(values * (hidden // len(values)), device="cuda")
+    row[0::16] = qmax  # every group (npc >= 16) holds its amax
+    return torch.stack([row, -row, row.flip(0)]).to(dtype)
+
+
+def poisoned_outputs(num_tokens: int, hidden: int, fmt: str, npc: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = hidden if fmt == "e4m3" else hidden // 2
+    q_dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.int8
+    q = torch.full((num_tokens, width), POISON_BYTE, dtype=torch.uint8, device="cuda").view(q_dtype)
+    sf = torch.full((num_tokens, hidden // npc), float("nan"), device="cuda")
+    return q, sf
+
+
+def assert_matches_reference(
+    x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, fmt: str, npc: int, round_sf: bool
+) -> None:
+    ref_q, ref_sf = per_token_cast_ref(x, fmt, npc, round_sf)
+    assert q.shape == ref_q.shape and q.dtype == ref_q.dtype and q.is_contiguous()
+    assert sf.shape == ref_sf.shape and sf.dtype == torch.float32 and sf.is_contiguous()
+    wrong_sf = int((sf.view(torch.int32) != ref_sf.view(torch.int32)).sum())
+    assert wrong_sf == 0, f"{wrong_sf} of {sf.numel()} scale factors differ from the reference"
+    wrong_q = int((q.view(torch.uint8) != ref_q.view(torch.uint8)).sum())
+    assert wrong_q == 0, f"{wrong_q} of {q.numel()} code bytes differ from the reference"
+
+
+def launch_poisoned(x: torch.Tensor, v: tuple[str, int, str, int, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    in_dtype, hidden, fmt, npc, round_sf = v
+    q, sf = poisoned_outputs(x.shape[0], hidden, fmt, npc)
+    launch = runtime.get_kernel("per_token_cast").select(
+        in_dtype=in_dtype, hidden=hidden, fmt=fmt, npc=npc, round_sf=round_sf
+    )
+    launch(x, q, sf)
+    torch.cuda.synchronize()
+    return q, sf
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 127, 4001])
+@pytest.mark.parametrize("v", FULL, ids=variant_id)
+def test_per_token_cast(v: tuple[str, int, str, int, bool], num_tokens: int) -> None:
+    in_dtype, hidden, fmt, npc, round_sf = v
+    x = random_rows(num_tokens, hidden, DTYPES[in_dtype])
+    q, sf = quant.per_token_cast(x, fmt, npc, round_sf=round_sf)
+    assert_matches_reference(x, q, sf, fmt, npc, round_sf)
+
+
+@pytest.mark.parametrize("v", LARGE, ids=variant_id)
+def test_per_token_cast_8192_tokens(v: tuple[str, int, str, int, bool]) -> None:
+    in_dtype, hidden, fmt, npc, round_sf = v
+    x = random_rows(8192, hidden, DTYPES[in_dtype])
+    q, sf = quant.per_token_cast(x, fmt, npc, round_sf=round_sf)
+    assert_matches_reference(x, q, sf, fmt, npc, round_sf)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 127, 4001])
+@pytest.mark.parametrize("v", FULL, ids=variant_id)
+def test_launcher_overwrites_poisoned_outputs(v: tuple[str, int, str, int, bool], num_tokens: int) -> None:
+    """Every code and scale is written, also in the last, partial row tile."""
+    x = random_rows(num_tokens, v[1], DTYPES[v[0]])
+    q, sf = launch_poisoned(x, v)
+    assert not torch.isnan(sf).any(), "some scale factors were never written"
+    assert_matches_reference(x, q, sf, v[2], v[3], v[4])
+
+
+@pytest.mark.parametrize("v", FULL, ids=variant_id)
+def test_ties_and_boundaries(v: tuple[str, int, str, int, bool]) -> None:
+    """Groups scaled by exactly 1: FP4/FP8 round-to-even ties, +-448, saturation at 6."""
+    x = tie_rows(v[1], DTYPES[v[0]], v[2])
+    q, sf = launch_poisoned(x, v)
+    assert_matches_reference(x, q, sf, v[2], v[3], v[4])
+
+
+@pytest.mark.parametrize("v", [v for v in FULL if v[1] == 2048], ids=variant_id)
+def test_extreme_magnitudes(v: tuple[str, int, str, int, bool]) -> None:
+    """amax floors (tiny and subnormal rows), -0.0 inputs, and products that underflow to -0.0."""
+    dtype = DTYPES[v[0]]
+    tiny = torch.randn(4, v[1], device="cuda")
+    rows = [tiny * 1e-8, tiny * 1e-36, random_rows(2, v[1], torch.float32)]
+    x = torch.cat(rows).to(dtype)
+    x[-2:, ::3] = -0.0
+    x[-1, 4] = 3e38 if dtype == torch.float32 else 1e38  # one huge value and a tiny negative in its group
+    x[-1, 5] = -1e-44 if dtype == torch.float32 else -1e-39
+    q, sf = launch_poisoned(x, v)
+    assert_matches_reference(x, q, sf, v[2], v[3], v[4])
+
+
+def test_runs_on_the_current_stream() -> None:
+    x = random_rows(4001, 7168, torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        q, sf = quant.per_token_cast(x, "e4m3", 128)
+    stream.synchronize()
+    assert_matches_reference(x, q, sf, "e4m3", 128, False)
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_other_dtype_is_refused() -> None:
+    x = torch.ones(4, 2048, dtype=torch.float16, device="cuda")
+    with pytest.raises((errors.VariantNotFoundError, errors.KernelArgumentError), match=r"\bx\b|float16"):
+        quant.per_token_cast(x, "e4m3", 128)
+
+
+def test_uncovered_hidden_names_the_built_variants() -> None:
+    x = torch.ones(4, 1536, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(errors.VariantNotFoundError) as info:
+        quant.per_token_cast(x, "e4m3", 128)
+    message = str(info.value)
+    assert "1536" in message
+    for hidden in HIDDEN:
+        assert f"hidden={hidden}" in message
+
+
+def test_cpu_tensor_is_refused_naming_x() -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16)
+    with pytest.raises(errors.KernelError, match=r"\bx\b"):
+        quant.per_token_cast(x, "e4m3", 128)
+
+
+@pytest.mark.parametrize("shape", [(2048,), (2, 4, 2048)], ids=str)
+def test_wrong_rank_is_refused(shape: tuple[int, ...]) -> None:
+    x = torch.ones(shape, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"\bx\b.*2-D"):
+        quant.per_token_cast(x, "e4m3", 128)
+
+
+def test_non_tensor_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        quant.per_token_cast([[1.0] * 2048], "e4m3", 128)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.ones(8, 2 * 2048, dtype=torch.bfloat16, device="cuda")[:, ::2],  # column stride 2
+        lambda: torch.ones(2048, 8, dtype=torch.bfloat16, device="cuda").t(),  # transposed view
+        lambda: torch.ones(8, 4096, dtype=torch.bfloat16, device="cuda")[:, :2048],  # row stride 4096
+    ],
+    ids=["strided-columns", "transposed", "padded-rows"],
+)
+def test_non_contiguous_x_is_refused(make: Callable[[], torch.Tensor]) -> None:
+    x = make()
+    assert x.shape == (8, 2048) and not x.is_contiguous()
+    with pytest.raises(errors.KernelArgumentError, match=r"\bx\b"):
+        quant.per_token_cast(x, "e4m3", 128)
+
+
+@pytest.mark.parametrize("fmt", ["e5m2", "E4M3", "e5m6", ""])
+def test_bad_fmt_is_refused(fmt: str) -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"\bfmt\b"):
+        quant.per_token_cast(x, fmt, 128)
+
+
+def test_uncovered_npc_is_refused() -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(errors.VariantNotFoundError, match="npc"):
+        quant.per_token_cast(x, "e2m1", 128)  # e2m1 is built for npc 16 and 32 only
+
+
+@pytest.mark.parametrize(
+    ("flag", "kwargs"),
+    [
+        ("x_block_size", {"x_block_size": (1, 128)}),
+        ("use_tma_aligned_col_major_sf", {"use_tma_aligned_col_major_sf": True}),
+        ("use_packed_ue8m0", {"use_packed_ue8m0": True, "round_sf": True}),
+    ],
+)
+def test_unbuilt_layouts_are_refused(flag: str, kwargs: dict[str, object]) -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(NotImplementedError, match=rf"{flag}.*spec"):
+        quant.per_token_cast(x, "e4m3", 128, **kwargs)
+
+
+def test_launcher_checks_output_shapes() -> None:
+    x = random_rows(16, 2048, torch.bfloat16)
+    q, sf = poisoned_outputs(16, 2048, "e2m1", 16)
+    launch = runtime.get_kernel("per_token_cast").select(
+        in_dtype="bfloat16", hidden=2048, fmt="e2m1", npc=16, round_sf=False
+    )
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        launch(x, q, sf[:, :64])
+    with pytest.raises(errors.KernelArgumentError, match=r"\bq\b"):
+        launch(x, torch.empty(16, 2048, dtype=torch.int8, device="cuda"), sf)

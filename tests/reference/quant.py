@@ -1,0 +1,140 @@
+"""Plain-torch references for the `quant` kernels (KERNELS.md, "Shared quantization rules").
+
+Everything here runs on CPU or GPU tensors and is bit-exact: the kernels' FP8/FP4 codes and
+scale factors must equal these. Two traps a "natural" torch reference falls into, avoided here:
+- ``t / 448.0`` on CUDA multiplies by a rounded reciprocal when the divisor is a Python scalar,
+  which is not IEEE division; every division below is tensor / tensor.
+- The FP4 encode is done with integer logic on the fp32 bit pattern (round the significand to
+  the e2m1 step, ties to even), not with the comparison chain the kernel uses, so the two
+  implementations check each other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+QMAX: dict[str, float] = {"e4m3": 448.0, "e2m1": 6.0}
+# amax is clamped from below so that sf is never zero (and for e2m1 stays a normal float).
+AMAX_FLOOR: dict[str, float] = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126}
+
+# e2m1 code -> value; codes 8..15 are the negatives of 0..7 (8 is -0.0).
+FP4_VALUES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _check_fmt(fmt: str) -> None:
+    if fmt not in QMAX:
+        raise ValueError(f"fmt must be one of {sorted(QMAX)}, got {fmt!r}")
+
+
+def _full(like: torch.Tensor, value: float) -> torch.Tensor:
+    return torch.full_like(like, value, dtype=torch.float32)
+
+
+def round_sf_up(sf: torch.Tensor) -> torch.Tensor:
+    """Round positive normal fp32 scales up to a power of two: a non-zero mantissa carries
+    into the exponent, then the mantissa is cleared."""
+    bits = sf.contiguous().view(torch.int32)
+    return ((bits + 0x7FFFFF) & 0x7F800000).view(torch.float32)
+
+
+def scales(x: torch.Tensor, fmt: str, npc: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sf, q_scale) of shape (T, H / npc): sf dequantizes, x_f32 * q_scale quantizes."""
+    _check_fmt(fmt)
+    num_tokens, hidden = x.shape
+    if hidden % npc != 0:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of npc ({npc})")
+    groups = x.float().reshape(num_tokens, hidden // npc, npc)
+    amax = groups.abs().amax(dim=-1)
+    amax = torch.maximum(amax, _full(amax, AMAX_FLOOR[fmt]))
+    sf = amax / _full(amax, QMAX[fmt])
+    if round_sf:
+        sf = round_sf_up(sf)
+        return sf, _full(sf, 1.0) / sf
+    return sf, _full(amax, QMAX[fmt]) / amax
+
+
+def fp4_encode(v: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (int32, 0..15) of fp32 values: round to nearest even, saturate at 6.
+
+    Integer logic on the fp32 bits: with E the unbiased exponent and M the 24-bit significand,
+    the e2m1 step is 2^(max(E, 0) - 1); n = M / step rounded to nearest even is the value in
+    steps, and the code is n below 1.0 (subnormals 0, 0.5, 1.0) or 2E + n above it.
+    """
+    bits = v.float().contiguous().view(torch.int32).to(torch.int64)
+    mag = bits & 0x7FFFFFFF
+    exp = (mag >> 23) - 127
+    sig = (mag & 0x7FFFFF) | 0x800000
+    # Right shift from the significand to units of the step (>= 22); beyond 40 everything is 0.
+    shift = (22 - torch.clamp(exp, max=0)).clamp(max=40)
+    n = sig >> shift
+    one = torch.ones_like(shift)
+    rem = sig & ((one << shift) - 1)
+    half = one << (shift - 1)
+    n = n + ((rem > half) | ((rem == half) & ((n & 1) == 1))).to(torch.int64)
+    code = torch.where(exp >= 0, 2 * exp + n, n).clamp(max=7)
+    # Sign bit when the value is < 0 (so -0.0 keeps code 0): negative sign and non-zero magnitude.
+    negative = (bits < 0) & (mag != 0)
+    return (code | (negative.to(torch.int64) << 3)).to(torch.int32)
+
+
+def fp4_pack(codes: torch.Tensor) -> torch.Tensor:
+    """(..., 2K) codes -> (..., K) int8: element 2i in the low nibble, 2i + 1 in the high one."""
+    if codes.shape[-1] % 2 != 0:
+        raise ValueError(f"the last dimension ({codes.shape[-1]}) must be even to pack FP4 pairs")
+    packed = (codes[..., 0::2] & 0xF) | ((codes[..., 1::2] & 0xF) << 4)
+    return packed.to(torch.uint8).view(torch.int8)
+
+
+def fp4_unpack(q_packed: torch.Tensor) -> torch.Tensor:
+    """(..., K) int8/uint8 -> (..., 2K) int32 codes (inverse of fp4_pack)."""
+    if q_packed.dtype not in (torch.int8, torch.uint8):
+        raise TypeError(f"q_packed must be int8 or uint8, got {q_packed.dtype}")
+    u = q_packed.view(torch.uint8).to(torch.int32)
+    return torch.stack([u & 0xF, u >> 4], dim=-1).reshape(*u.shape[:-1], 2 * u.shape[-1])
+
+
+def fp4_decode(q_packed: torch.Tensor) -> torch.Tensor:
+    """(..., K) packed FP4 -> (..., 2K) float32 values."""
+    codes = fp4_unpack(q_packed).long()
+    table = torch.tensor(FP4_VALUES, dtype=torch.float32, device=q_packed.device)
+    table = torch.cat([table, -table])
+    return table[codes]
+
+
+def per_token_cast_ref(
+    x: torch.Tensor, fmt: str, npc: int, round_sf: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference per-token cast of x (T, H) bf16/fp32: (q, sf).
+
+    q: float8_e4m3fn (T, H) for 'e4m3', int8 (T, H / 2) packed FP4 for 'e2m1';
+    sf: float32 (T, H / npc), row-major.
+    """
+    _check_fmt(fmt)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (num_tokens, hidden), got shape {tuple(x.shape)}")
+    num_tokens, hidden = x.shape
+    sf, q_scale = scales(x, fmt, npc, round_sf)
+    scaled = x.float().reshape(num_tokens, hidden // npc, npc) * q_scale.unsqueeze(-1)
+    scaled = scaled.reshape(num_tokens, hidden)
+    if fmt == "e4m3":
+        qmax = QMAX[fmt]
+        q = torch.clamp(scaled, -qmax, qmax).to(torch.float8_e4m3fn)
+    else:
+        q = fp4_pack(fp4_encode(scaled))
+    return q, sf
+
+
+def dequant(q: torch.Tensor, sf: torch.Tensor, fmt: str, npc: int) -> torch.Tensor:
+    """float32 (T, H) = decode(q) * sf, each scale applied to its npc channels."""
+    _check_fmt(fmt)
+    values = q.float() if fmt == "e4m3" else fp4_decode(q)
+    return values * sf.float().repeat_interleave(npc, dim=-1)
+
+
+def cast_error(x: torch.Tensor, y: torch.Tensor) -> float:
+    """1 - 2 sum(xy) / sum(x^2 + y^2), in float64: 0 for equal tensors, small for close ones."""
+    x64, y64 = x.double(), y.double()
+    denominator = (x64 * x64 + y64 * y64).sum()
+    if denominator == 0:
+        return 0.0
+    return float(1 - 2 * (x64 * y64).sum() / denominator)

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 
 def _root_default(name: str) -> Path:
-    return Path.cwd() / name
+    # Relative on purpose: spec paths end up in messages and in the generated files, and a
+    # wheel must not depend on where the checkout lives.
+    return Path(name)
 
 
 def _handle_errors(fn: F) -> F:

@@ -27,14 +27,7 @@ _TORCH_DTYPES = {
     "int64": "torch.int64",
     "bool": "torch.bool",
 }
-_CTYPES = {
-    "int32": "ctypes.c_int32",
-    "int64": "ctypes.c_int64",
-    "uint32": "ctypes.c_uint32",
-    "uint64": "ctypes.c_uint64",
-    "float32": "ctypes.c_float",
-    "float64": "ctypes.c_double",
-}
+_CTYPES = ("int32", "int64", "uint32", "uint64", "float32", "float64")  # scalar types the loader passes
 _INT_LIMITS = {"int32": 2**31, "uint32": 2**32}
 
 
@@ -47,6 +40,7 @@ class LauncherSource:
     cubin: str
     smem: dict[str, int]
     key: str
+    arg_slots: tuple[tuple[str, tuple[str, ...]], ...]  # (LaunchArgs variable, slot kinds) per launch
 
 
 def torch_dtype(name: str) -> str:
@@ -102,7 +96,7 @@ def _tma_lines(desc: TmaDescriptor) -> list[str]:
     strides = _shape_tuple(list(desc.global_strides[1:])) if desc.rank > 1 else "()"
     return [
         f"_{desc.name}_buffer, {desc.name} = tensor_map(",
-        f"    {desc.dtype_code}, {desc.tensor}.data_ptr(), {dims}, {strides},",
+        f'    "{desc.tensor}", {desc.dtype_code}, {desc.tensor}.data_ptr(), {dims}, {strides},',
         f"    {_shape_tuple([str(b) for b in desc.box_dims])}, "
         f"{_shape_tuple([str(e) for e in desc.element_strides])},",
         f"    interleave={desc.interleave}, swizzle={desc.swizzle}, l2_promotion={desc.l2_promotion}, "
@@ -111,34 +105,40 @@ def _tma_lines(desc: TmaDescriptor) -> list[str]:
     ]
 
 
-def _launch_lines(launch: Launch, cubin_var: str) -> list[str]:
+def _launch_lines(launch: Launch, cubin_var: str, args_var: str) -> list[str]:
     if launch.cooperative or launch.cluster is not None:
         raise LowerError(f"kernel {launch.symbol} needs a cooperative or cluster launch, which this loader does "
                          "not issue yet; drop T.use_cooperative_groups / cluster_dims from the template")
-    args = []
+    values = []
     for a in launch.args:
         if a.kind == "tensor":
-            args.append(f"pointer({a.expr})")
+            values.append(f"{a.expr}.data_ptr()")
         elif a.kind == "tma":
-            args.append(a.expr)
+            values.append(a.expr)
+        elif a.ctype not in _CTYPES:
+            raise LowerError(f"kernel {launch.symbol} takes argument {a.name or a.expr} of type {a.ctype}, "
+                             "which the loader cannot pass")
+        elif a.kind == "scalar":
+            values.append(f"{'float' if a.ctype.startswith('float') else 'int'}({a.expr})")
         else:
-            ctype = _CTYPES.get(a.ctype)
-            if ctype is None:
-                raise LowerError(f"kernel {launch.symbol} takes argument {a.name or a.expr} of type {a.ctype}, "
-                                 "which the loader cannot pass")
-            cast = "float" if a.ctype.startswith("float") else "int"
-            args.append(f"{ctype}({cast}({a.expr}))" if a.kind == "scalar" else f"{ctype}({a.expr})")
+            values.append(a.expr)
     return [
         f"{cubin_var}.launch(",
         f'    "{launch.symbol}", device, grid, {launch.block}, {launch.dynamic_smem},',
-        f"    ({', '.join(args)}{',' if len(args) == 1 else ''}),",
+        f"    {args_var}.pack({', '.join(values)}),",
         ")",
     ]
+
+
+def _slot_kinds(launch: Launch) -> tuple[str, ...]:
+    return tuple("pointer" if a.kind == "tensor" else "tensormap" if a.kind == "tma" else a.ctype
+                 for a in launch.args)
 
 
 def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract) -> LauncherSource:
     """The launcher function of one variant."""
     cubin_var = f"_{func.upper()}"
+    args_vars = [f"{cubin_var}_ARGS{i if i else ''}" for i in range(len(contract.launches))]
     body = _tensor_checks(contract.params, contract) + _size_limits(contract)
     for i, launch in enumerate(contract.launches):
         grid = ", ".join(launch.grid)
@@ -148,7 +148,7 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
             body.append("    return  # empty input: nothing to launch")
             for desc in contract.tma:
                 body.extend(_tma_lines(desc))
-        body.extend(_launch_lines(launch, cubin_var))
+        body.extend(_launch_lines(launch, cubin_var, args_vars[i]))
     return LauncherSource(
         func=func,
         signature=", ".join(p.name for p in contract.params),
@@ -157,4 +157,5 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
         cubin=cubin,
         smem={launch.symbol: launch.dynamic_smem for launch in contract.launches},
         key=key,
+        arg_slots=tuple((var, _slot_kinds(launch)) for var, launch in zip(args_vars, contract.launches)),
     )

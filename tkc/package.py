@@ -156,9 +156,10 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templat
             modules.setdefault(kernel.module, []).extend(
                 f"from .{stem} import {n}" for n in public_names(op_path))
     for module, imports in sorted(modules.items()):
+        exported = sorted({line.rsplit(" ", 1)[1] for line in imports})
         files[f"{name}/{module}/__init__.py"] = (
             _header("the kernel specs", ", ".join(specs.files)) + f'"""Kernels of module ``{module}``."""\n\n'
-            + "\n".join(sorted(set(imports))) + "\n"
+            + "\n".join(sorted(set(imports))) + f"\n\n__all__ = {exported!r}\n"
         )
     files[f"{name}/__init__.py"] = (
         _header("the kernel specs", ", ".join(specs.files))

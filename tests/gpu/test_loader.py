@@ -28,14 +28,24 @@ def _reference(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("dtype", "tile"), [(torch.float32, 64), (torch.float32, 128), (torch.bfloat16, 64)])
-@pytest.mark.parametrize("shape", [(1, 64, 64), (3, 128, 320), (2, 500, 130), (0, 64, 64), (4, 1, 256)])
+@pytest.mark.parametrize("shape", [(1, 64, 64), (3, 128, 320), (2, 504, 130), (0, 64, 64), (4, 8, 257)])
 def test_tma_transpose_matches_torch(dtype: torch.dtype, tile: int, shape: tuple[int, int, int]) -> None:
-    # Odd M, N exercise the TMA store's clipping at the tensor edge (the descriptor's global dims).
+    # M, N that are not multiples of the tile exercise the TMA store's clipping at the tensor edge
+    # (the descriptor's global dims); TMA needs y's rows (M elements) to be a multiple of 16 bytes.
     x = torch.randn(shape, device="cuda").add_(0.25).to(dtype)
     scale = float(torch.rand(()).item() + 0.5)
     y = tk.transpose.tma_transpose(x, scale, tile=tile)
     torch.cuda.synchronize()
     assert torch.equal(y, _reference(x, scale))
+
+
+@pytest.mark.parametrize("shape", [(2, 500, 130), (4, 1, 256)])
+def test_tma_stride_rules_raise_naming_the_tensor(shape: tuple[int, int, int]) -> None:
+    # bf16 rows of 500 or 1 elements are not multiples of 16 bytes: the driver would only say
+    # CUDA_ERROR_INVALID_VALUE, the loader names y and the fix.
+    x = torch.randn(shape, device="cuda").to(torch.bfloat16)
+    with pytest.raises(KernelArgumentError, match=r"^y: the kernel moves y with the tensor memory accelerator"):
+        tk.transpose.tma_transpose(x, 1.0)
 
 
 def test_launcher_overwrites_poisoned_output_and_leaves_neighbours_alone() -> None:

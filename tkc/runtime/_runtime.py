@@ -157,10 +157,23 @@ def _aligned_tensor_map() -> tuple[Any, TensorMap]:
     return raw, TensorMap.from_address(address)
 
 
-def tensor_map(dtype_code: int, address: int, dims: Sequence[int], strides: Sequence[int],
+def tensor_map(name: str, dtype_code: int, address: int, dims: Sequence[int], strides: Sequence[int],
                box: Sequence[int], element_strides: Sequence[int], interleave: int, swizzle: int,
                l2_promotion: int, oob_fill: int) -> tuple[Any, TensorMap]:
-    """Encode a tiled TMA descriptor; ``strides`` in bytes, without the element-size entry."""
+    """Encode a tiled TMA descriptor for tensor ``name``; ``strides`` in bytes, without the element-size entry.
+
+    The driver refuses strides that are not multiples of 16 bytes (or reach 2^40) and dimensions
+    above 2^32 with a bare CUDA_ERROR_INVALID_VALUE; they are checked here first so the error
+    names the tensor and the fix.
+    """
+    bad_stride = [s for s in strides if s % 16 or s >= 2**40]
+    if bad_stride or any(not 0 < d <= 2**32 for d in dims):
+        raise KernelArgumentError(
+            f"{name}: the kernel moves {name} with the tensor memory accelerator (TMA), which needs every "
+            f"stride to be a multiple of 16 bytes and each dimension in 1..2^32; got dimensions {tuple(dims)} "
+            f"(innermost first) and byte strides {tuple(strides)}; pad the innermost dimension so that each "
+            "row is a multiple of 16 bytes"
+        )
     rank = len(dims)
     keep, desc = _aligned_tensor_map()
     result = driver().lib.cuTensorMapEncodeTiled(
@@ -169,8 +182,50 @@ def tensor_map(dtype_code: int, address: int, dims: Sequence[int], strides: Sequ
         (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*element_strides),
         interleave, swizzle, l2_promotion, oob_fill,
     )
-    driver().check(result, f"cuTensorMapEncodeTiled(dims={tuple(dims)}, strides={tuple(strides)}, box={tuple(box)})")
+    driver().check(result, f"cuTensorMapEncodeTiled({name}: dims={tuple(dims)}, strides={tuple(strides)}, "
+                           f"box={tuple(box)})")
     return keep, desc
+
+
+_SLOT_TYPES: dict[str, Any] = {
+    "pointer": ctypes.c_void_p,
+    "int32": ctypes.c_int32,
+    "int64": ctypes.c_int64,
+    "uint32": ctypes.c_uint32,
+    "uint64": ctypes.c_uint64,
+    "float32": ctypes.c_float,
+    "float64": ctypes.c_double,
+    "tensormap": None,  # passed by the address of its (aligned) descriptor
+}
+
+
+class LaunchArgs:
+    """The kernel's argument slots and the ``void**`` array cuLaunchKernel reads, built once per thread.
+
+    A call only stores new values into the slots, instead of building ctypes objects and
+    an array per launch. The driver copies the values during cuLaunchKernel, so reusing
+    the slots right after it returns is safe; each thread has its own set.
+    """
+
+    def __init__(self, *kinds: str) -> None:
+        self.kinds = kinds
+        self._local = threading.local()
+
+    def _make(self) -> tuple[list[Any], Any]:
+        slots = [None if _SLOT_TYPES[k] is None else _SLOT_TYPES[k]() for k in self.kinds]
+        params = (ctypes.c_void_p * len(slots))(*(0 if v is None else ctypes.addressof(v) for v in slots))
+        self._local.state = (slots, params)
+        return slots, params
+
+    def pack(self, *values: Any) -> Any:
+        state = getattr(self._local, "state", None)
+        slots, params = state if state is not None else self._make()
+        for i, (slot, value) in enumerate(zip(slots, values)):
+            if slot is None:
+                params[i] = ctypes.addressof(value)
+            else:
+                slot.value = value
+        return params
 
 
 class Cubin:
@@ -216,11 +271,10 @@ class Cubin:
         return self._kernels[symbol]
 
     def launch(self, symbol: str, device: torch.device, grid: tuple[int, int, int], block: tuple[int, int, int],
-               smem: int, args: Sequence[Any]) -> None:
-        """Launch ``symbol`` on torch's current stream of ``device``; ``args`` are ctypes values."""
+               smem: int, params: Any) -> None:
+        """Launch ``symbol`` on torch's current stream of ``device``; ``params`` from ``LaunchArgs.pack``."""
         index = device.index if device.index is not None else _current_device()
         kernel = self.kernel(symbol, index)
-        params = (ctypes.c_void_p * len(args))(*map(ctypes.addressof, args))
         if index == _current_device():
             result = self._launch(kernel, index, grid, block, smem, params)
         else:
@@ -250,10 +304,6 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):
 else:  # pragma: no cover - older torch
     def _current_stream(index: int) -> int:
         return int(torch.cuda.current_stream(index).cuda_stream)
-
-
-def pointer(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
 
 
 class Kernel:

@@ -57,6 +57,15 @@ def ops() -> dict[str, tuple[Callable[[], object], Callable[[], object] | None]]
             lambda fmt=fmt, npc=npc: tk.quant.per_token_cast(x, fmt, npc),
             (lambda op=op, fmt=fmt, npc=npc: op(x, fmt, npc, False)) if op is not None else None,
         )
+    # Where the time goes: the launcher alone on preallocated outputs, and torch's two allocations.
+    launch = tk._runtime.get_kernel("per_token_cast").select(in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128,
+                                                             round_sf=False)
+    q = torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn)
+    sf = torch.empty(1, 16, device="cuda")
+    out["per_token_cast launcher only"] = (lambda: launch(x, q, sf), None)
+    out["torch.empty x2 (the op's outputs)"] = (
+        lambda: (torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 16, device="cuda")),
+        None)
     op = getattr(namespace, "batched_transpose", None)
     out["batched_transpose bf16"] = (lambda: tk.transpose.batched_transpose(xt),
                                      (lambda: op(xt)) if op is not None else None)

@@ -248,9 +248,9 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
             cubin, contract, resources = found
             built.append(BuiltVariant(variant=variant, arch=arch, cubin=cubin, contract=contract,
                                       resources=resources, cached=compiled.hits[(variant.id, arch.name)]))
-        result: PackageResult = write_package(options.specs, arch, built, options.templates,
-                                              options.build_dir / "pkg" / options.specs.package.name / arch.name, options.dist_dir,
-                                              toolchain_info)
+        project = options.build_dir / "pkg" / options.specs.package.name / arch.name
+        result: PackageResult = write_package(options.specs, arch, built, options.templates, project,
+                                              options.dist_dir, toolchain_info)
         summaries.append(ArchSummary(
             arch=arch, variants=len(built), compiled=sum(not b.cached for b in built),
             cached=sum(b.cached for b in built), seconds=compiled.seconds[arch.name],

@@ -6,9 +6,8 @@ import cProfile
 import pstats
 import time
 
-import torch
-
 import tile_kernels_aot as tk
+import torch
 
 
 def main() -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from tkc import package
 from tkc.arch import ARCHS
+from tkc.build import ArchSummary, BuildOptions
 from tkc.cibw import BUILD_IDENTIFIERS, SOURCE_DATE_EPOCH, cibuildwheel_config
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
@@ -19,10 +21,10 @@ PACKAGE = "fake_kernels_aot"
 
 
 def _write_project(root: Path, arch: str) -> Path:
-    """A project shaped like tkc's generated ones (flit_core, a package with ARCH) plus the config."""
+    """A project shaped like tkc's generated ones (hatchling, a package with ARCH) plus the config."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["flit_core>=3.9,<5"]\nbuild-backend = "flit_core.buildapi"\n\n'
+        '[build-system]\nrequires = ["hatchling>=1.21"]\nbuild-backend = "hatchling.build"\n\n'
         f'[project]\nname = "{PACKAGE}"\nversion = "0.1.0+{arch}"\ndescription = "test"\n'
         'requires-python = ">=3.9"\ndependencies = ["torch>=2.4"]\n\n' + cibuildwheel_config(arch)
     )
@@ -43,18 +45,40 @@ def test_epoch_matches_the_packager() -> None:
     assert SOURCE_DATE_EPOCH == package.SOURCE_DATE_EPOCH
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_cibuildwheel_selects_exactly_one_build(tmp_path: Path, arch: str) -> None:
-    # --print-build-identifiers reads the config and stops before any container engine is needed.
-    project = _write_project(tmp_path / "pkg" / arch, arch)
+def test_cibuildwheel_selects_exactly_one_build(small_build: tuple[BuildOptions, list[ArchSummary]],
+                                                arch: str) -> None:
+    # The generated project carries the config; --print-build-identifiers reads it and stops before
+    # any container engine is needed.
+    options, _ = small_build
+    project = options.build_dir / "pkg" / options.specs.package.name / arch
     env = {k: v for k, v in os.environ.items() if not k.startswith("CIBW_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "cibuildwheel", "--print-build-identifiers", "--platform", "linux",
-         str(project.relative_to(tmp_path))],
-        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120,
+        [sys.executable, "-m", "cibuildwheel", "--print-build-identifiers", "--platform", "linux", "."],
+        cwd=project, capture_output=True, text=True, env=env, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.split() == list(BUILD_IDENTIFIERS)
+
+
+@pytest.mark.slow
+def test_platform_tag_only_when_cibuildwheel_asks(small_build: tuple[BuildOptions, list[ArchSummary]],
+                                                  tmp_path: Path) -> None:
+    # cibuildwheel refuses pure wheels; its config sets TKC_WHEEL_PLATFORM, which the generated
+    # hatch_build.py turns into a platform tag. tkc build itself keeps the pure wheel.
+    options, summaries = small_build
+    assert all(s.wheel.name.endswith("-py3-none-any.whl") for s in summaries)
+    project = options.build_dir / "pkg" / options.specs.package.name / "sm90"
+    env = dict(os.environ, TKC_WHEEL_PLATFORM="manylinux_2_17_x86_64", SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path),
+                           "."], cwd=project, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    assert wheel.name == "tkc_small_kernels-0.0.1+sm90-py3-none-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(wheel) as z:
+        assert "Root-Is-Purelib: false" in z.read("tkc_small_kernels-0.0.1+sm90.dist-info/WHEEL").decode()
+        assert not [n for n in z.namelist() if n.endswith("hatch_build.py")]
 
 
 def test_test_command_imports_the_package_and_checks_its_arch(tmp_path: Path) -> None:

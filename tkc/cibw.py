@@ -6,19 +6,19 @@ passes it with ``--config-file``, so it applies whether or not the project has i
 It builds one identifier, ``cp311-manylinux_x86_64``: the wheel holds Python
 and cubins, no host machine code, so one interpreter stands for all of them.
 
-Finding: cibuildwheel refuses the wheel tkc builds today
-------------------------------------------------------------
-flit_core only makes pure wheels (``py3-none-any``). On Linux cibuildwheel checks
+Why the generated project has a build hook
+------------------------------------------
+``tkc build`` makes pure wheels (``py3-none-any``). On Linux cibuildwheel checks
 the name of the wheel the backend produced, *before* the repair step, and stops
 with ``NonPlatformWheelError`` (exit code 5) when it ends in ``none-any.whl``
 (``cibuildwheel/platforms/linux.py``); a ``repair-wheel-command`` that retags the
-wheel comes too late. So the backend itself must write a platform tag:
+wheel comes too late. So the backend itself must write a platform tag, and tkc does it this way:
 
-* Build the generated project with hatchling and a build hook of a few lines
+* The generated project is built with hatchling and a build hook of a few lines
   (``hatch_build.py`` next to the pyproject, enabled by an empty
   ``[tool.hatch.build.targets.wheel.hooks.custom]`` table) whose ``initialize``
-  sets ``build_data["pure_python"] = False`` and
-  ``build_data["tag"] = "py3-none-manylinux_2_17_x86_64"``. Tried on
+  sets ``build_data["pure_python"] = False`` and ``build_data["tag"] =
+  "py3-none-<TKC_WHEEL_PLATFORM>"`` when that variable is set (only this config sets it). Tried on
   ``build/pkg/tile_kernels_aot/sm90``: the wheel is ``tile_kernels_aot-0.1.0+sm90-py3-none-
   manylinux_2_17_x86_64.whl`` with ``Root-Is-Purelib: false``, the hook file is
   not in it, two builds with ``SOURCE_DATE_EPOCH`` set are byte-identical, and
@@ -77,7 +77,9 @@ def cibuildwheel_config(arch_name: str) -> str:
         'archs = ["x86_64"]\n'
         '# No before-build: the backend is fetched from PyPI into an isolated build environment.\n'
         'build-frontend = "build"\n'
-        f'environment = {{ SOURCE_DATE_EPOCH = "{SOURCE_DATE_EPOCH}" }}\n'
+        "# The generated hatch_build.py turns the pure wheel into a platform wheel, which cibuildwheel needs.\n"
+        f'environment = {{ SOURCE_DATE_EPOCH = "{SOURCE_DATE_EPOCH}", '
+        'TKC_WHEEL_PLATFORM = "manylinux_2_17_$(uname -m)" }\n'
         f'before-test = "pip install torch --index-url {CPU_TORCH_INDEX}"\n'
         "# Imports the installed wheel on a machine with no GPU and checks its arch.\n"
         f"test-command = '''{_test_command(arch_name)}'''\n"

@@ -12,7 +12,8 @@ the cache does not serve them. Bytes count every input and output once (read +
 written); GB/s is bytes / median time, and "% copy" compares it with a large
 device-to-device copy measured in the same run.
 
-Writes DIR/results.json and DIR/results.md and prints the markdown table last.
+Writes DIR/results.json, DIR/results.md and (with matplotlib) DIR/pct_copy.png, and prints the markdown
+table last.
 """
 
 from __future__ import annotations
@@ -284,6 +285,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(meta, rows)
     (args.out / "results.md").write_text(table)
+    try:
+        from plot import plot  # benchmarks/plot.py, next to this script
+
+        plot(args.out / "results.json", args.out / "pct_copy.png")
+    except ImportError as exc:  # matplotlib is optional: the numbers are in results.json
+        print(f"no plot: {exc}", file=sys.stderr)
     print(table)
     return 0
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SMALL_SPEC, TEMPLATES
+from tests.conftest import REPO, SMALL_SPEC, TEMPLATES
 from tkc.arch import ARCHS
 from tkc.lower import TensorParam, lower, py_expr
 from tkc.render import render
@@ -65,3 +65,20 @@ def test_py_expr_prints_python() -> None:
     for value in (0, 1, 63, 64, 4001):
         assert eval(text, {}, {"n": value}) == ((value + 63) // 64) * 2 + value % 4
     assert py_expr(tvm.tirx.Max(n, 1)) == "max(n, 1)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("cluster", "cooperative", "expected_cluster"), [(1, True, None), (2, False, (2, 1, 1))])
+def test_cooperative_and_cluster_launches_are_recorded(tmp_path: Path, cluster: int, cooperative: bool,
+                                                       expected_cluster: tuple[int, int, int] | None) -> None:
+    from tkc.codegen import launcher_source
+
+    templates = REPO / "tests" / "data" / "templates"
+    spec = load_specs([REPO / "tests" / "data" / "specs" / "loader.yaml"], templates).kernel("grid_rotate")
+    variant = next(v for v in expand(spec) if v.param_dict["cluster"] == cluster)
+    contract = lower(render(variant, ARCHS["sm90"], templates, tmp_path), ARCHS["sm90"]).contract
+    (launch,) = contract.launches
+    assert launch.cooperative is cooperative and launch.cluster == expected_cluster
+    body = "\n".join(launcher_source(func="f", doc="", cubin="f.cubin", key="()", contract=contract).body)
+    assert ("cooperative=True" in body) is cooperative
+    assert ("cluster=(2, 1, 1)" in body) is (expected_cluster is not None)

@@ -14,6 +14,7 @@ from tests.reference.quant import (
     AMAX_FLOOR,
     FP4_VALUES,
     QMAX,
+    align,
     cast_error,
     dequant,
     fp4_decode,
@@ -23,6 +24,9 @@ from tests.reference.quant import (
     per_token_cast_ref,
     round_sf_up,
     scales,
+    tma_aligned_col_major,
+    ue8m0_pack,
+    ue8m0_unpack,
 )
 
 # (fmt, npc) pairs of the spec grid; dequantization error bounds of 1 - 2 sum(xy)/sum(x^2 + y^2)
@@ -197,3 +201,92 @@ class TestPerTokenCast:
         assert cast_error(x, x) == 0.0
         assert cast_error(x, -x) == pytest.approx(2.0)
         assert cast_error(torch.zeros(3), torch.zeros(3)) == 0.0
+
+
+class TestScaleLayouts:
+    @pytest.mark.parametrize("num_tokens", [0, 1, 3, 4, 5, 127])
+    def test_tma_aligned_col_major_strides(self, num_tokens: int) -> None:
+        t = torch.randn(num_tokens, 6)
+        col = tma_aligned_col_major(t)
+        padded = align(num_tokens, 4)
+        assert col.shape == (num_tokens, 6) and torch.equal(col, t)
+        if num_tokens > 0:
+            assert col.stride() == (1, padded)
+        # The storage holds 6 columns of align(T, 4) tokens; the padding is zero.
+        assert col.untyped_storage().nbytes() == 6 * padded * 4
+        storage = torch.empty(0).set_(col.untyped_storage()).view(6, padded)
+        assert torch.all(storage[:, num_tokens:] == 0)
+        # Element (t, g) of the view is element g * align(T, 4) + t of the storage.
+        if num_tokens > 0:
+            assert torch.equal(storage[:, :num_tokens], t.T)
+
+    def test_ue8m0_pack_known_words(self) -> None:
+        sf = torch.tensor([[1.0, 2.0, 0.5, 2.0**-126, 1.0, 1.0, 1.0, 2.0**8]])
+        words = ue8m0_pack(sf)
+        assert words.dtype == torch.int32 and words.shape == (1, 2)
+        # Biased exponents 127, 128, 126, 1 -> 0x017E807F; 127, 127, 127, 135 -> 0x877F7F7F (< 0 as int32).
+        assert words[0, 0].item() == 0x017E807F
+        assert words[0, 1].item() == 0x877F7F7F - 2**32
+
+    def test_ue8m0_pack_matches_little_endian_bytes(self) -> None:
+        gen = torch.Generator().manual_seed(6)
+        sf = torch.pow(2.0, torch.randint(-126, 128, (9, 56), generator=gen).float())
+        words = ue8m0_pack(sf)
+        assert words.shape == (9, 14)
+        # An independent formulation: the exponent bytes side by side, read as little-endian words.
+        exponents = (sf.view(torch.int32) >> 23).to(torch.uint8)
+        assert torch.equal(words, exponents.view(torch.int32))
+        assert torch.equal(ue8m0_unpack(words, 56), sf)
+
+    def test_ue8m0_missing_bytes_are_zero(self) -> None:
+        sf = torch.full((3, 6), 4.0)  # G % 4 == 2: word 1 holds two groups
+        words = ue8m0_pack(sf)
+        assert words.shape == (3, 2)
+        assert torch.all(words[:, 0] == 0x81818181 - 2**32)
+        assert torch.all(words[:, 1] == 0x8181)
+        assert torch.equal(ue8m0_unpack(words, 6), sf)
+
+    @pytest.mark.parametrize("bad", [3.0, 0.0, -2.0, 1.5])
+    def test_ue8m0_refuses_non_powers_of_two(self, bad: float) -> None:
+        with pytest.raises(ValueError, match="power"):
+            ue8m0_pack(torch.tensor([[1.0, bad]]))
+
+    @pytest.mark.parametrize(("fmt", "npc"), [("e4m3", 128), ("e2m1", 32)])
+    @pytest.mark.parametrize("num_tokens", [0, 1, 3, 33])
+    def test_layouts_hold_the_row_major_scales(self, fmt: str, npc: int, num_tokens: int) -> None:
+        x = random_rows(num_tokens, 2048, torch.bfloat16, seed=7)
+        padded = align(num_tokens, 4)
+        for round_sf in (False, True):
+            q, sf = per_token_cast_ref(x, fmt, npc, round_sf)
+            q_col, sf_col = per_token_cast_ref(x, fmt, npc, round_sf, sf_layout="col_major")
+            assert torch.equal(q_col.view(torch.uint8), q.view(torch.uint8))
+            assert sf_col.shape == sf.shape and sf_col.dtype == torch.float32
+            assert torch.equal(sf_col.view(torch.int32), sf.view(torch.int32))
+            if num_tokens > 1:
+                assert sf_col.stride() == (1, padded)
+        q_ue, sf_ue = per_token_cast_ref(x, fmt, npc, True, sf_layout="ue8m0")
+        assert torch.equal(q_ue.view(torch.uint8), q.view(torch.uint8))
+        assert sf_ue.dtype == torch.int32 and sf_ue.shape == (num_tokens, 2048 // npc // 4)
+        if num_tokens > 1:
+            assert sf_ue.stride() == (1, padded)
+        assert torch.equal(sf_ue, ue8m0_pack(sf))
+        assert torch.equal(ue8m0_unpack(sf_ue, 2048 // npc), sf)
+        # dequant decodes the words: the same values as with the fp32 scales.
+        assert torch.equal(dequant(q_ue, sf_ue, fmt, npc), dequant(q, sf, fmt, npc))
+        if num_tokens:
+            assert cast_error(x.float(), dequant(q_ue, sf_ue, fmt, npc)) < ERROR_BOUND[fmt]
+
+    def test_ue8m0_extreme_exponents(self) -> None:
+        # The e2m1 floor gives sf = 2^-126 (byte 1); huge rows give bytes >= 128 (negative words).
+        x = torch.cat([torch.full((1, 128), 1e-39), torch.full((1, 128), 3e38)])
+        _, sf = per_token_cast_ref(x, "e2m1", 32, True)
+        _, words = per_token_cast_ref(x, "e2m1", 32, True, sf_layout="ue8m0")
+        assert sf[0, 0].item() == 2.0**-126 and words[0, 0].item() == 0x01010101
+        assert words[1, 0].item() < 0
+        assert torch.equal(ue8m0_unpack(words, 4), sf)
+
+    def test_layout_errors(self) -> None:
+        with pytest.raises(ValueError, match="use_packed_ue8m0.*round_sf"):
+            per_token_cast_ref(torch.ones(1, 128), "e4m3", 128, sf_layout="ue8m0")
+        with pytest.raises(ValueError, match="sf_layout"):
+            per_token_cast_ref(torch.ones(1, 128), "e4m3", 128, sf_layout="column_major")

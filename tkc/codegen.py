@@ -143,9 +143,6 @@ def _tma_lines(desc: TmaDescriptor) -> list[str]:
 
 
 def _launch_lines(launch: Launch, cubin_var: str, args_var: str) -> list[str]:
-    if launch.cooperative or launch.cluster is not None:
-        raise LowerError(f"kernel {launch.symbol} needs a cooperative or cluster launch, which this loader does "
-                         "not issue yet; drop T.use_cooperative_groups / cluster_dims from the template")
     values = []
     for a in launch.args:
         if a.kind == "tensor":
@@ -159,10 +156,25 @@ def _launch_lines(launch: Launch, cubin_var: str, args_var: str) -> list[str]:
             values.append(f"{'float' if a.ctype.startswith('float') else 'int'}({a.expr})")
         else:
             values.append(a.expr)
+    kind = []
+    if launch.cooperative:
+        kind.append("cooperative=True")  # a grid-wide barrier: all blocks must be resident at once
+    if launch.cluster is not None:
+        kind.append(f"cluster={launch.cluster}")
+    lines = []
+    if launch.cluster is not None:
+        # The driver refuses a grid that is not a whole number of clusters with a bare error.
+        lines += [
+            f"if any(g % c for g, c in zip(grid, {launch.cluster})):",
+            f'    raise KernelArgumentError(f"{launch.symbol}: the grid {{grid}} (from the tensors\' sizes) must be '
+            f'a multiple of the thread-block cluster {launch.cluster}")',
+        ]
     return [
+        *lines,
         f"{cubin_var}.launch(",
         f'    "{launch.symbol}", device, grid, {launch.block}, {launch.dynamic_smem},',
         f"    {args_var}.pack({', '.join(values)}),",
+        *([f"    {', '.join(kind)},"] if kind else []),
         ")",
     ]
 

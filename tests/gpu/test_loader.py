@@ -121,3 +121,26 @@ def test_sm100_wheel_on_this_gpu_names_both_archs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "sm_100a" in out.stdout and f"sm_{major}{minor}" in out.stdout and f"sm{major}{minor}" in out.stdout
     assert ArchMismatchError.__name__ == "ArchMismatchError"
+
+
+def test_cooperative_launch_with_grid_barrier_sized_from_the_sm_count() -> None:
+    rows = tk.transpose.sm_count(torch.device("cuda"))
+    assert rows == torch.cuda.get_device_properties(0).multi_processor_count
+    for _ in range(3):
+        x = torch.randn(rows, 128, device="cuda")
+        y = tk.transpose.grid_rotate(x, cluster=1)
+        torch.cuda.synchronize()
+        assert torch.equal(y, 2 * x.roll(-1, dims=0))
+
+
+def test_cooperative_grid_too_large_raises_naming_the_sm_count() -> None:
+    x = torch.randn(200_000, 128, device="cuda")
+    with pytest.raises(KernelArgumentError, match=r"cannot all be resident .* sm_count"):
+        tk.transpose.grid_rotate(x, cluster=1)
+
+
+def test_cluster_launch() -> None:
+    x = torch.randn(64, 128, device="cuda")
+    assert torch.equal(tk.transpose.grid_rotate(x, cluster=2), 2 * x)
+    with pytest.raises(KernelArgumentError, match=r"multiple of the thread-block cluster \(2, 1, 1\)"):
+        tk.transpose.grid_rotate(torch.randn(63, 128, device="cuda"), cluster=2)

@@ -7,6 +7,16 @@ scale factors must equal these. Two traps a "natural" torch reference falls into
 - The FP4 encode is done with integer logic on the fp32 bit pattern (round the significand to
   the e2m1 step, ties to even), not with the comparison chain the kernel uses, so the two
   implementations check each other.
+
+Scale-factor layouts (KERNELS.md (a), (b), (c)), selected by ``sf_layout``:
+- "row_major": float32 (T, G), G = H / npc, contiguous.
+- "col_major" (``use_tma_aligned_col_major_sf``): the same values column-major with the token
+  dimension padded to a multiple of 4: strides (1, align(T, 4)).
+- "ue8m0" (``use_packed_ue8m0``, needs round_sf): int32 (T, ceil(G/4)) in the col_major layout;
+  bits 8k..8k+7 of word w (byte k on a little-endian machine) hold the biased exponent
+  (bits >> 23) of group 4w + k's rounded scale; bytes past the last group are 0.
+The reference fills the padding of its column-major storage with zeros; the kernels leave it
+unwritten, so comparisons look at the logical (T, ...) view only.
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ import torch
 QMAX: dict[str, float] = {"e4m3": 448.0, "e2m1": 6.0}
 # amax is clamped from below so that sf is never zero (and for e2m1 stays a normal float).
 AMAX_FLOOR: dict[str, float] = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126}
+
+SF_LAYOUTS: tuple[str, ...] = ("row_major", "col_major", "ue8m0")
 
 # e2m1 code -> value; codes 8..15 are the negatives of 0..7 (8 is -0.0).
 FP4_VALUES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -101,15 +113,72 @@ def fp4_decode(q_packed: torch.Tensor) -> torch.Tensor:
     return table[codes]
 
 
+def align(n: int, alignment: int) -> int:
+    """n rounded up to a multiple of alignment."""
+    return (n + alignment - 1) // alignment * alignment
+
+
+def tma_aligned_col_major(t: torch.Tensor) -> torch.Tensor:
+    """(T, C) -> the same values stored column-major with T padded to a multiple of 4.
+
+    The result is a view of zero-filled storage (C, align(T, 4)): shape (T, C), strides
+    (1, align(T, 4)); TileKernels' ``use_tma_aligned_col_major_sf`` layout.
+    """
+    if t.dim() != 2:
+        raise ValueError(f"expected a 2-D (T, C) tensor, got shape {tuple(t.shape)}")
+    num_tokens, cols = t.shape
+    storage = t.new_zeros((cols, align(num_tokens, 4)))
+    storage[:, :num_tokens] = t.T
+    return storage.T[:num_tokens]
+
+
+def ue8m0_pack(sf: torch.Tensor) -> torch.Tensor:
+    """Power-of-two fp32 scales (T, G) -> int32 words (T, ceil(G/4)), contiguous.
+
+    Bits 8k..8k+7 of word w hold the biased exponent (bits >> 23) of sf[:, 4w + k]; bytes past
+    the last group are 0. Built with integer arithmetic (no byte reinterpretation), so it does
+    not depend on the machine's byte order; the tests pin it against a little-endian view.
+    """
+    if sf.dtype != torch.float32 or sf.dim() != 2:
+        raise ValueError(f"expected float32 (T, G) scales, got {sf.dtype} of shape {tuple(sf.shape)}")
+    bits = sf.contiguous().view(torch.int32).to(torch.int64)
+    if bool(((bits & 0x807FFFFF) != 0).any()) or bool((bits == 0).any()):
+        raise ValueError("UE8M0 holds positive powers of two only: round the scales first (round_sf)")
+    num_tokens, groups = sf.shape
+    words = align(groups, 4) // 4
+    exponents = torch.zeros((num_tokens, words * 4), dtype=torch.int64, device=sf.device)
+    exponents[:, :groups] = bits >> 23
+    shifts = torch.arange(4, device=sf.device) * 8
+    packed = (exponents.reshape(num_tokens, words, 4) << shifts).sum(dim=-1)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # as a two's complement int32
+    return packed.to(torch.int32)
+
+
+def ue8m0_unpack(words: torch.Tensor, groups: int) -> torch.Tensor:
+    """int32 words (T, ceil(G/4)) -> float32 scales (T, G): byte b decodes to the float of bits b << 23."""
+    if words.dtype != torch.int32:
+        raise TypeError(f"UE8M0 words must be int32, got {words.dtype}")
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(4, device=words.device) * 8
+    exponents = ((w.unsqueeze(-1) >> shifts) & 0xFF).reshape(words.shape[0], 4 * words.shape[1])[:, :groups]
+    return (exponents << 23).to(torch.int32).view(torch.float32)
+
+
 def per_token_cast_ref(
-    x: torch.Tensor, fmt: str, npc: int, round_sf: bool = False
+    x: torch.Tensor, fmt: str, npc: int, round_sf: bool = False, sf_layout: str = "row_major"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference per-token cast of x (T, H) bf16/fp32: (q, sf).
 
     q: float8_e4m3fn (T, H) for 'e4m3', int8 (T, H / 2) packed FP4 for 'e2m1';
-    sf: float32 (T, H / npc), row-major.
+    sf: float32 (T, H / npc), row-major; with sf_layout "col_major" the same values in
+    tma_aligned_col_major storage; with "ue8m0" (round_sf only) ue8m0_pack of them, also
+    column-major.
     """
     _check_fmt(fmt)
+    if sf_layout not in SF_LAYOUTS:
+        raise ValueError(f"sf_layout must be one of {SF_LAYOUTS}, got {sf_layout!r}")
+    if sf_layout == "ue8m0" and not round_sf:
+        raise ValueError("sf_layout 'ue8m0' (use_packed_ue8m0) needs round_sf: UE8M0 holds powers of two")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (num_tokens, hidden), got shape {tuple(x.shape)}")
     num_tokens, hidden = x.shape
@@ -121,13 +190,22 @@ def per_token_cast_ref(
         q = torch.clamp(scaled, -qmax, qmax).to(torch.float8_e4m3fn)
     else:
         q = fp4_pack(fp4_encode(scaled))
+    if sf_layout == "col_major":
+        sf = tma_aligned_col_major(sf)
+    elif sf_layout == "ue8m0":
+        sf = tma_aligned_col_major(ue8m0_pack(sf))
     return q, sf
 
 
 def dequant(q: torch.Tensor, sf: torch.Tensor, fmt: str, npc: int) -> torch.Tensor:
-    """float32 (T, H) = decode(q) * sf, each scale applied to its npc channels."""
+    """float32 (T, H) = decode(q) * sf, each scale applied to its npc channels.
+
+    sf: float32 (T, H / npc) in either layout, or int32 UE8M0 words (T, ceil(H / npc / 4)).
+    """
     _check_fmt(fmt)
     values = q.float() if fmt == "e4m3" else fp4_decode(q)
+    if sf.dtype == torch.int32:
+        sf = ue8m0_unpack(sf, values.shape[-1] // npc)
     return values * sf.float().repeat_interleave(npc, dim=-1)
 
 

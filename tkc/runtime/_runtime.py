@@ -37,6 +37,10 @@ _CUBIN_DIR = Path(__file__).parent / "cubins"
 _DYNAMIC_SMEM_DEFAULT_LIMIT = 48 * 1024  # above this a kernel must opt in per device
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CUDA_ERROR_INVALID_CONTEXT = 201
+_CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720
+_CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
+_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 _TORCH_TO_NAME = {
     torch.bfloat16: "bfloat16",
     torch.float16: "float16",
@@ -187,6 +191,45 @@ def tensor_map(name: str, dtype_code: int, address: int, dims: Sequence[int], st
     return keep, desc
 
 
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, padding to 8 bytes, and a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint32 * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` of ``cuLaunchKernelEx``."""
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_mem_bytes", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+_sm_counts: dict[int, int] = {}
+
+
+def sm_count(device: torch.device | int) -> int:
+    """Multiprocessors of ``device``, read from the driver at run time (never the build machine's).
+
+    Ops size persistent and cooperative grids with it.
+    """
+    index = device if isinstance(device, int) else (device.index if device.index is not None else _current_device())
+    count = _sm_counts.get(index)
+    if count is None:
+        drv = driver()
+        cu_device, value = ctypes.c_int(), ctypes.c_int()
+        drv.check(drv.lib.cuDeviceGet(ctypes.byref(cu_device), index), "cuDeviceGet")
+        drv.check(drv.lib.cuDeviceGetAttribute(ctypes.byref(value), _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                               cu_device), "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)")
+        count = _sm_counts[index] = value.value
+    return count
+
+
 _SLOT_TYPES: dict[str, Any] = {
     "pointer": ctypes.c_void_p,
     "int32": ctypes.c_int32,
@@ -271,15 +314,26 @@ class Cubin:
         return self._kernels[symbol]
 
     def launch(self, symbol: str, device: torch.device, grid: tuple[int, int, int], block: tuple[int, int, int],
-               smem: int, params: Any) -> None:
-        """Launch ``symbol`` on torch's current stream of ``device``; ``params`` from ``LaunchArgs.pack``."""
+               smem: int, params: Any, *, cooperative: bool = False,
+               cluster: tuple[int, int, int] | None = None) -> None:
+        """Launch ``symbol`` on torch's current stream of ``device``; ``params`` from ``LaunchArgs.pack``.
+
+        A kernel with a grid-wide barrier launches cooperatively (all blocks co-resident), a
+        kernel with thread-block clusters with its cluster shape: both through cuLaunchKernelEx.
+        """
         index = device.index if device.index is not None else _current_device()
         kernel = self.kernel(symbol, index)
+        launch = self._launch if not (cooperative or cluster) else self._launch_ex
+        extra = () if launch == self._launch else (cooperative, cluster)
         if index == _current_device():
-            result = self._launch(kernel, index, grid, block, smem, params)
+            result = launch(kernel, index, grid, block, smem, params, *extra)
         else:
             with torch.cuda.device(index):  # the launch goes to the current context: make it the tensors'
-                result = self._launch(kernel, index, grid, block, smem, params)
+                result = launch(kernel, index, grid, block, smem, params, *extra)
+        if result == _CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE:
+            raise KernelArgumentError(
+                f"{symbol}: a grid of {grid} blocks cannot all be resident on cuda:{index} at once, which its "
+                f"grid-wide barrier needs; size the grid from sm_count(device) ({sm_count(index)} SMs here)")
         if result:
             driver().check(result, f"cuLaunchKernel({symbol}, grid={grid}, block={block}, smem={smem})")
 
@@ -293,6 +347,28 @@ class Cubin:
             # A thread torch never made a CUDA call on has no current context yet: let torch bind it.
             torch.cuda.synchronize(index)
             result = lib.cuLaunchKernel(kernel, *grid, *block, smem, ctypes.c_void_p(stream), params, None)
+        return result
+
+    @staticmethod
+    def _launch_ex(kernel: ctypes.c_void_p, index: int, grid: tuple[int, int, int], block: tuple[int, int, int],
+                   smem: int, params: Any, cooperative: bool, cluster: tuple[int, int, int] | None) -> int:
+        attrs = (_LaunchAttribute * 2)()
+        count = 0
+        if cooperative:
+            attrs[count].id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+            attrs[count].value[0] = 1
+            count += 1
+        if cluster is not None:
+            attrs[count].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attrs[count].value[0], attrs[count].value[1], attrs[count].value[2] = cluster
+            count += 1
+        config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem,
+                               ctypes.c_void_p(_current_stream(index)), attrs, count)
+        lib = driver().lib
+        result: int = lib.cuLaunchKernelEx(ctypes.byref(config), kernel, params, None)
+        if result == _CUDA_ERROR_INVALID_CONTEXT:
+            torch.cuda.synchronize(index)
+            result = lib.cuLaunchKernelEx(ctypes.byref(config), kernel, params, None)
         return result
 
 

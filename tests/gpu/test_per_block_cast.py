@@ -1,0 +1,262 @@
+"""GPU tests of ``tile_kernels_aot.quant.per_block_cast`` against tests/reference/quant_per_block.py.
+
+FP8/FP4 codes and fp32 scale factors are exact formats, so every element is compared bit for
+bit (tolerance: none): codes as uint8, scales as int32. The reference runs on the same GPU in
+fp32. Launchers are also called directly on outputs poisoned with NaN / 0x7F bytes, which
+catches any element the kernel fails to write, including in the last, partial row of blocks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import pytest
+import torch
+
+from tests.reference.quant import cast_error
+from tests.reference.quant_per_block import per_block_cast_ref, per_block_dequant
+
+tile_kernels_aot = pytest.importorskip("tile_kernels_aot")
+quant = importlib.import_module("tile_kernels_aot.quant")
+errors = importlib.import_module("tile_kernels_aot.errors")
+runtime = importlib.import_module("tile_kernels_aot._runtime")
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+HIDDEN = (2048, 4096, 7168)
+FORMATS = ("e4m3", "e2m1")
+BLOCKS = ((32, 32), (32, 128), (128, 32), (128, 128))
+POISON_BYTE = 0x7F  # an FP8 NaN, and an FP4 pair (7, 15) no all-zero input produces
+
+Variant = tuple[int, str, tuple[int, int], bool]
+
+
+def variant_id(v: Variant) -> str:
+    hidden, fmt, (block_m, block_k), round_sf = v
+    return f"H{hidden}-{fmt}-{block_m}x{block_k}" + ("-round_sf" if round_sf else "")
+
+
+# Every (hidden, fmt, block_size, round_sf) of kernel_specs/quant_per_block.yaml (bf16 input).
+FULL: list[Variant] = list(itertools.product(HIDDEN, FORMATS, BLOCKS, (False, True)))
+ERROR_BOUND = {"e4m3": 1e-3, "e2m1": 2e-2}
+
+
+def random_rows(num_tokens: int, hidden: int, spread: float = 3.0) -> torch.Tensor:
+    """bf16 Gaussian rows times a random magnitude in [10^-spread, 10^spread] per row; no exact zeros."""
+    magnitude = torch.pow(10.0, torch.empty(num_tokens, 1, device="cuda").uniform_(-spread, spread))
+    x = torch.randn(num_tokens, hidden, device="cuda") * magnitude
+    return torch.where(x == 0, torch.ones_like(x), x).to(torch.bfloat16)
+
+
+def poisoned_outputs(
+    num_tokens: int, hidden: int, fmt: str, block_size: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    block_m, block_k = block_size
+    width = hidden if fmt == "e4m3" else hidden // 2
+    q_dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.int8
+    q = torch.full((num_tokens, width), POISON_BYTE, dtype=torch.uint8, device="cuda").view(q_dtype)
+    sf = torch.full((-(-num_tokens // block_m), hidden // block_k), float("nan"), device="cuda")
+    return q, sf
+
+
+def assert_matches_reference(
+    x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf: bool
+) -> None:
+    ref_q, ref_sf = per_block_cast_ref(x, fmt, block_size, round_sf)
+    assert q.shape == ref_q.shape and q.dtype == ref_q.dtype and q.is_contiguous()
+    assert sf.shape == ref_sf.shape and sf.dtype == torch.float32 and sf.is_contiguous()
+    wrong_sf = int((sf.view(torch.int32) != ref_sf.view(torch.int32)).sum())
+    assert wrong_sf == 0, f"{wrong_sf} of {sf.numel()} scale factors differ from the reference"
+    wrong_q = int((q.view(torch.uint8) != ref_q.view(torch.uint8)).sum())
+    assert wrong_q == 0, f"{wrong_q} of {q.numel()} code bytes differ from the reference"
+
+
+def launch_poisoned(x: torch.Tensor, v: Variant) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden, fmt, (block_m, block_k), round_sf = v
+    q, sf = poisoned_outputs(x.shape[0], hidden, fmt, (block_m, block_k))
+    launch = runtime.get_kernel("per_block_cast").select(
+        in_dtype="bfloat16", hidden=hidden, fmt=fmt, block_m=block_m, block_k=block_k, round_sf=round_sf
+    )
+    launch(x, q, sf)
+    torch.cuda.synchronize()
+    return q, sf
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 127, 4001])
+@pytest.mark.parametrize("v", FULL, ids=variant_id)
+def test_per_block_cast(v: Variant, num_tokens: int) -> None:
+    hidden, fmt, block_size, round_sf = v
+    x = random_rows(num_tokens, hidden)
+    q, sf = quant.per_block_cast(x, fmt, block_size, round_sf=round_sf)
+    assert_matches_reference(x, q, sf, fmt, block_size, round_sf)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 33, 127, 129, 4001])
+@pytest.mark.parametrize("v", FULL, ids=variant_id)
+def test_launcher_overwrites_poisoned_outputs(v: Variant, num_tokens: int) -> None:
+    """Every code and scale is written, also in the last, partial row of blocks."""
+    x = random_rows(num_tokens, v[0])
+    q, sf = launch_poisoned(x, v)
+    assert not torch.isnan(sf).any(), "some scale factors were never written"
+    assert_matches_reference(x, q, sf, v[1], v[2], v[3])
+
+
+@pytest.mark.parametrize("v", [v for v in FULL if v[0] == 7168], ids=variant_id)
+def test_partial_block_ignores_absent_rows(v: Variant) -> None:
+    """The last row of blocks has tiny rows only: its scales come from them, not from other data."""
+    hidden, fmt, block_size, round_sf = v
+    x = random_rows(block_size[0] + 3, hidden, spread=0.5)
+    x[block_size[0] :] *= 1e-3
+    q, sf = launch_poisoned(x, v)
+    assert_matches_reference(x, q, sf, fmt, block_size, round_sf)
+
+
+@pytest.mark.parametrize("v", [v for v in FULL if v[0] == 2048], ids=variant_id)
+def test_extreme_magnitudes(v: Variant) -> None:
+    """amax floors (tiny and subnormal blocks), -0.0 inputs, block maxima of exactly +-qmax."""
+    hidden, fmt, block_size, round_sf = v
+    qmax = 448.0 if fmt == "e4m3" else 6.0
+    tiny = torch.randn(block_size[0], hidden, device="cuda")
+    rows = [tiny * 1e-8, tiny * 1e-36, random_rows(block_size[0], hidden, spread=0.5).float()]
+    x = torch.cat(rows)
+    x[-block_size[0] :, ::3] = -0.0
+    x[-1, :: block_size[1]] = -qmax  # the last row of blocks: every block scaled by exactly 1
+    x = x.to(torch.bfloat16)
+    q, sf = launch_poisoned(x, v)
+    assert_matches_reference(x, q, sf, fmt, block_size, round_sf)
+
+
+@pytest.mark.parametrize("v", [v for v in FULL if v[0] == 7168 and not v[3]], ids=variant_id)
+def test_dequantization_error(v: Variant) -> None:
+    hidden, fmt, block_size, _ = v
+    x = torch.randn(4001, hidden, device="cuda").to(torch.bfloat16)
+    q, sf = quant.per_block_cast(x, fmt, block_size)
+    assert cast_error(x.float(), per_block_dequant(q, sf, fmt, block_size)) < ERROR_BOUND[fmt]
+
+
+@pytest.mark.parametrize("round_sf", [False, True])
+def test_sf_only_matches_the_full_cast(round_sf: bool) -> None:
+    x = random_rows(4001, 4096)
+    _, sf = quant.per_block_cast(x, "e4m3", (128, 128), round_sf=round_sf)
+    only = quant.per_block_cast_with_sf_only(x, "e4m3", (128, 128), round_sf=round_sf)
+    assert torch.equal(only.view(torch.int32), sf.view(torch.int32))
+
+
+def test_runs_on_the_current_stream() -> None:
+    x = random_rows(4001, 7168)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        q, sf = quant.per_block_cast(x, "e4m3", (128, 128))
+    stream.synchronize()
+    assert_matches_reference(x, q, sf, "e4m3", (128, 128), False)
+
+
+def test_torch_compile_fullgraph_matches_eager() -> None:
+    torch._dynamo.reset()
+    fn = lambda t: quant.per_block_cast(t, "e2m1", (32, 32), round_sf=True)  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True)
+    for num_tokens in (257, 300):
+        x = random_rows(num_tokens, 2048)
+        for got, want in zip(compiled(x), fn(x), strict=True):
+            assert got.shape == want.shape and got.dtype == want.dtype
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_other_dtype_is_refused(dtype: torch.dtype) -> None:
+    x = torch.ones(4, 2048, dtype=dtype, device="cuda")
+    with pytest.raises((errors.VariantNotFoundError, errors.KernelArgumentError), match=r"\bx\b|in_dtype"):
+        quant.per_block_cast(x, "e4m3", (128, 128))
+
+
+@pytest.mark.parametrize("block_size", [(1, 128), (64, 128), (128, 64), (32, 256)], ids=str)
+def test_uncovered_block_size_names_the_built_variants(block_size: tuple[int, int]) -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(errors.VariantNotFoundError) as info:
+        quant.per_block_cast(x, "e4m3", block_size)
+    message = str(info.value)
+    assert f"block_m={block_size[0]!r}" in message and f"block_k={block_size[1]!r}" in message
+    assert "block_m=32" in message and "block_k=128" in message
+
+
+def test_uncovered_hidden_is_refused() -> None:
+    x = torch.ones(4, 1536, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(errors.VariantNotFoundError, match="1536"):
+        quant.per_block_cast(x, "e4m3", (128, 128))
+
+
+def test_hidden_not_a_multiple_of_64_is_refused() -> None:
+    x = torch.ones(4, 2080, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"\bx\b.*64"):
+        quant.per_block_cast(x, "e4m3", (32, 32))
+
+
+def test_hidden_not_a_multiple_of_block_k_is_refused() -> None:
+    x = torch.ones(4, 2112, dtype=torch.bfloat16, device="cuda")  # 33 * 64
+    with pytest.raises(ValueError, match=r"block_size.*block_k"):
+        quant.per_block_cast(x, "e4m3", (128, 128))
+
+
+@pytest.mark.parametrize("block_size", [128, (128,), (128, 128, 1), ("a", 128), (128.0, 128), (True, 128)], ids=str)
+def test_malformed_block_size_is_refused(block_size: object) -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(TypeError, match="block_size"):
+        quant.per_block_cast(x, "e4m3", block_size)
+
+
+def test_cpu_tensor_is_refused_naming_x() -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16)
+    with pytest.raises(errors.KernelError, match=r"\bx\b"):
+        quant.per_block_cast(x, "e4m3", (128, 128))
+
+
+@pytest.mark.parametrize("shape", [(2048,), (2, 4, 2048)], ids=str)
+def test_wrong_rank_is_refused(shape: tuple[int, ...]) -> None:
+    x = torch.ones(shape, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"\bx\b.*2-D"):
+        quant.per_block_cast(x, "e4m3", (128, 128))
+
+
+def test_non_contiguous_x_is_refused() -> None:
+    x = torch.ones(8, 4096, dtype=torch.bfloat16, device="cuda")[:, :2048]
+    with pytest.raises(errors.KernelArgumentError, match=r"\bx\b"):
+        quant.per_block_cast(x, "e4m3", (32, 32))
+
+
+@pytest.mark.parametrize("fmt", ["e5m2", "E4M3", "e5m6", ""])
+def test_bad_fmt_is_refused(fmt: str) -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"\bfmt\b"):
+        quant.per_block_cast(x, fmt, (128, 128))
+
+
+@pytest.mark.parametrize(
+    ("flag", "kwargs"),
+    [
+        ("use_tma_aligned_col_major_sf", {"use_tma_aligned_col_major_sf": True}),
+        ("use_packed_ue8m0", {"use_packed_ue8m0": True, "round_sf": True}),
+    ],
+)
+def test_unbuilt_layouts_are_refused(flag: str, kwargs: dict[str, object]) -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(NotImplementedError, match=rf"{flag}.*spec"):
+        quant.per_block_cast(x, "e4m3", (128, 128), **kwargs)
+
+
+def test_launcher_checks_output_shapes() -> None:
+    x = random_rows(33, 2048)
+    q, sf = poisoned_outputs(33, 2048, "e2m1", (32, 32))
+    launch = runtime.get_kernel("per_block_cast").select(
+        in_dtype="bfloat16", hidden=2048, fmt="e2m1", block_m=32, block_k=32, round_sf=False
+    )
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        launch(x, q, sf[:1])  # one row of blocks short: 33 tokens need 2
+    with pytest.raises(errors.KernelArgumentError, match=r"\bq\b"):
+        launch(x, torch.empty(33, 2048, dtype=torch.int8, device="cuda"), sf)

@@ -1,0 +1,242 @@
+"""GPU tests of ``tile_kernels_aot.quant.per_token_cast_back`` against tests/reference/quant_cast_back.py.
+
+decode(q) is exact and out = decode(q) * sf is one fp32 multiply (then round to nearest even for
+bf16), so every output element is compared bit for bit (tolerance: none), as int16 / int32.
+The reference runs on the same GPU. Codes are either random bytes (every e2m1 pair, every
+non-NaN e4m3 code) with scales over a wide range, including products that are fp32 subnormals
+or overflow, or the reference per-token cast of Gaussian rows. Launchers are also called
+directly on outputs poisoned with NaN, which catches any element the kernel fails to write.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from tests.reference.quant import cast_error, per_token_cast_ref
+from tests.reference.quant_cast_back import per_token_cast_back_ref
+
+tile_kernels_aot = pytest.importorskip("tile_kernels_aot")
+quant = importlib.import_module("tile_kernels_aot.quant")
+errors = importlib.import_module("tile_kernels_aot.errors")
+runtime = importlib.import_module("tile_kernels_aot._runtime")
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+OUT = {"bfloat16": (torch.bfloat16, "bf16"), "float32": (torch.float32, "fp32")}
+HIDDEN = (2048, 4096, 7168)
+NPC = {"e4m3": (32, 64, 128), "e2m1": (16, 32)}
+ERROR_BOUND = {"e4m3": 1e-3, "e2m1": 2e-2}  # 1 - 2 sum(xy) / sum(x^2 + y^2), KERNELS.md
+
+Variant = tuple[str, int, str, int]  # (fmt, npc, out_dtype, hidden): the spec's grid keys
+
+
+def grid() -> Iterator[Variant]:
+    """Every (fmt, npc, out_dtype, hidden) of kernel_specs/quant_cast_back.yaml."""
+    for fmt, out_dtype, hidden in itertools.product(NPC, OUT, HIDDEN):
+        for npc in NPC[fmt]:
+            yield fmt, npc, out_dtype, hidden
+
+
+def variant_id(v: Variant) -> str:
+    fmt, npc, out_dtype, hidden = v
+    return f"{fmt}-npc{npc}-{out_dtype}-H{hidden}"
+
+
+FULL = list(grid())
+
+
+def random_codes(num_tokens: int, hidden: int, fmt: str) -> torch.Tensor:
+    """Random code bytes: every e2m1 pair, or every e4m3 code but the two NaNs (0x7F, 0xFF)."""
+    if fmt == "e2m1":
+        return torch.randint(-128, 128, (num_tokens, hidden // 2), dtype=torch.int8, device="cuda")
+    codes = torch.randint(0, 256, (num_tokens, hidden), dtype=torch.int32, device="cuda")
+    codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes)
+    return codes.to(torch.uint8).view(torch.float8_e4m3fn)
+
+
+def random_scales(num_tokens: int, groups: int) -> torch.Tensor:
+    """Positive fp32 scales 2^-140 .. 2^120: products reach fp32 subnormals and overflow to inf."""
+    return torch.pow(2.0, torch.empty(num_tokens, groups, device="cuda").uniform_(-140, 120))
+
+
+def random_rows(num_tokens: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    """Gaussian rows times a random magnitude in [1e-3, 1e3] per row; no exact zeros."""
+    magnitude = torch.pow(10.0, torch.empty(num_tokens, 1, device="cuda").uniform_(-3, 3))
+    x = torch.randn(num_tokens, hidden, device="cuda") * magnitude
+    return torch.where(x == 0, torch.ones_like(x), x).to(dtype)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def assert_matches_reference(q: torch.Tensor, sf: torch.Tensor, out: torch.Tensor, npc: int) -> None:
+    ref = per_token_cast_back_ref(q, sf, out.dtype, npc)
+    assert out.shape == ref.shape and out.dtype == ref.dtype and out.is_contiguous()
+    wrong = int((bits(out) != bits(ref)).sum())
+    assert wrong == 0, f"{wrong} of {out.numel()} outputs differ from the reference"
+
+
+def launch_poisoned(q: torch.Tensor, sf: torch.Tensor, v: Variant) -> torch.Tensor:
+    fmt, npc, out_dtype, hidden = v
+    out = torch.full((q.shape[0], hidden), float("nan"), dtype=OUT[out_dtype][0], device="cuda")
+    launch = runtime.get_kernel("per_token_cast_back").select(fmt=fmt, npc=npc, out_dtype=out_dtype, hidden=hidden)
+    launch(q, sf, out)
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 127, 4001])
+@pytest.mark.parametrize("v", FULL, ids=variant_id)
+def test_per_token_cast_back(v: Variant, num_tokens: int) -> None:
+    fmt, npc, out_dtype, hidden = v
+    q, sf = random_codes(num_tokens, hidden, fmt), random_scales(num_tokens, hidden // npc)
+    out = quant.per_token_cast_back((q, sf), OUT[out_dtype][1], npc)
+    assert_matches_reference(q, sf, out, npc)
+    # cast_back with per-token blocks and a torch dtype as fmt take the same path.
+    again = quant.cast_back((q, sf), OUT[out_dtype][0], (1, npc))
+    assert torch.equal(bits(again), bits(out))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 127, 4001])
+@pytest.mark.parametrize("v", FULL, ids=variant_id)
+def test_launcher_overwrites_poisoned_outputs(v: Variant, num_tokens: int) -> None:
+    """Every output is written, also in the last, partial row tile."""
+    fmt, npc, _, hidden = v
+    q, sf = random_codes(num_tokens, hidden, fmt), random_scales(num_tokens, hidden // npc)
+    out = launch_poisoned(q, sf, v)
+    assert not torch.isnan(out).any(), "some outputs were never written"
+    assert_matches_reference(q, sf, out, npc)
+
+
+@pytest.mark.parametrize("round_sf", [False, True])
+@pytest.mark.parametrize("v", FULL, ids=variant_id)
+def test_round_trip(v: Variant, round_sf: bool) -> None:
+    """per_token_cast then per_token_cast_back recovers x within the format's error bound."""
+    fmt, npc, out_dtype, hidden = v
+    dtype, out_fmt = OUT[out_dtype]
+    x = random_rows(4001, hidden, dtype)
+    if hasattr(quant, "per_token_cast"):
+        q, sf = quant.per_token_cast(x, fmt, npc, round_sf=round_sf)
+    else:  # a package built from this spec alone
+        q, sf = per_token_cast_ref(x, fmt, npc, round_sf)
+    out = quant.per_token_cast_back((q, sf), out_fmt, npc)
+    assert_matches_reference(q, sf, out, npc)
+    assert cast_error(x.float(), out.float()) < ERROR_BOUND[fmt]
+
+
+def test_runs_on_the_current_stream() -> None:
+    q, sf = random_codes(4001, 7168, "e4m3"), random_scales(4001, 7168 // 128)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = quant.per_token_cast_back((q, sf), "bf16", 128)
+    stream.synchronize()
+    assert_matches_reference(q, sf, out, 128)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_cuda_graph_and_torch_compile(fmt: str) -> None:
+    npc = 32
+    q, sf = random_codes(257, 2048, fmt), random_scales(257, 2048 // npc)
+    expected = quant.per_token_cast_back((q, sf), "bf16", npc)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = quant.per_token_cast_back((q, sf), "bf16", npc)
+    static_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(static_out), bits(expected))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: quant.per_token_cast_back((a, b), "fp32", npc), fullgraph=True)
+    assert torch.equal(bits(compiled(q, sf)), bits(quant.per_token_cast_back((q, sf), "fp32", npc)))
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_wrong_code_dtype_is_refused() -> None:
+    q = torch.zeros(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(errors.KernelArgumentError, match=r"x\[0\] \(q\).*bfloat16"):
+        quant.per_token_cast_back((q, torch.ones(4, 16, device="cuda")), "bf16", 128)
+
+
+def test_scale_shape_mismatch_is_refused() -> None:
+    q = random_codes(4, 2048, "e4m3")
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        quant.per_token_cast_back((q, torch.ones(4, 32, device="cuda")), "bf16", 128)  # npc 64 scales
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        quant.per_token_cast_back((q, torch.ones(5, 16, device="cuda")), "bf16", 128)  # 5 tokens
+
+
+def test_launcher_checks_every_tensor() -> None:
+    q, sf = random_codes(16, 2048, "e2m1"), random_scales(16, 2048 // 16)
+    out = torch.empty(16, 2048, dtype=torch.bfloat16, device="cuda")
+    launch = runtime.get_kernel("per_token_cast_back").select(fmt="e2m1", npc=16, out_dtype="bfloat16", hidden=2048)
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        launch(q, sf[:, :64], out)
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        launch(q, sf.double(), out)
+    with pytest.raises(errors.KernelArgumentError, match=r"\bq\b"):
+        launch(q.view(torch.uint8), sf, out)
+    with pytest.raises(errors.KernelArgumentError, match=r"\bout\b"):
+        launch(q, sf, out.float())
+
+
+def test_uncovered_hidden_names_the_built_variants() -> None:
+    q = random_codes(4, 1536, "e4m3")
+    with pytest.raises(errors.VariantNotFoundError) as info:
+        quant.per_token_cast_back((q, torch.ones(4, 12, device="cuda")), "bf16", 128)
+    message = str(info.value)
+    assert "1536" in message
+    for hidden in HIDDEN:
+        assert f"hidden={hidden}" in message
+
+
+def test_uncovered_npc_is_refused() -> None:
+    q = random_codes(4, 2048, "e2m1")
+    with pytest.raises(errors.VariantNotFoundError, match="npc"):
+        quant.per_token_cast_back((q, torch.ones(4, 16, device="cuda")), "bf16", 128)  # e2m1: 16, 32 only
+
+
+def test_cpu_tensors_are_refused() -> None:
+    q = torch.zeros(4, 2048, dtype=torch.float8_e4m3fn)
+    with pytest.raises(errors.KernelError, match=r"\bq\b"):
+        quant.per_token_cast_back((q, torch.ones(4, 16)), "bf16", 128)
+
+
+@pytest.mark.parametrize("fmt", ["bf16x", "fp16", torch.float16, "e4m3", ""])
+def test_bad_output_fmt_is_refused(fmt: object) -> None:
+    q = random_codes(4, 2048, "e4m3")
+    with pytest.raises(ValueError, match=r"\bfmt\b"):
+        quant.per_token_cast_back((q, torch.ones(4, 16, device="cuda")), fmt, 128)
+
+
+def test_bad_pair_is_refused() -> None:
+    q = random_codes(4, 2048, "e4m3")
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        quant.per_token_cast_back(q, "bf16", 128)
+    with pytest.raises(ValueError, match=r"x\[1\]"):
+        quant.per_token_cast_back((q, torch.ones(64, device="cuda")), "bf16", 128)
+
+
+@pytest.mark.parametrize(
+    ("flag", "call"),
+    [
+        ("x_block_size", lambda q, sf: quant.cast_back((q, sf), "bf16", (128, 128))),
+        ("x_special_fmt", lambda q, sf: quant.per_token_cast_back((q, sf), "bf16", 128, x_special_fmt="e5m6")),
+    ],
+    ids=["per-block", "e5m6"],
+)
+def test_unbuilt_forms_are_refused(flag: str, call: object) -> None:
+    q = random_codes(4, 2048, "e4m3")
+    with pytest.raises(NotImplementedError, match=rf"{flag}.*spec"):
+        call(q, torch.ones(4, 16, device="cuda"))  # type: ignore[operator]

@@ -1,0 +1,52 @@
+"""Plain-torch reference of ``quant.per_token_cast_back`` (KERNELS.md, "Quantization": cast back).
+
+out = cast(decode(q) * sf): decode is exact (e4m3 through torch's own fp8 -> fp32 cast, e2m1
+through the value table of tests/reference/quant.py), the product is one fp32 multiply per
+element and the cast to bf16 rounds to nearest even, so the kernel must match this bit for bit
+on CPU and GPU alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.reference.quant import dequant
+
+# The input format follows from the codes' dtype, as in the op.
+IN_FORMATS: dict[torch.dtype, str] = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
+OUT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def in_format(q: torch.Tensor) -> str:
+    """'e4m3' for float8_e4m3fn codes, 'e2m1' for packed FP4 int8 codes."""
+    try:
+        return IN_FORMATS[q.dtype]
+    except KeyError:
+        raise TypeError(f"q must be float8_e4m3fn or int8 (packed e2m1), got {q.dtype}") from None
+
+
+def out_dtype_of(fmt: str | torch.dtype) -> torch.dtype:
+    """'bf16' | 'fp32' | torch.bfloat16 | torch.float32 -> the torch dtype."""
+    if isinstance(fmt, torch.dtype) and fmt in OUT_DTYPES.values():
+        return fmt
+    if isinstance(fmt, str) and fmt in OUT_DTYPES:
+        return OUT_DTYPES[fmt]
+    raise ValueError(f"fmt must be 'bf16' or 'fp32' (or the torch dtype), got {fmt!r}")
+
+
+def per_token_cast_back_ref(q: torch.Tensor, sf: torch.Tensor, fmt: str | torch.dtype, npc: int) -> torch.Tensor:
+    """Reference cast back of (q, sf) to bf16 / fp32 (``fmt``): (T, H) = decode(q) * sf per npc group.
+
+    q: float8_e4m3fn (T, H) or int8 (T, H / 2) packed FP4 (element 2i in the low nibble);
+    sf: float32 (T, H / npc), row-major.
+    """
+    if q.dim() != 2 or sf.dim() != 2:
+        raise ValueError(f"q and sf must be 2-D, got shapes {tuple(q.shape)} and {tuple(sf.shape)}")
+    code_fmt = in_format(q)
+    hidden = q.shape[1] * (2 if code_fmt == "e2m1" else 1)
+    if hidden % npc != 0 or tuple(sf.shape) != (q.shape[0], hidden // npc):
+        raise ValueError(f"sf must have shape ({q.shape[0]}, {hidden} / npc) with npc = {npc} dividing {hidden}, "
+                         f"got {tuple(sf.shape)}")
+    if sf.dtype != torch.float32:
+        raise TypeError(f"sf must be float32, got {sf.dtype}")
+    return dequant(q, sf, code_fmt, npc).to(out_dtype_of(fmt))

@@ -1,0 +1,85 @@
+"""Plain-torch reference for ``quant.per_block_cast`` (KERNELS.md, "Shared quantization rules").
+
+One scale per (block_m tokens x block_k channels) block of x (T, H); the last row of blocks
+may be partial (T need not be a multiple of block_m): its absent rows take no part in the
+amax. Bit-exact, on CPU or GPU tensors: the amax floor, the IEEE tensor / tensor divisions,
+the power-of-two round-up and the FP4 encode all come from tests/reference/quant.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.reference.quant import AMAX_FLOOR, QMAX, fp4_decode, fp4_encode, fp4_pack, round_sf_up
+
+
+def _check_fmt(fmt: str) -> None:
+    if fmt not in QMAX:
+        raise ValueError(f"fmt must be one of {sorted(QMAX)}, got {fmt!r}")
+
+
+def _full(like: torch.Tensor, value: float) -> torch.Tensor:
+    # A tensor divisor: tensor / Python scalar is not IEEE division on CUDA.
+    return torch.full_like(like, value, dtype=torch.float32)
+
+
+def _blocks(x: torch.Tensor, block_size: tuple[int, int]) -> tuple[int, int, int, int]:
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (num_tokens, hidden), got shape {tuple(x.shape)}")
+    block_m, block_k = block_size
+    num_tokens, hidden = x.shape
+    if hidden % block_k != 0:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of block_k ({block_k})")
+    return num_tokens, hidden, block_m, block_k
+
+
+def block_scales(
+    x: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sf, q_scale) of shape (ceil(T / block_m), H / block_k): sf dequantizes, x_f32 * q_scale quantizes."""
+    _check_fmt(fmt)
+    num_tokens, hidden, block_m, block_k = _blocks(x, block_size)
+    row_blocks = -(-num_tokens // block_m)
+    magnitudes = x.float().abs()
+    # Absent rows of the last block are padded with zeros: |x| >= 0, so they never raise an amax.
+    padding = row_blocks * block_m - num_tokens
+    if padding:
+        magnitudes = torch.cat([magnitudes, magnitudes.new_zeros(padding, hidden)])
+    amax = magnitudes.reshape(row_blocks, block_m, hidden // block_k, block_k).amax(dim=(1, 3))
+    amax = torch.maximum(amax, _full(amax, AMAX_FLOOR[fmt]))
+    sf = amax / _full(amax, QMAX[fmt])
+    if round_sf:
+        sf = round_sf_up(sf)
+        return sf, _full(sf, 1.0) / sf
+    return sf, _full(amax, QMAX[fmt]) / amax
+
+
+def expand_blocks(s: torch.Tensor, num_tokens: int, block_size: tuple[int, int]) -> torch.Tensor:
+    """Per-block values (ceil(T / bm), H / bk) -> per-element (T, H)."""
+    block_m, block_k = block_size
+    return s.repeat_interleave(block_m, dim=0)[:num_tokens].repeat_interleave(block_k, dim=1)
+
+
+def per_block_cast_ref(
+    x: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference per-block cast of x (T, H) bf16/fp32: (q, sf).
+
+    q: float8_e4m3fn (T, H) for 'e4m3', int8 (T, H / 2) packed FP4 for 'e2m1';
+    sf: float32 (ceil(T / block_m), H / block_k), row-major.
+    """
+    sf, q_scale = block_scales(x, fmt, block_size, round_sf)
+    scaled = x.float() * expand_blocks(q_scale, x.shape[0], block_size)
+    if fmt == "e4m3":
+        qmax = QMAX[fmt]
+        q = torch.clamp(scaled, -qmax, qmax).to(torch.float8_e4m3fn)
+    else:
+        q = fp4_pack(fp4_encode(scaled))
+    return q, sf
+
+
+def per_block_dequant(q: torch.Tensor, sf: torch.Tensor, fmt: str, block_size: tuple[int, int]) -> torch.Tensor:
+    """float32 (T, H) = decode(q) * sf, each scale applied to its block."""
+    _check_fmt(fmt)
+    values = q.float() if fmt == "e4m3" else fp4_decode(q)
+    return values * expand_blocks(sf.float(), values.shape[0], block_size)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from tkc.arch import Arch, get_arch
+from tkc.arch import Arch
 from tkc.compile import NVCC_FLAGS, Resources, Toolchain, compile_cubin, find_toolchain
 from tkc.errors import UsageError
 from tkc.lower import (
@@ -306,4 +306,4 @@ def merge(options: BuildOptions, shard_dirs: list[Path],
     return build(options, progress, cached_only=True)
 
 
-__all__ = ["ArchSummary", "BuildOptions", "build", "build_shard", "get_arch", "merge", "plan", "shard_of"]
+__all__ = ["ArchSummary", "BuildOptions", "build", "build_shard", "merge", "plan", "shard_of"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tkc.arch import Arch
@@ -342,6 +341,3 @@ def lower(rendered: RenderedKernel, arch: Arch) -> LoweredKernel:
     contract = contract_of(func, artifact.host_mod, artifact.device_mod)
     return LoweredKernel(contract=contract, cuda_source=str(artifact.kernel_source))
 
-
-def cuda_path_for(rendered: RenderedKernel) -> Path:
-    return rendered.path.with_suffix(".cu")

@@ -15,7 +15,7 @@ def main() -> None:
     q = torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn)
     sf = torch.empty(1, 16, device="cuda")
     launch = tk._runtime.get_kernel("per_token_cast").select(in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128,
-                                                             round_sf=False)
+                                                             round_sf=False, sf_layout="row_major")
     for _ in range(1000):
         launch(x, q, sf)
     torch.cuda.synchronize()

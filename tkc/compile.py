@@ -156,10 +156,12 @@ def compile_cubin(cuda_source: str, arch: Arch, toolchain: Toolchain, *, name: s
     """
     digest = hashlib.sha256(f"{arch.target}\n{cuda_source}".encode()).hexdigest()[:20]
     workdir = Path(tempfile.gettempdir()) / "tkc-nvcc" / digest
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir.parent.mkdir(parents=True, exist_ok=True)
     with open(workdir.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            # Made under the lock: the holder before us removed it when it finished.
+            workdir.mkdir(exist_ok=True)
             (workdir / "kernel.cu").write_text(cuda_source)
             # The line table records the source's mtime too: pin it to the wheels' fixed epoch.
             os.utime(workdir / "kernel.cu", (FIXED_MTIME, FIXED_MTIME))

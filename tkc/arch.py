@@ -19,6 +19,10 @@ class Arch:
     # Widest global load/store one thread issues: templates size their vectors from this,
     # never from the GPU of the build machine (there may be none).
     vector_bytes: int
+    # Alignment the loader demands of every tensor's data pointer: the widest global access
+    # the compiler may emit for the arch (Blackwell has 32-byte loads; nvcc fuses two adjacent
+    # 16-byte vectors into one when it can prove 32-byte alignment of the row starts).
+    alignment: int
     max_dynamic_smem: int  # bytes per block opt-in limit
 
     @property
@@ -43,6 +47,7 @@ ARCHS: dict[str, Arch] = {
             minor=0,
             gpus="H100/H200",
             vector_bytes=16,
+            alignment=16,
             max_dynamic_smem=227 * 1024,
         ),
         Arch(
@@ -52,6 +57,7 @@ ARCHS: dict[str, Arch] = {
             minor=0,
             gpus="B200/GB200",
             vector_bytes=16,
+            alignment=32,
             max_dynamic_smem=227 * 1024,
         ),
     )

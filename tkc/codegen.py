@@ -78,7 +78,7 @@ def _tensor_checks(params: tuple[TensorParam | ScalarParam, ...], contract: Laun
     return lines
 
 
-def _fast_checks(contract: LaunchContract) -> list[str]:
+def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
     """One boolean expression that accepts well-formed arguments in about a microsecond.
 
     It is conservative: anything it does not accept (a wrong type, dtype, shape, stride or
@@ -99,7 +99,7 @@ def _fast_checks(contract: LaunchContract) -> list[str]:
               for p in tensors]
     terms += [f"{p.name}.stride() == {_shape_tuple([str(d) for d in p.strides])}" for p in tensors if p.strides]
     terms += [f"{p.name}.device == device" for p in tensors[1:]]
-    terms.append(f"not ({' | '.join(f'{p.name}.data_ptr()' for p in tensors)}) & 15")
+    terms.append(f"not ({' | '.join(f'{p.name}.data_ptr()' for p in tensors)}) & {alignment - 1}")
     ctypes_of = {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
     terms += [f"{s.name} < {_INT_LIMITS[ctypes_of[s.name]]}" for s in contract.sizes
               if ctypes_of.get(s.name) in _INT_LIMITS]
@@ -184,12 +184,13 @@ def _slot_kinds(launch: Launch) -> tuple[str, ...]:
                  for a in launch.args)
 
 
-def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract) -> LauncherSource:
+def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract,
+                    alignment: int = 16) -> LauncherSource:
     """The launcher function of one variant."""
     cubin_var = f"_{func.upper()}"
     args_vars = [f"{cubin_var}_ARGS{i if i else ''}" for i in range(len(contract.launches))]
     slow = _tensor_checks(contract.params, contract) + _size_limits(contract)
-    body = [*_fast_checks(contract), "if not fast:", *(f"    {line}" for line in slow)]
+    body = [*_fast_checks(contract, alignment), "if not fast:", *(f"    {line}" for line in slow)]
     for i, launch in enumerate(contract.launches):
         grid = ", ".join(launch.grid)
         body.append(f"grid = ({grid})")

@@ -100,7 +100,8 @@ def _kernel_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, 
         v = b.variant
         doc = f"{kernel.name} for {arch.target}: {v.describe()}."
         launchers.append(launcher_source(func=v.id, doc=doc, cubin=f"{v.id}.cubin",
-                                         key=repr(tuple(val for _, val in v.params)), contract=b.contract))
+                                         key=repr(tuple(val for _, val in v.params)), contract=b.contract,
+                                         alignment=arch.alignment))
     return env.get_template("kernel_module.py.j2").render(
         tkc_version=tkc.__version__, package=specs.package.name, version=specs.package.version, arch=arch,
         kernel=kernel, variants=launchers, keys=repr(kernel.grid_keys),
@@ -158,7 +159,7 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templat
     files[f"{name}/_build_info.py"] = (
         _header("the spec set", ", ".join(specs.files)) + '"""What this build of the package is for."""\n\n'
         f"PACKAGE = {name!r}\nVERSION = {version!r}\nARCH = {arch.name!r}\nTARGET = {arch.target!r}\n"
-        f"MAJOR = {arch.major}\nMINOR = {arch.minor}\nGPUS = {arch.gpus!r}\n"
+        f"MAJOR = {arch.major}\nMINOR = {arch.minor}\nGPUS = {arch.gpus!r}\nALIGNMENT = {arch.alignment}\n"
         f"KERNELS = {tuple(k.name for k in kernels)!r}\n"
     )
     for runtime_file in ("_runtime.py", "errors.py"):

@@ -135,9 +135,10 @@ def check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Sequence[int | No
             expected = tuple("*" if s is None else s for s in shape)
             raise KernelArgumentError(f"{name}: expected shape {expected}, got {tuple(t.shape)} "
                                       f"(dimension {dim} must be {want})")
-    if t.data_ptr() % 16:
-        raise KernelArgumentError(f"{name}: data pointer {t.data_ptr():#x} is not 16-byte aligned; the kernel "
-                                  "uses 16-byte vector accesses (pass a fresh or .clone()d tensor)")
+    if t.data_ptr() % info.ALIGNMENT:
+        raise KernelArgumentError(f"{name}: data pointer {t.data_ptr():#x} is not {info.ALIGNMENT}-byte aligned; "
+                                  f"the {info.TARGET} kernels use vector accesses that need it (pass a fresh or "
+                                  ".clone()d tensor)")
     return t.device
 
 

@@ -125,6 +125,20 @@ class TestRoundTrip:
         assert y.shape == x.shape and y.dtype == OUT[out]
         assert cast_error(x.float(), y.float()) < ERROR_BOUND[fmt]
 
+    @pytest.mark.parametrize(("fmt", "npc"), [("e4m3", 128), ("e2m1", 32)])
+    @pytest.mark.parametrize("sf_layout", ["col_major", "ue8m0"])
+    def test_scale_layouts_decode_alike(self, fmt: str, npc: int, sf_layout: str) -> None:
+        """Column-major fp32 scales and UE8M0 words give the row-major result, bit for bit."""
+        x = random_rows(13, 2048, torch.bfloat16, seed=6)
+        q, sf = per_token_cast_ref(x, fmt, npc, round_sf=True)
+        q2, sf2 = per_token_cast_ref(x, fmt, npc, round_sf=True, sf_layout=sf_layout)
+        assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+        assert sf2.dtype == (torch.int32 if sf_layout == "ue8m0" else torch.float32) and sf2.stride(0) == 1
+        for out in OUT:
+            bits = torch.int16 if out == "bf16" else torch.int32
+            want = per_token_cast_back_ref(q, sf, out, npc).view(bits)
+            assert torch.equal(per_token_cast_back_ref(q2, sf2, out, npc).view(bits), want)
+
     def test_representable_values_come_back_exactly(self) -> None:
         # Powers of two in each group with amax 448 (scale 1): e4m3 holds them exactly.
         row = torch.pow(2.0, -torch.arange(32.0) % 8) * 448 / 2**7
@@ -158,3 +172,5 @@ class TestArguments:
             per_token_cast_back_ref(q, torch.ones(3, 8), "fp32", 32)
         with pytest.raises(TypeError, match="sf"):
             per_token_cast_back_ref(q, torch.ones(4, 8, dtype=torch.float64), "fp32", 32)
+        with pytest.raises(ValueError, match="sf"):  # UE8M0 words: ceil(8 / 4) per token
+            per_token_cast_back_ref(q, torch.ones(4, 8, dtype=torch.int32), "fp32", 32)

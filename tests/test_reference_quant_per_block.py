@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from tests.reference.quant import AMAX_FLOOR, QMAX, cast_error, per_token_cast_ref, round_sf_up
-from tests.reference.quant_per_block import block_scales, per_block_cast_ref, per_block_dequant
+from tests.reference.quant_per_block import (
+    block_scales,
+    per_block_cast_ref,
+    per_block_cast_with_precomputed_sf_ref,
+    per_block_dequant,
+)
 
 FORMATS = ("e4m3", "e2m1")
 BLOCKS = [(32, 32), (32, 128), (128, 32), (128, 128)]
@@ -117,6 +122,26 @@ def test_amax_floor_and_block_maximum(fmt: str) -> None:
                 assert sf[i, j].item() == 1.0 and q_scale[i, j].item() == 1.0
             else:
                 assert sf[i, j].view(torch.int32).item() == floor_sf.view(torch.int32).item()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("block_size", BLOCKS, ids=str)
+def test_precomputed_power_of_two_scales_reproduce_the_cast(block_size: tuple[int, int], fmt: str) -> None:
+    """With round_sf scales (powers of two) 1 / sf is exact, so the precomputed form equals the full cast."""
+    x = random_rows(161, 256)
+    q, sf = per_block_cast_ref(x, fmt, block_size, round_sf=True)
+    q2 = per_block_cast_with_precomputed_sf_ref(x, fmt, block_size, sf)
+    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8))
+
+
+def test_precomputed_scales_divide() -> None:
+    """q = x * (1 / sf): with sf = 0.5 everywhere the codes are those of 2x."""
+    x = random_rows(40, 128, torch.float32)
+    sf = torch.full((2, 4), 0.5)
+    q = per_block_cast_with_precomputed_sf_ref(x, "e4m3", (32, 32), sf)
+    assert torch.equal(q.view(torch.uint8), torch.clamp(2 * x, -448, 448).to(torch.float8_e4m3fn).view(torch.uint8))
+    with pytest.raises(ValueError, match="sf must have shape"):
+        per_block_cast_with_precomputed_sf_ref(x, "e4m3", (32, 32), sf[:1])
 
 
 def test_hidden_must_hold_whole_blocks() -> None:

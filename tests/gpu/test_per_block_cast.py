@@ -15,7 +15,11 @@ import pytest
 import torch
 
 from tests.reference.quant import cast_error
-from tests.reference.quant_per_block import per_block_cast_ref, per_block_dequant
+from tests.reference.quant_per_block import (
+    per_block_cast_ref,
+    per_block_cast_with_precomputed_sf_ref,
+    per_block_dequant,
+)
 
 tile_kernels_aot = pytest.importorskip("tile_kernels_aot")
 quant = importlib.import_module("tile_kernels_aot.quant")
@@ -78,7 +82,13 @@ def launch_poisoned(x: torch.Tensor, v: Variant) -> tuple[torch.Tensor, torch.Te
     hidden, fmt, (block_m, block_k), round_sf = v
     q, sf = poisoned_outputs(x.shape[0], hidden, fmt, (block_m, block_k))
     launch = runtime.get_kernel("per_block_cast").select(
-        in_dtype="bfloat16", hidden=hidden, fmt=fmt, block_m=block_m, block_k=block_k, round_sf=round_sf
+        in_dtype="bfloat16",
+        hidden=hidden,
+        fmt=fmt,
+        block_m=block_m,
+        block_k=block_k,
+        round_sf=round_sf,
+        precomputed_sf=False,
     )
     launch(x, q, sf)
     torch.cuda.synchronize()
@@ -120,7 +130,7 @@ def test_extreme_magnitudes(v: Variant) -> None:
     hidden, fmt, block_size, round_sf = v
     qmax = 448.0 if fmt == "e4m3" else 6.0
     tiny = torch.randn(block_size[0], hidden, device="cuda")
-    rows = [tiny * 1e-8, tiny * 1e-36, random_rows(block_size[0], hidden, spread=0.5).float()]
+    rows = [tiny * 1e-8, tiny * 1e-36, random_rows(block_size[0], hidden, spread=0.5).float() * 0.1]
     x = torch.cat(rows)
     x[-block_size[0] :, ::3] = -0.0
     x[-1, :: block_size[1]] = -qmax  # the last row of blocks: every block scaled by exactly 1
@@ -164,6 +174,81 @@ def test_torch_compile_fullgraph_matches_eager() -> None:
         for got, want in zip(compiled(x), fn(x), strict=True):
             assert got.shape == want.shape and got.dtype == want.dtype
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+# --- per_block_cast_with_precomputed_sf --------------------------------------------------
+
+# Every (hidden, fmt, block_size) of the precomputed_sf variants (round_sf does not apply).
+PRECOMPUTED = [(h, f, b) for h, f, b, r in FULL if not r]
+
+
+def random_scales(num_tokens: int, hidden: int, block_size: tuple[int, int]) -> torch.Tensor:
+    """Positive fp32 scales with random mantissas (not powers of two), spread over four decades."""
+    shape = (-(-num_tokens // block_size[0]), hidden // block_size[1])
+    return torch.pow(10.0, torch.empty(shape, device="cuda").uniform_(-4, 0))
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 129, 4001])
+@pytest.mark.parametrize("v", PRECOMPUTED, ids=lambda v: variant_id((*v, False)))
+def test_precomputed_sf(v: tuple[int, str, tuple[int, int]], num_tokens: int) -> None:
+    hidden, fmt, block_size = v
+    x = random_rows(num_tokens, hidden, spread=1.0)
+    sf = random_scales(num_tokens, hidden, block_size)
+    sf_before = sf.clone()
+    width = hidden if fmt == "e4m3" else hidden // 2
+    q_dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.int8
+    q = torch.full((num_tokens, width), POISON_BYTE, dtype=torch.uint8, device="cuda").view(q_dtype)
+    launch = runtime.get_kernel("per_block_cast").select(
+        in_dtype="bfloat16",
+        hidden=hidden,
+        fmt=fmt,
+        block_m=block_size[0],
+        block_k=block_size[1],
+        round_sf=False,
+        precomputed_sf=True,
+    )
+    launch(x, q, sf)
+    torch.cuda.synchronize()
+    ref_q = per_block_cast_with_precomputed_sf_ref(x, fmt, block_size, sf)
+    assert torch.equal(sf.view(torch.int32), sf_before.view(torch.int32)), "the kernel wrote its input sf"
+    wrong_q = int((q.view(torch.uint8) != ref_q.view(torch.uint8)).sum())
+    assert wrong_q == 0, f"{wrong_q} of {q.numel()} code bytes differ from the reference"
+    q2 = quant.per_block_cast_with_precomputed_sf(x, fmt, block_size, sf)
+    assert q2.dtype == ref_q.dtype and torch.equal(q2.view(torch.uint8), ref_q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("block_size", BLOCKS, ids=str)
+def test_sf_only_then_precomputed_is_the_full_cast(block_size: tuple[int, int], fmt: str) -> None:
+    """With round_sf the scales are powers of two, so 1 / sf is exact and the two-step cast is the cast."""
+    x = random_rows(4001, 7168)
+    q, sf = quant.per_block_cast(x, fmt, block_size, round_sf=True)
+    sf_only = quant.per_block_cast_with_sf_only(x, fmt, block_size, round_sf=True)
+    q2 = quant.per_block_cast_with_precomputed_sf(x, fmt, block_size, sf_only, round_sf=True)
+    assert torch.equal(sf_only.view(torch.int32), sf.view(torch.int32))
+    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8))
+
+
+def test_precomputed_sf_checks_sf() -> None:
+    x = random_rows(33, 2048)
+    sf = random_scales(33, 2048, (32, 32))
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        quant.per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), sf[:1])  # 33 tokens need 2 rows
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        quant.per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), sf.double())
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        quant.per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), sf.t().contiguous().t())
+    with pytest.raises(TypeError, match=r"\bsf\b"):
+        quant.per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), None)
+
+
+def test_precomputed_sf_under_torch_compile() -> None:
+    torch._dynamo.reset()
+    fn = lambda t, s: quant.per_block_cast_with_precomputed_sf(t, "e4m3", (128, 128), s)  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True)
+    x = random_rows(300, 4096)
+    sf = random_scales(300, 4096, (128, 128))
+    assert torch.equal(compiled(x, sf).view(torch.uint8), fn(x, sf).view(torch.uint8))
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -254,7 +339,7 @@ def test_launcher_checks_output_shapes() -> None:
     x = random_rows(33, 2048)
     q, sf = poisoned_outputs(33, 2048, "e2m1", (32, 32))
     launch = runtime.get_kernel("per_block_cast").select(
-        in_dtype="bfloat16", hidden=2048, fmt="e2m1", block_m=32, block_k=32, round_sf=False
+        in_dtype="bfloat16", hidden=2048, fmt="e2m1", block_m=32, block_k=32, round_sf=False, precomputed_sf=False
     )
     with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
         launch(x, q, sf[:1])  # one row of blocks short: 33 tokens need 2

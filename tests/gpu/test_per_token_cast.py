@@ -5,6 +5,13 @@ bit (tolerance: none): codes as uint8, scales as int32. The reference runs on th
 fp32. Inputs are fresh Gaussian rows whose magnitudes span six decades, with no exact zero,
 so every scale group has its own scale. Launchers are also called directly on outputs
 poisoned with NaN / 0x7F bytes, which catches any element the kernel fails to write.
+
+The scale layouts (b) use_tma_aligned_col_major_sf and (c) use_packed_ue8m0 are built for
+(e4m3, npc 128) and (e2m1, npc 32) only (sf_layout in kernel_specs/quant.yaml). Their views
+must have TileKernels' strides (1, align(T, 4)); the padding tokens T .. align(T, 4) - 1 of
+the backing storage are unspecified (torch.empty, as in TileKernels), so the op's results are
+compared on the logical view only. The kernel never writes the padding: the launcher tests
+pin that on poisoned storage, which also catches a store at a wrong stride.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from tests.reference.quant import per_token_cast_ref
+from tests.reference.quant import align, cast_error, dequant, per_token_cast_ref, ue8m0_unpack
 
 tile_kernels_aot = pytest.importorskip("tile_kernels_aot")
 quant = importlib.import_module("tile_kernels_aot.quant")
@@ -111,7 +118,7 @@ def launch_poisoned(x: torch.Tensor, v: tuple[str, int, str, int, bool]) -> tupl
     in_dtype, hidden, fmt, npc, round_sf = v
     q, sf = poisoned_outputs(x.shape[0], hidden, fmt, npc)
     launch = runtime.get_kernel("per_token_cast").select(
-        in_dtype=in_dtype, hidden=hidden, fmt=fmt, npc=npc, round_sf=round_sf
+        in_dtype=in_dtype, hidden=hidden, fmt=fmt, npc=npc, round_sf=round_sf, sf_layout="row_major"
     )
     launch(x, q, sf)
     torch.cuda.synchronize()
@@ -243,27 +250,206 @@ def test_uncovered_npc_is_refused() -> None:
         quant.per_token_cast(x, "e2m1", 128)  # e2m1 is built for npc 16 and 32 only
 
 
-@pytest.mark.parametrize(
-    ("flag", "kwargs"),
-    [
-        ("x_block_size", {"x_block_size": (1, 128)}),
-        ("use_tma_aligned_col_major_sf", {"use_tma_aligned_col_major_sf": True}),
-        ("use_packed_ue8m0", {"use_packed_ue8m0": True, "round_sf": True}),
-    ],
-)
-def test_unbuilt_layouts_are_refused(flag: str, kwargs: dict[str, object]) -> None:
+def test_requantization_is_not_built() -> None:
     x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(NotImplementedError, match=rf"{flag}.*spec"):
+    with pytest.raises(NotImplementedError, match=r"x_block_size.*spec"):
+        quant.per_token_cast(x, "e4m3", 128, x_block_size=(1, 128))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"use_packed_ue8m0": True},
+        {"use_packed_ue8m0": True, "round_sf": True},
+        {"use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True},
+    ],
+    ids=["alone", "without-col-major", "without-round_sf"],
+)
+def test_ue8m0_needs_col_major_and_round_sf(kwargs: dict[str, object]) -> None:
+    """KERNELS.md: UE8M0 needs layout (b) and round_sf; the error names use_packed_ue8m0."""
+    x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"use_packed_ue8m0"):
         quant.per_token_cast(x, "e4m3", 128, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"use_tma_aligned_col_major_sf": True}, {"use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": True}],
+    ids=["col_major", "ue8m0"],
+)
+def test_layout_of_an_unbuilt_group_size_names_sf_layout(kwargs: dict[str, object]) -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(errors.VariantNotFoundError, match="sf_layout"):
+        quant.per_token_cast(x, "e4m3", 64, round_sf=True, **kwargs)  # layouts built for npc 128 only
 
 
 def test_launcher_checks_output_shapes() -> None:
     x = random_rows(16, 2048, torch.bfloat16)
     q, sf = poisoned_outputs(16, 2048, "e2m1", 16)
     launch = runtime.get_kernel("per_token_cast").select(
-        in_dtype="bfloat16", hidden=2048, fmt="e2m1", npc=16, round_sf=False
+        in_dtype="bfloat16", hidden=2048, fmt="e2m1", npc=16, round_sf=False, sf_layout="row_major"
     )
     with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
         launch(x, q, sf[:, :64])
     with pytest.raises(errors.KernelArgumentError, match=r"\bq\b"):
         launch(x, torch.empty(16, 2048, dtype=torch.int8, device="cuda"), sf)
+
+
+# --- scale-factor layouts (b) col_major and (c) ue8m0 ----------------------------------------
+
+LAYOUT_GROUPS = (("e4m3", 128), ("e2m1", 32))
+
+
+def layout_grid() -> Iterator[tuple[str, int, str, int, bool, str]]:
+    """Every (in_dtype, hidden, fmt, npc, round_sf, sf_layout) of the spec with sf_layout != row_major."""
+    for in_dtype, hidden, (fmt, npc) in itertools.product(DTYPES, HIDDEN, LAYOUT_GROUPS):
+        for round_sf, sf_layout in ((False, "col_major"), (True, "col_major"), (True, "ue8m0")):
+            yield in_dtype, hidden, fmt, npc, round_sf, sf_layout
+
+
+def layout_id(v: tuple[str, int, str, int, bool, str]) -> str:
+    return variant_id(v[:5]) + "-" + v[5]
+
+
+LAYOUTS = list(layout_grid())
+POISON_SF_BYTE = 0xFF  # fp32 NaN; as a UE8M0 byte, exponent 255, which no finite scale has
+
+
+def layout_flags(sf_layout: str) -> dict[str, bool]:
+    return {"use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": sf_layout == "ue8m0"}
+
+
+def assert_layout_matches_reference(
+    x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, v: tuple[str, int, str, int, bool, str]
+) -> None:
+    """q and the logical (T, ...) sf view bit for bit, and TileKernels' strides (1, align(T, 4))."""
+    _, hidden, fmt, npc, round_sf, sf_layout = v
+    num_tokens = x.shape[0]
+    ref_q, ref_sf = per_token_cast_ref(x, fmt, npc, round_sf, sf_layout)
+    assert q.shape == ref_q.shape and q.dtype == ref_q.dtype and q.is_contiguous()
+    width = hidden // npc if sf_layout == "col_major" else hidden // npc // 4
+    assert sf.shape == (num_tokens, width) == ref_sf.shape
+    assert sf.dtype == (torch.float32 if sf_layout == "col_major" else torch.int32)
+    if num_tokens > 0:
+        assert sf.stride() == (1, align(num_tokens, 4))
+    wrong_sf = int((sf.view(torch.int32) != ref_sf.view(torch.int32)).sum())
+    assert wrong_sf == 0, f"{wrong_sf} of {sf.numel()} scale words differ from the reference"
+    wrong_q = int((q.view(torch.uint8) != ref_q.view(torch.uint8)).sum())
+    assert wrong_q == 0, f"{wrong_q} of {q.numel()} code bytes differ from the reference"
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 3, 127, 4001])
+@pytest.mark.parametrize("v", LAYOUTS, ids=layout_id)
+def test_sf_layouts(v: tuple[str, int, str, int, bool, str], num_tokens: int) -> None:
+    in_dtype, hidden, fmt, npc, round_sf, sf_layout = v
+    x = random_rows(num_tokens, hidden, DTYPES[in_dtype])
+    q, sf = quant.per_token_cast(x, fmt, npc, round_sf=round_sf, **layout_flags(sf_layout))
+    assert_layout_matches_reference(x, q, sf, v)
+    # The view sits on TMA-aligned storage: align(T, 4) tokens per group (per word for ue8m0).
+    assert sf.untyped_storage().nbytes() == sf.shape[1] * align(num_tokens, 4) * 4
+
+
+@pytest.mark.parametrize("v", [v for v in LAYOUTS if v[1] == 7168], ids=layout_id)
+def test_sf_layouts_8192_tokens(v: tuple[str, int, str, int, bool, str]) -> None:
+    in_dtype, hidden, fmt, npc, round_sf, sf_layout = v
+    x = random_rows(8192, hidden, DTYPES[in_dtype])
+    q, sf = quant.per_token_cast(x, fmt, npc, round_sf=round_sf, **layout_flags(sf_layout))
+    assert_layout_matches_reference(x, q, sf, v)
+
+
+def launch_layout_poisoned(x: torch.Tensor, v: tuple[str, int, str, int, bool, str]) -> tuple[torch.Tensor, ...]:
+    """Launch on poisoned q and poisoned backing storage, padding tokens included.
+
+    Returns (q, sf view, storage bytes (rows, align(T, 4) * 4)).
+    """
+    in_dtype, hidden, fmt, npc, round_sf, sf_layout = v
+    num_tokens = x.shape[0]
+    padded = align(num_tokens, 4)
+    q, _ = poisoned_outputs(num_tokens, hidden, fmt, npc)
+    rows = hidden // npc if sf_layout == "col_major" else hidden // npc // 4
+    raw = torch.full((rows, padded * 4), POISON_SF_BYTE, dtype=torch.uint8, device="cuda")
+    if sf_layout == "col_major":
+        storage = raw.view(torch.float32)  # (G, align(T, 4))
+        arg = storage
+    else:
+        storage = raw.view(torch.int32)  # (ceil(G/4), align(T, 4))
+        arg = raw.view(rows, padded, 4)
+    launch = runtime.get_kernel("per_token_cast").select(
+        in_dtype=in_dtype, hidden=hidden, fmt=fmt, npc=npc, round_sf=round_sf, sf_layout=sf_layout
+    )
+    launch(x, q, arg)
+    torch.cuda.synchronize()
+    return q, storage.T[:num_tokens], raw
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 127, 4001])
+@pytest.mark.parametrize("v", LAYOUTS, ids=layout_id)
+def test_layout_launcher_overwrites_poisoned_storage(v: tuple[str, int, str, int, bool, str], num_tokens: int) -> None:
+    """Every logical scale is written, also in the last partial row tile; the padding is not touched."""
+    x = random_rows(num_tokens, v[1], DTYPES[v[0]])
+    q, sf, raw = launch_layout_poisoned(x, v)
+    assert_layout_matches_reference(x, q, sf, v)
+    # Every scale of the logical tokens is written (each byte of a UE8M0 word), none of the padding.
+    if v[5] == "ue8m0":
+        assert not bool((raw[:, : num_tokens * 4] == POISON_SF_BYTE).any()), "some UE8M0 bytes were never written"
+    else:
+        assert not bool(torch.isnan(sf).any()), "some scale factors were never written"
+    padding = raw[:, num_tokens * 4 :]
+    assert bool((padding == POISON_SF_BYTE).all()), "the kernel wrote into the padding tokens"
+
+
+@pytest.mark.parametrize("v", [v for v in LAYOUTS if v[1] == 2048], ids=layout_id)
+def test_layout_extreme_magnitudes(v: tuple[str, int, str, int, bool, str]) -> None:
+    """amax floors (UE8M0 byte 1 for e2m1) and huge rows (bytes >= 128: negative int32 words)."""
+    dtype = DTYPES[v[0]]
+    tiny = torch.randn(4, v[1], device="cuda")
+    rows = [tiny * 1e-8, tiny * 1e-36, random_rows(2, v[1], torch.float32), tiny[:1] * 1e36]
+    x = torch.cat(rows).to(dtype)
+    x[-3:-1, ::3] = -0.0
+    q, sf, _ = launch_layout_poisoned(x, v)
+    assert_layout_matches_reference(x, q, sf, v)
+
+
+@pytest.mark.parametrize("v", [v for v in LAYOUTS if v[0] == "bfloat16" and v[1] == 4096], ids=layout_id)
+def test_layout_dequantizes_close_to_x(v: tuple[str, int, str, int, bool, str]) -> None:
+    """Decoding the UE8M0 words (byte << 23) or the column-major scales recovers x."""
+    _, hidden, fmt, npc, round_sf, sf_layout = v
+    x = random_rows(257, hidden, torch.bfloat16)
+    q, sf = quant.per_token_cast(x, fmt, npc, round_sf=round_sf, **layout_flags(sf_layout))
+    if sf_layout == "ue8m0":
+        sf = ue8m0_unpack(sf, hidden // npc)
+    assert cast_error(x.float(), dequant(q, sf, fmt, npc)) < (1e-3 if fmt == "e4m3" else 2e-2)
+
+
+@pytest.mark.parametrize("sf_layout", ["col_major", "ue8m0"])
+def test_layout_torch_compile_keeps_strides(sf_layout: str) -> None:
+    """The custom op's fake kernel gives torch.compile the same (1, align(T, 4)) strided views."""
+    x = random_rows(257, 2048, torch.bfloat16)
+    flags = layout_flags(sf_layout)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: quant.per_token_cast(t, "e4m3", 128, round_sf=True, **flags), fullgraph=True)
+    q, sf = compiled(x)
+    q_eager, sf_eager = quant.per_token_cast(x, "e4m3", 128, round_sf=True, **flags)
+    assert sf.shape == sf_eager.shape and sf.stride() == sf_eager.stride() == (1, 260)
+    assert torch.equal(sf.view(torch.int32), sf_eager.view(torch.int32))
+    assert torch.equal(q.view(torch.uint8), q_eager.view(torch.uint8))
+
+
+def test_layout_launcher_checks_storage() -> None:
+    """The launcher names sf for storage of the wrong dtype, group count or a transposed view."""
+    x = random_rows(5, 2048, torch.bfloat16)
+    q = torch.empty(5, 2048, dtype=torch.float8_e4m3fn, device="cuda")
+    col = runtime.get_kernel("per_token_cast").select(
+        in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128, round_sf=False, sf_layout="col_major"
+    )
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        col(x, q, torch.empty(16, 8, dtype=torch.int32, device="cuda"))  # wrong dtype
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        col(x, q, torch.empty(8, 8, device="cuda"))  # 8 groups instead of 16
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        col(x, q, torch.empty(8, 16, device="cuda").T)  # the (T, G) view instead of the storage
+    packed = runtime.get_kernel("per_token_cast").select(
+        in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128, round_sf=True, sf_layout="ue8m0"
+    )
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
+        packed(x, q, torch.empty(4, 8, dtype=torch.int32, device="cuda"))  # words, not their bytes

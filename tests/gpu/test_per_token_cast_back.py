@@ -4,8 +4,11 @@ decode(q) is exact and out = decode(q) * sf is one fp32 multiply (then round to 
 bf16), so every output element is compared bit for bit (tolerance: none), as int16 / int32.
 The reference runs on the same GPU. Codes are either random bytes (every e2m1 pair, every
 non-NaN e4m3 code) with scales over a wide range, including products that are fp32 subnormals
-or overflow, or the reference per-token cast of Gaussian rows. Launchers are also called
-directly on outputs poisoned with NaN, which catches any element the kernel fails to write.
+or overflow, or the per-token cast of Gaussian rows. Scales come in the three layouts of
+per_token_cast: fp32 row-major, fp32 column-major with the token dimension padded to a
+multiple of 4 (padding poisoned with NaN, never read into an output), and int32 words of packed
+UE8M0 exponents (random words: every exponent byte but 255, an infinite scale). Launchers are also
+called directly on outputs poisoned with NaN, which catches any element the kernel fails to write.
 """
 
 from __future__ import annotations
@@ -34,19 +37,23 @@ HIDDEN = (2048, 4096, 7168)
 NPC = {"e4m3": (32, 64, 128), "e2m1": (16, 32)}
 ERROR_BOUND = {"e4m3": 1e-3, "e2m1": 2e-2}  # 1 - 2 sum(xy) / sum(x^2 + y^2), KERNELS.md
 
-Variant = tuple[str, int, str, int]  # (fmt, npc, out_dtype, hidden): the spec's grid keys
+LAYOUTS = ("row_major", "col_major", "ue8m0")
+COLUMN_GROUPS = (("e4m3", 128), ("e2m1", 32))  # the (fmt, npc) built with the column-major layouts
+
+Variant = tuple[str, int, str, int, str]  # (fmt, npc, out_dtype, hidden, sf_layout): the spec's grid keys
 
 
 def grid() -> Iterator[Variant]:
-    """Every (fmt, npc, out_dtype, hidden) of kernel_specs/quant_cast_back.yaml."""
-    for fmt, out_dtype, hidden in itertools.product(NPC, OUT, HIDDEN):
+    """Every (fmt, npc, out_dtype, hidden, sf_layout) of kernel_specs/quant_cast_back.yaml."""
+    for fmt, out_dtype, hidden, sf_layout in itertools.product(NPC, OUT, HIDDEN, LAYOUTS):
         for npc in NPC[fmt]:
-            yield fmt, npc, out_dtype, hidden
+            if sf_layout == "row_major" or (fmt, npc) in COLUMN_GROUPS:
+                yield fmt, npc, out_dtype, hidden, sf_layout
 
 
 def variant_id(v: Variant) -> str:
-    fmt, npc, out_dtype, hidden = v
-    return f"{fmt}-npc{npc}-{out_dtype}-H{hidden}"
+    fmt, npc, out_dtype, hidden, sf_layout = v
+    return f"{fmt}-npc{npc}-{out_dtype}-H{hidden}-{sf_layout}"
 
 
 FULL = list(grid())
@@ -64,6 +71,30 @@ def random_codes(num_tokens: int, hidden: int, fmt: str) -> torch.Tensor:
 def random_scales(num_tokens: int, groups: int) -> torch.Tensor:
     """Positive fp32 scales 2^-140 .. 2^120: products reach fp32 subnormals and overflow to inf."""
     return torch.pow(2.0, torch.empty(num_tokens, groups, device="cuda").uniform_(-140, 120))
+
+
+def random_words(rows: int, cols: int) -> torch.Tensor:
+    """int32 UE8M0 words of random exponent bytes 0..254 (scales 0 and 2^-126 .. 2^127, all finite)."""
+    return torch.randint(0, 255, (rows, cols, 4), dtype=torch.uint8, device="cuda").view(torch.int32).view(rows, cols)
+
+
+def random_layout_scales(num_tokens: int, groups: int, sf_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sf, sf_arg): the scales the op takes (as per_token_cast returns them) and what the kernel reads.
+
+    col_major: storage float32 (G, align(T, 4)), sf = storage.T[:T]; ue8m0: storage int32
+    (ceil(G/4), align(T, 4)) of random words, sf = storage.T[:T], the kernel reads its bytes.
+    """
+    if sf_layout == "row_major":
+        sf = random_scales(num_tokens, groups)
+        return sf, sf
+    padded = (num_tokens + 3) // 4 * 4
+    if sf_layout == "col_major":
+        storage = torch.full((groups, padded), float("nan"), device="cuda")
+        storage[:, :num_tokens] = random_scales(num_tokens, groups).T
+        return storage.T[:num_tokens], storage
+    words = (groups + 3) // 4
+    storage = random_words(words, padded)
+    return storage.T[:num_tokens], storage.view(torch.uint8).view(words, padded, 4)
 
 
 def random_rows(num_tokens: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
@@ -84,11 +115,13 @@ def assert_matches_reference(q: torch.Tensor, sf: torch.Tensor, out: torch.Tenso
     assert wrong == 0, f"{wrong} of {out.numel()} outputs differ from the reference"
 
 
-def launch_poisoned(q: torch.Tensor, sf: torch.Tensor, v: Variant) -> torch.Tensor:
-    fmt, npc, out_dtype, hidden = v
+def launch_poisoned(q: torch.Tensor, sf_arg: torch.Tensor, v: Variant) -> torch.Tensor:
+    fmt, npc, out_dtype, hidden, sf_layout = v
     out = torch.full((q.shape[0], hidden), float("nan"), dtype=OUT[out_dtype][0], device="cuda")
-    launch = runtime.get_kernel("per_token_cast_back").select(fmt=fmt, npc=npc, out_dtype=out_dtype, hidden=hidden)
-    launch(q, sf, out)
+    launch = runtime.get_kernel("per_token_cast_back").select(
+        fmt=fmt, npc=npc, out_dtype=out_dtype, hidden=hidden, sf_layout=sf_layout
+    )
+    launch(q, sf_arg, out)
     torch.cuda.synchronize()
     return out
 
@@ -96,8 +129,9 @@ def launch_poisoned(q: torch.Tensor, sf: torch.Tensor, v: Variant) -> torch.Tens
 @pytest.mark.parametrize("num_tokens", [0, 1, 127, 4001])
 @pytest.mark.parametrize("v", FULL, ids=variant_id)
 def test_per_token_cast_back(v: Variant, num_tokens: int) -> None:
-    fmt, npc, out_dtype, hidden = v
-    q, sf = random_codes(num_tokens, hidden, fmt), random_scales(num_tokens, hidden // npc)
+    fmt, npc, out_dtype, hidden, sf_layout = v
+    q = random_codes(num_tokens, hidden, fmt)
+    sf, _ = random_layout_scales(num_tokens, hidden // npc, sf_layout)
     out = quant.per_token_cast_back((q, sf), OUT[out_dtype][1], npc)
     assert_matches_reference(q, sf, out, npc)
     # cast_back with per-token blocks and a torch dtype as fmt take the same path.
@@ -109,24 +143,40 @@ def test_per_token_cast_back(v: Variant, num_tokens: int) -> None:
 @pytest.mark.parametrize("v", FULL, ids=variant_id)
 def test_launcher_overwrites_poisoned_outputs(v: Variant, num_tokens: int) -> None:
     """Every output is written, also in the last, partial row tile."""
-    fmt, npc, _, hidden = v
-    q, sf = random_codes(num_tokens, hidden, fmt), random_scales(num_tokens, hidden // npc)
-    out = launch_poisoned(q, sf, v)
+    fmt, npc, _, hidden, sf_layout = v
+    q = random_codes(num_tokens, hidden, fmt)
+    sf, sf_arg = random_layout_scales(num_tokens, hidden // npc, sf_layout)
+    out = launch_poisoned(q, sf_arg, v)
     assert not torch.isnan(out).any(), "some outputs were never written"
     assert_matches_reference(q, sf, out, npc)
 
 
-@pytest.mark.parametrize("round_sf", [False, True])
-@pytest.mark.parametrize("v", FULL, ids=variant_id)
+def cast(x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_cast of x into sf_layout: the kernel where the package builds it, else the reference."""
+    flags = {
+        "row_major": {},
+        "col_major": {"use_tma_aligned_col_major_sf": True},
+        "ue8m0": {"use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": True},
+    }[sf_layout]
+    if hasattr(quant, "per_token_cast"):
+        try:
+            return quant.per_token_cast(x, fmt, npc, round_sf=round_sf, **flags)
+        except (NotImplementedError, errors.VariantNotFoundError):
+            pass  # the package's per_token_cast does not build this layout
+    return per_token_cast_ref(x, fmt, npc, round_sf, sf_layout=sf_layout)
+
+
+@pytest.mark.parametrize(
+    ("v", "round_sf"),
+    [(v, r) for v in FULL for r in (False, True) if r or v[4] != "ue8m0"],  # UE8M0 needs round_sf
+    ids=lambda p: variant_id(p) if isinstance(p, tuple) else f"round_sf={p}",
+)
 def test_round_trip(v: Variant, round_sf: bool) -> None:
     """per_token_cast then per_token_cast_back recovers x within the format's error bound."""
-    fmt, npc, out_dtype, hidden = v
+    fmt, npc, out_dtype, hidden, sf_layout = v
     dtype, out_fmt = OUT[out_dtype]
     x = random_rows(4001, hidden, dtype)
-    if hasattr(quant, "per_token_cast"):
-        q, sf = quant.per_token_cast(x, fmt, npc, round_sf=round_sf)
-    else:  # a package built from this spec alone
-        q, sf = per_token_cast_ref(x, fmt, npc, round_sf)
+    q, sf = cast(x, fmt, npc, round_sf, sf_layout)
     out = quant.per_token_cast_back((q, sf), out_fmt, npc)
     assert_matches_reference(q, sf, out, npc)
     assert cast_error(x.float(), out.float()) < ERROR_BOUND[fmt]
@@ -142,10 +192,12 @@ def test_runs_on_the_current_stream() -> None:
     assert_matches_reference(q, sf, out, 128)
 
 
+@pytest.mark.parametrize("sf_layout", LAYOUTS)
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
-def test_cuda_graph_and_torch_compile(fmt: str) -> None:
-    npc = 32
-    q, sf = random_codes(257, 2048, fmt), random_scales(257, 2048 // npc)
+def test_cuda_graph_and_torch_compile(fmt: str, sf_layout: str) -> None:
+    npc = 128 if fmt == "e4m3" else 32
+    q = random_codes(257, 2048, fmt)
+    sf, _ = random_layout_scales(257, 2048 // npc, sf_layout)
     expected = quant.per_token_cast_back((q, sf), "bf16", npc)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -180,7 +232,9 @@ def test_scale_shape_mismatch_is_refused() -> None:
 def test_launcher_checks_every_tensor() -> None:
     q, sf = random_codes(16, 2048, "e2m1"), random_scales(16, 2048 // 16)
     out = torch.empty(16, 2048, dtype=torch.bfloat16, device="cuda")
-    launch = runtime.get_kernel("per_token_cast_back").select(fmt="e2m1", npc=16, out_dtype="bfloat16", hidden=2048)
+    launch = runtime.get_kernel("per_token_cast_back").select(
+        fmt="e2m1", npc=16, out_dtype="bfloat16", hidden=2048, sf_layout="row_major"
+    )
     with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
         launch(q, sf[:, :64], out)
     with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
@@ -226,6 +280,33 @@ def test_bad_pair_is_refused() -> None:
         quant.per_token_cast_back(q, "bf16", 128)
     with pytest.raises(ValueError, match=r"x\[1\]"):
         quant.per_token_cast_back((q, torch.ones(64, device="cuda")), "bf16", 128)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5, 64])
+@pytest.mark.parametrize("words", [True, False], ids=["ue8m0", "col_major"])
+def test_other_column_strides_are_copied(num_tokens: int, words: bool) -> None:
+    """Column-major scales without padding, or whose storage is not the whole padded buffer."""
+    q = random_codes(num_tokens, 2048, "e4m3")
+    sf = random_words(num_tokens, 4) if words else random_scales(num_tokens, 16)
+    for view in (sf, sf.t().contiguous().t(), torch.cat([sf.t(), sf.t()])[: sf.shape[1]].t()):
+        out = quant.per_token_cast_back((q, view), "bf16", 128)
+        assert_matches_reference(q, view, out, 128)
+
+
+def test_other_scale_strides_are_refused() -> None:
+    q = random_codes(8, 2048, "e4m3")
+    strided = torch.ones(8, 32, device="cuda")[:, ::2]  # strides (32, 2)
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b.*contiguous"):
+        quant.per_token_cast_back((q, strided), "bf16", 128)
+    with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):  # UE8M0 words: 16 / 4 per token
+        quant.per_token_cast_back((q, torch.zeros(8, 16, dtype=torch.int32, device="cuda")), "bf16", 128)
+
+
+def test_uncovered_scale_layout_is_refused() -> None:
+    q = random_codes(8, 2048, "e4m3")
+    col_major = random_scales(8, 32).t().contiguous().t()  # npc 64: built row-major only
+    with pytest.raises(errors.VariantNotFoundError, match="sf_layout='col_major'"):
+        quant.per_token_cast_back((q, col_major), "bf16", 64)
 
 
 @pytest.mark.parametrize(

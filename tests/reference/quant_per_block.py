@@ -78,6 +78,23 @@ def per_block_cast_ref(
     return q, sf
 
 
+def per_block_cast_with_precomputed_sf_ref(
+    x: torch.Tensor, fmt: str, block_size: tuple[int, int], sf: torch.Tensor
+) -> torch.Tensor:
+    """Reference cast of x (T, H) with given per-block scales: q = x_f32 * (1 / sf), 1 / sf an IEEE division."""
+    _check_fmt(fmt)
+    num_tokens, hidden, block_m, block_k = _blocks(x, block_size)
+    expected = (-(-num_tokens // block_m), hidden // block_k)
+    if tuple(sf.shape) != expected:
+        raise ValueError(f"sf must have shape {expected}, got {tuple(sf.shape)}")
+    sf = sf.float()
+    scaled = x.float() * expand_blocks(_full(sf, 1.0) / sf, num_tokens, block_size)
+    if fmt == "e4m3":
+        qmax = QMAX[fmt]
+        return torch.clamp(scaled, -qmax, qmax).to(torch.float8_e4m3fn)
+    return fp4_pack(fp4_encode(scaled))
+
+
 def per_block_dequant(q: torch.Tensor, sf: torch.Tensor, fmt: str, block_size: tuple[int, int]) -> torch.Tensor:
     """float32 (T, H) = decode(q) * sf, each scale applied to its block."""
     _check_fmt(fmt)

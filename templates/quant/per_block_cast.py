@@ -1,0 +1,205 @@
+"""Per-block casts to FP8 e4m3 or packed FP4 e2m1 with one fp32 scale per (bm x bk) block.
+
+The public API follows TileKernels' ``tile_kernels.quant.per_block_cast`` (and its
+``_with_sf_only`` and ``_with_precomputed_sf`` forms); this build covers plain-tensor inputs
+and the row-major fp32 scale layout. The launcher validates the tensors (dtype, device, shape,
+strides, alignment) and names the argument in its errors; this module checks the non-tensor
+arguments and the options the build does not cover.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .._runtime import custom_op, dtype_name, get_kernel
+
+__all__ = ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
+
+_kernel = get_kernel("per_block_cast")
+
+_FORMATS = ("e4m3", "e2m1")
+
+
+def _not_built(flag: str, layout: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{flag}: {layout} is not built into this package; the kernel spec (kernel per_block_cast) "
+        "must add that layout before it can be used"
+    )
+
+
+def _outputs(
+    x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (q, sf) for x; also the fake (meta) kernel that torch.compile traces with."""
+    num_tokens, hidden = x.shape
+    if fmt == "e4m3":
+        q = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    else:
+        q = x.new_empty((num_tokens, hidden // 2), dtype=torch.int8)
+    sf = x.new_empty(((num_tokens + block_m - 1) // block_m, hidden // block_k), dtype=torch.float32)
+    return q, sf
+
+
+def _cast(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    launch = _kernel.select(
+        in_dtype=dtype_name(x.dtype),
+        hidden=int(x.shape[1]),
+        fmt=fmt,
+        block_m=block_m,
+        block_k=block_k,
+        round_sf=round_sf,
+        precomputed_sf=False,
+    )
+    q, sf = _outputs(x, fmt, block_m, block_k)
+    launch(x, q, sf)
+    return q, sf
+
+
+def _q_output(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int) -> torch.Tensor:
+    """Uninitialised q for x; also the fake kernel of the precomputed-sf op."""
+    return _outputs(x, fmt, block_m, block_k)[0]
+
+
+def _cast_with_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int) -> torch.Tensor:
+    """q = x * (1 / sf) per block; the launcher checks sf's dtype, shape and layout (an input here)."""
+    launch = _kernel.select(
+        in_dtype=dtype_name(x.dtype),
+        hidden=int(x.shape[1]),
+        fmt=fmt,
+        block_m=block_m,
+        block_k=block_k,
+        round_sf=False,
+        precomputed_sf=True,
+    )
+    q = _q_output(x, sf, fmt, block_m, block_k)
+    launch(x, q, sf)
+    return q
+
+
+# What torch.compile sees: one opaque op, torch.ops.<package>.per_block_cast, with a fixed schema.
+_per_block_cast_op = custom_op("per_block_cast", fake=_outputs)(_cast)
+_per_block_cast_with_sf_op = custom_op("per_block_cast_with_precomputed_sf", fake=_q_output)(_cast_with_sf)
+
+
+def _block_size(block_size: object) -> tuple[int, int]:
+    try:
+        block_m, block_k = block_size  # type: ignore[misc]
+        if isinstance(block_m, bool) or isinstance(block_k, bool):
+            raise TypeError
+        block_m, block_k = operator.index(block_m), operator.index(block_k)
+    except (TypeError, ValueError):
+        raise TypeError(f"block_size: expected a pair of ints (block_m, block_k), got {block_size!r}") from None
+    if block_m <= 0 or block_k <= 0:
+        raise ValueError(f"block_size: expected positive sizes, got {block_size!r}")
+    return block_m, block_k
+
+
+def _checked(
+    x: object, fmt: str, block_size: object, use_tma_aligned_col_major_sf: bool, use_packed_ue8m0: bool
+) -> tuple[int, int]:
+    """Check the arguments every form shares; returns (block_m, block_k)."""
+    if isinstance(x, tuple):
+        raise _not_built("x", "re-quantization of a (data, sf) pair")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor of shape (num_tokens, hidden), got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor (num_tokens, hidden), got shape {tuple(x.shape)}")
+    if fmt not in _FORMATS:
+        raise ValueError(f"fmt: expected one of {', '.join(repr(f) for f in _FORMATS)}, got {fmt!r}")
+    block_m, block_k = _block_size(block_size)
+    if use_tma_aligned_col_major_sf:
+        raise _not_built("use_tma_aligned_col_major_sf", "the column-major TMA-aligned scale layout")
+    if use_packed_ue8m0:
+        raise _not_built("use_packed_ue8m0", "the packed UE8M0 scale layout")
+    hidden = int(x.shape[1])
+    if hidden % 64 != 0:
+        raise ValueError(f"x: hidden ({hidden}) must be a multiple of 64")
+    if hidden % block_k != 0:
+        raise ValueError(f"block_size: hidden ({hidden}) must be a multiple of block_k ({block_k})")
+    return block_m, block_k
+
+
+def _run(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if torch.compiler.is_compiling():
+        return _per_block_cast_op(x, fmt, block_m, block_k, bool(round_sf))
+    return _cast(x, fmt, block_m, block_k, bool(round_sf))
+
+
+def per_block_cast(
+    x: torch.Tensor,
+    fmt: str,
+    block_size: tuple[int, int],
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast x (num_tokens, hidden) to FP8/FP4 with one scale per (block_m, block_k) block.
+
+    Args:
+        x: bf16 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0.
+        fmt: ``'e4m3'`` (FP8) or ``'e2m1'`` (FP4, two codes per int8).
+        block_size: ``(block_m, block_k)``: tokens and channels sharing one scale factor,
+            each 32 or 128.
+        use_tma_aligned_col_major_sf: column-major, TMA-aligned scales; not built (must be False).
+        round_sf: round each scale up to a power of two.
+        use_packed_ue8m0: UE8M0 exponents packed into int32; not built (must be False).
+
+    Returns:
+        ``(q, sf)``: q is float8_e4m3fn (num_tokens, hidden) for e4m3, or int8
+        (num_tokens, hidden / 2) for e2m1 (element 2i in the low nibble, 2i + 1 in the high
+        one); sf is float32 (ceil(num_tokens / block_m), hidden / block_k), row-major, so that
+        ``decode(q) * sf`` (per block) approximates x.
+    """
+    block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
+    return _run(x, fmt, block_m, block_k, round_sf)
+
+
+def per_block_cast_with_sf_only(
+    x: torch.Tensor,
+    fmt: str,
+    block_size: tuple[int, int],
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> torch.Tensor:
+    """The scale factors of ``per_block_cast(x, fmt, block_size, ...)`` alone (same arguments).
+
+    This build runs the full cast and drops the codes (no sf-only kernel variant yet).
+    """
+    block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
+    return _run(x, fmt, block_m, block_k, round_sf)[1]
+
+
+def per_block_cast_with_precomputed_sf(
+    x: torch.Tensor,
+    fmt: str,
+    block_size: tuple[int, int],
+    sf: torch.Tensor,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> torch.Tensor:
+    """Cast x with given per-block scales: q = x_f32 * (1 / sf) per block (1 / sf an IEEE division).
+
+    Args:
+        x: bf16 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0.
+        fmt: ``'e4m3'`` (FP8) or ``'e2m1'`` (FP4, two codes per int8).
+        block_size: ``(block_m, block_k)``, each 32 or 128.
+        sf: float32 (ceil(num_tokens / block_m), hidden / block_k), contiguous, e.g. from
+            ``per_block_cast_with_sf_only``; used as given.
+        use_tma_aligned_col_major_sf: not built (must be False).
+        round_sf: has no effect: sf is used as given (as in TileKernels).
+        use_packed_ue8m0: not built (must be False).
+
+    Returns:
+        q: float8_e4m3fn (num_tokens, hidden) or packed FP4 int8 (num_tokens, hidden / 2).
+    """
+    block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
+    if not isinstance(sf, torch.Tensor):
+        raise TypeError(f"sf: expected a float32 torch.Tensor of per-block scales, got {type(sf).__name__}")
+    if torch.compiler.is_compiling():
+        return _per_block_cast_with_sf_op(x, sf, fmt, block_m, block_k)
+    return _cast_with_sf(x, sf, fmt, block_m, block_k)

@@ -1,0 +1,192 @@
+"""Cast back: FP8 e4m3 / packed FP4 e2m1 codes with per-token scale factors -> bf16 or fp32.
+
+The public API follows TileKernels' ``tile_kernels.quant.per_token_cast_back`` and
+``cast_back``; this build covers per-token scales (one per token and ``num_per_channels``
+channels) in the three layouts ``per_token_cast`` produces, told apart by sf's dtype and
+strides: fp32 row-major, fp32 column-major with the token dimension padded
+(``use_tma_aligned_col_major_sf``) and int32 words of packed UE8M0 exponents
+(``use_packed_ue8m0``). The input format comes from the codes' dtype: float8_e4m3fn is e4m3,
+int8 is packed e2m1 (element 2i in the low nibble). The launcher validates the tensors (dtype,
+device, shape, strides, alignment) and names the argument (``q`` the codes, ``sf`` the scales)
+in its errors; this module checks the rest.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .._runtime import custom_op, dtype_name, get_kernel
+from ..errors import KernelArgumentError
+
+__all__ = ["cast_back", "per_token_cast_back"]
+
+_kernel = get_kernel("per_token_cast_back")
+
+# fmt (the output format) -> dtype; TileKernels spells them 'bf16' / 'fp32'
+_OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# dtype of the codes -> input format
+_IN_FORMATS = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
+
+
+def _not_built(flag: str, what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{flag}: {what} is not built into this package; the kernel spec (kernel per_token_cast_back) "
+        "must add it before it can be used"
+    )
+
+
+def _out_dtype(fmt: str | torch.dtype) -> torch.dtype:
+    if isinstance(fmt, torch.dtype):
+        if fmt in _OUT_DTYPES.values():
+            return fmt
+    elif isinstance(fmt, str) and fmt in _OUT_DTYPES:
+        return _OUT_DTYPES[fmt]
+    raise ValueError(f"fmt: expected 'bf16', 'fp32', torch.bfloat16 or torch.float32, got {fmt!r}")
+
+
+def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (codes, scales) pair, with the codes viewed as the dtype the kernel reads."""
+    if not (isinstance(x, (tuple, list)) and len(x) == 2):
+        raise TypeError(f"x: expected a (q, sf) pair of tensors, got {type(x).__name__}")
+    q, sf = x
+    for name, t in (("x[0] (q)", q), ("x[1] (sf)", sf)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{name}: expected a 2-D tensor (num_tokens, ...), got shape {tuple(t.shape)}")
+    fp4x2 = getattr(torch, "float4_e2m1fn_x2", None)
+    if fp4x2 is not None and q.dtype == fp4x2:
+        q = q.view(torch.int8)  # same bytes, same nibble order
+    if q.dtype not in _IN_FORMATS:
+        raise KernelArgumentError(f"x[0] (q): expected float8_e4m3fn (e4m3) or int8 (packed e2m1) codes, got {q.dtype}")
+    return q, sf
+
+
+def _outputs(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> torch.Tensor:
+    """Uninitialised out for (q, sf); also the fake (meta) kernel that torch.compile traces with."""
+    num_tokens, width = q.shape
+    hidden = width * 2 if q.dtype == torch.int8 else width
+    return q.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[out_fmt])
+
+
+def _column_storage(sf: torch.Tensor) -> torch.Tensor:
+    """The contiguous (columns, padded_tokens) storage behind a column-major (T, columns) view.
+
+    A view with strides (1, P), P >= T, whose storage holds all columns * P elements (what
+    per_token_cast allocates) is read in place; anything else is copied to (columns, T).
+    """
+    num_tokens, cols = sf.shape
+    padded = sf.stride(1)
+    if num_tokens > 0 and cols > 0 and sf.stride(0) == 1 and padded >= num_tokens:
+        end = (sf.storage_offset() + cols * padded) * sf.element_size()
+        if sf.untyped_storage().nbytes() >= end:
+            return sf.as_strided((cols, padded), (padded, 1))
+    storage = sf.new_empty((cols, num_tokens))  # fresh: standard strides even when empty
+    return storage.copy_(sf.t())
+
+
+def _scale_argument(sf: torch.Tensor) -> tuple[str, torch.Tensor]:
+    """(sf_layout, the tensor the kernel reads) for the logical (T, G) or UE8M0 (T, G / 4) scales."""
+    if sf.dtype == torch.int32:  # packed UE8M0: the kernel reads the bytes of the column storage
+        words = _column_storage(sf)
+        return "ue8m0", words.view(torch.uint8).view(words.shape[0], words.shape[1], 4)
+    num_tokens, groups = sf.shape
+    # Column-major: tokens adjacent (strides (1, P)); with one token, any column stride but 1.
+    if groups > 1 and (sf.stride(0) == 1 if num_tokens > 1 else sf.stride(1) != 1):
+        return "col_major", _column_storage(sf)
+    return "row_major", sf  # the launcher refuses other strides, naming sf
+
+
+def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> torch.Tensor:
+    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    out = _outputs(q, sf, out_fmt, npc)
+    sf_layout, sf_arg = _scale_argument(sf)
+    launch = _kernel.select(
+        fmt=_IN_FORMATS[q.dtype],
+        npc=npc,
+        out_dtype=dtype_name(out.dtype),
+        hidden=int(out.shape[1]),
+        sf_layout=sf_layout,
+    )
+    launch(q, sf_arg, out)
+    return out
+
+
+# What torch.compile sees: one opaque op, torch.ops.<package>.per_token_cast_back, with a fixed schema.
+_per_token_cast_back_op = custom_op("per_token_cast_back", fake=_outputs)(_cast_back)
+
+
+def per_token_cast_back(
+    x: tuple[torch.Tensor, torch.Tensor],
+    fmt: str | torch.dtype,
+    num_per_channels: int,
+    x_special_fmt: str | None = None,
+) -> torch.Tensor:
+    """Dequantize (q, sf) with one scale per token and npc channels: out = decode(q) * sf.
+
+    Args:
+        x: ``(q, sf)``: q float8_e4m3fn (num_tokens, hidden) or int8 (num_tokens, hidden / 2)
+            packed FP4 e2m1 (element 2i in the low nibble); sf as ``per_token_cast`` returns
+            it: float32 (num_tokens, G), G = hidden / num_per_channels, row-major or
+            column-major (strides (1, P), P >= num_tokens), or int32 (num_tokens, ceil(G / 4))
+            packed UE8M0 exponents (byte g % 4 of word g / 4 is group g's biased exponent).
+        fmt: output format, ``'bf16'`` or ``'fp32'`` (or the torch dtype).
+        num_per_channels: channels sharing one scale factor (npc).
+        x_special_fmt: ``'e5m6'`` codes; not built (must be None).
+
+    Returns:
+        out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
+        nearest even when the output is bf16.
+    """
+    out_dtype = _out_dtype(fmt)
+    out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
+    if x_special_fmt is not None:
+        raise _not_built("x_special_fmt", f"the special format {x_special_fmt!r}")
+    try:
+        npc = operator.index(num_per_channels)
+    except TypeError:
+        raise TypeError(f"num_per_channels: expected an int, got {type(num_per_channels).__name__}") from None
+    if npc <= 0 or isinstance(num_per_channels, bool):
+        raise ValueError(f"num_per_channels: expected a positive int, got {num_per_channels!r}")
+    q, sf = _pair(x)
+    hidden = int(q.shape[1]) * (2 if q.dtype == torch.int8 else 1)
+    if hidden % npc != 0:
+        raise ValueError(f"num_per_channels: hidden ({hidden}) must be a multiple of num_per_channels ({npc})")
+    groups = hidden // npc
+    if sf.dtype == torch.int32:
+        expected = (q.shape[0], (groups + 3) // 4)
+        what = "(num_tokens, ceil(hidden / num_per_channels / 4)) UE8M0 words"
+    else:
+        expected, what = (q.shape[0], groups), "(num_tokens, hidden / num_per_channels)"
+    if tuple(sf.shape) != expected:
+        raise KernelArgumentError(
+            f"x[1] (sf): expected shape {expected} {what} for codes of shape {tuple(q.shape)}, got {tuple(sf.shape)}"
+        )
+
+    if torch.compiler.is_compiling():
+        return _per_token_cast_back_op(q, sf, out_fmt, npc)
+    return _cast_back(q, sf, out_fmt, npc)
+
+
+def cast_back(
+    x: tuple[torch.Tensor, torch.Tensor],
+    fmt: str | torch.dtype,
+    x_block_size: tuple[int, int],
+    x_special_fmt: str | None = None,
+) -> torch.Tensor:
+    """Dequantize (q, sf) scaled per ``x_block_size`` = (num_per_tokens, num_per_channels) blocks.
+
+    This build covers per-token blocks (1, num_per_channels), which it forwards to
+    ``per_token_cast_back``; other block shapes raise NotImplementedError.
+    """
+    try:
+        num_per_tokens, num_per_channels = x_block_size
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"x_block_size: expected a (num_per_tokens, num_per_channels) pair, got {x_block_size!r}"
+        ) from None
+    if num_per_tokens != 1:
+        raise _not_built("x_block_size", f"the block size {tuple(x_block_size)!r} (only (1, npc) blocks)")
+    return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt=x_special_fmt)

@@ -209,6 +209,45 @@ def quant_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
     return rows
 
 
+def block_and_back_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
+    """per_block_cast and per_token_cast_back at T = 8192, H = 7168, against their torch references."""
+    tokens, hidden = 8192, 7168
+    quant = getattr(tk, "quant", None)
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from reference.quant import per_token_cast_ref
+        from reference.quant_cast_back import per_token_cast_back_ref
+        from reference.quant_per_block import per_block_cast_ref
+    except Exception as exc:  # the references are optional here: the rows say they are missing
+        return [Row("per_block_cast / per_token_cast_back", "-", None, None, None, None, None,
+                    f"n/a: references not importable ({reason(exc)})")]
+    rows = []
+    block_cast = getattr(quant, "per_block_cast", None)
+    cast_back = getattr(quant, "per_token_cast_back", None)
+    for cast_fmt, block in (("e4m3", (128, 128)), ("e2m1", (32, 32))):
+
+        def make() -> Inputs:
+            return (torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda"),)
+
+        rows.append(bench_case(
+            timer, copy_gb_s, f"per_block_cast {cast_fmt} {block[0]}x{block[1]}", f"({tokens}, {hidden}) bf16", make,
+            (lambda x, f=cast_fmt, b=block: block_cast(x, f, b)) if block_cast else None,
+            lambda x, f=cast_fmt, b=block: per_block_cast_ref(x, f, b),
+            "" if block_cast else "ours n/a: the wheel has no quant.per_block_cast"))
+    for cast_fmt, npc in (("e4m3", 128), ("e2m1", 32)):
+
+        def make_pair(f: str = cast_fmt, n: int = npc) -> Inputs:
+            x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+            return per_token_cast_ref(x, f, n, False)
+
+        rows.append(bench_case(
+            timer, copy_gb_s, f"per_token_cast_back {cast_fmt} npc={npc} -> bf16", f"({tokens}, {hidden})", make_pair,
+            (lambda q, sf, n=npc: cast_back((q, sf), "bf16", n)) if cast_back else None,
+            lambda q, sf, n=npc: per_token_cast_back_ref(q, sf, torch.bfloat16, n),
+            "" if cast_back else "ours n/a: the wheel has no quant.per_token_cast_back"))
+    return rows
+
+
 def transpose_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
     batch, m, n = 8, 512, 7168
     module = getattr(tk, "transpose", None)
@@ -269,7 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings(reps=20, warmup=3) if args.quick else Settings(reps=200, warmup=10)
     timer = Timer(settings)
     copy_gb_s = copy_bandwidth(timer)
-    rows = quant_rows(timer, copy_gb_s, tk) + transpose_rows(timer, copy_gb_s, tk)
+    rows = (quant_rows(timer, copy_gb_s, tk) + block_and_back_rows(timer, copy_gb_s, tk)
+            + transpose_rows(timer, copy_gb_s, tk))
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": torch.cuda.get_device_name(),

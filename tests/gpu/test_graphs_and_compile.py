@@ -15,7 +15,14 @@ pytestmark = pytest.mark.gpu
 def _ops() -> dict[str, tuple[Callable[[torch.Tensor], tuple[torch.Tensor, ...]], torch.Tensor]]:
     x = torch.randn(257, 2048, device="cuda", dtype=torch.bfloat16)
     xt = torch.randn(3, 128, 192, device="cuda", dtype=torch.bfloat16)
+    q, sf = tk.quant.per_token_cast(x, "e4m3", 128)
     return {
+        "per_block_cast e4m3 128x128": (lambda t: tk.quant.per_block_cast(t, "e4m3", (128, 128)), x),
+        "per_block_cast e2m1 32x32": (lambda t: tk.quant.per_block_cast(t, "e2m1", (32, 32)), x),
+        # fp8 codes carried as bytes (the tests refresh inputs with randn_like); & 0x77 keeps them off NaN.
+        "per_token_cast_back e4m3 -> bf16": (
+            lambda t: (tk.quant.per_token_cast_back((t.view(torch.float8_e4m3fn), sf), "bf16", 128),),
+            q.view(torch.uint8) & 0x77),
         "per_token_cast e4m3": (lambda t: tk.quant.per_token_cast(t, "e4m3", 128), x),
         "per_token_cast e2m1 round_sf": (lambda t: tk.quant.per_token_cast(t, "e2m1", 32, round_sf=True), x),
         "batched_transpose": (lambda t: (tk.transpose.batched_transpose(t),), xt),

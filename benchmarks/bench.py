@@ -213,11 +213,11 @@ def block_and_back_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
     """per_block_cast and per_token_cast_back at T = 8192, H = 7168, against their torch references."""
     tokens, hidden = 8192, 7168
     quant = getattr(tk, "quant", None)
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO))
     try:
-        from reference.quant import per_token_cast_ref
-        from reference.quant_cast_back import per_token_cast_back_ref
-        from reference.quant_per_block import per_block_cast_ref
+        from tests.reference.quant import per_token_cast_ref
+        from tests.reference.quant_cast_back import per_token_cast_back_ref
+        from tests.reference.quant_per_block import per_block_cast_ref
     except Exception as exc:  # the references are optional here: the rows say they are missing
         return [Row("per_block_cast / per_token_cast_back", "-", None, None, None, None, None,
                     f"n/a: references not importable ({reason(exc)})")]

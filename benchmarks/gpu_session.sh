@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 site=$(mktemp -d /tmp/tkc-site.XXXX)
-python3 -m pip install -q --no-deps --no-index --no-compile --target "$site" dist/*+sm90-*.whl dist/loader/*+sm90-*.whl || exit 1
+python3 -m pip install -q --no-deps --no-index --target "$site" dist/*+sm90-*.whl dist/loader/*+sm90-*.whl || exit 1
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, tile_kernels_aot as tk; print('torch', torch.__version__, 'package', tk.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"

@@ -54,6 +54,29 @@ class CustomBuildHook(BuildHookInterface):
 SOURCE_DATE_EPOCH = "315532800"
 
 
+LAZY_MODULE = '''import importlib
+from typing import Any
+
+# public name -> the op module (relative) that defines it
+_EXPORTS = {exports}
+
+__all__ = {names!r}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {{__name__!r}} has no attribute {{name!r}}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+'''
+
+
 @dataclass(frozen=True, kw_only=True)
 class BuiltVariant:
     variant: Variant
@@ -180,10 +203,13 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templat
             modules.setdefault(kernel.module, []).extend(
                 f"from .{stem} import {n}" for n in public_names(op_path))
     for module, imports in sorted(modules.items()):
-        exported = sorted({line.rsplit(" ", 1)[1] for line in imports})
+        # Op modules load on first use (PEP 562 __getattr__): importing the package then costs
+        # neither the launcher modules of every kernel nor the torch custom-op registrations.
+        exports = {line.rsplit(" ", 1)[1]: line.split()[1] for line in sorted(set(imports))}
         files[f"{name}/{module}/__init__.py"] = (
             _header("the kernel specs", ", ".join(specs.files)) + f'"""Kernels of module ``{module}``."""\n\n'
-            + "\n".join(sorted(set(imports))) + f"\n\n__all__ = {exported!r}\n"
+            + LAZY_MODULE.format(exports=json.dumps(exports, indent=4, sort_keys=True),
+                                 names=sorted(exports))
         )
     files[f"{name}/__init__.py"] = (
         _header("the kernel specs", ", ".join(specs.files))

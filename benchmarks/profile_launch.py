@@ -7,6 +7,7 @@ import pstats
 import time
 
 import tile_kernels_aot as tk
+import tile_kernels_aot._runtime  # a submodule that op modules load lazily
 import torch
 
 

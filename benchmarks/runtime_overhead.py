@@ -46,6 +46,7 @@ def host_us(fn: Callable[[], object], calls: int = CALLS) -> float:
 def ops() -> dict[str, tuple[Callable[[], object], Callable[[], object] | None]]:
     """name -> (direct call, custom-op call or None) on tiny inputs."""
     import tile_kernels_aot as tk
+    import tile_kernels_aot._runtime  # a submodule that op modules load lazily
 
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
     xt = torch.randn(1, 64, 64, device="cuda", dtype=torch.bfloat16)

@@ -82,3 +82,17 @@ def test_cooperative_and_cluster_launches_are_recorded(tmp_path: Path, cluster: 
     body = "\n".join(launcher_source(func="f", doc="", cubin="f.cubin", key="()", contract=contract).body)
     assert ("cooperative=True" in body) is cooperative
     assert ("cluster=(2, 1, 1)" in body) is (expected_cluster is not None)
+
+
+def test_unknown_pass_config_names_the_spec_key(tmp_path: Path) -> None:
+    from tkc.errors import LowerError
+
+    text = SMALL_SPEC.read_text().replace("    grid:\n      dtype: [bfloat16]",
+                                          "    pass_configs:\n      tl.disable_tma_lowr: true\n"
+                                          "    grid:\n      dtype: [bfloat16]")
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(text)
+    variant = expand(load_specs([spec_file], TEMPLATES).kernel("batched_transpose"))[0]
+    with pytest.raises(LowerError, match=r"s.yaml:\d+: kernels.batched_transpose.pass_configs.tl.disable_tma_lowr: "
+                                         r"TileLang .* no such pass config \(did you mean 'tl.disable_tma_lower'\?\)"):
+        lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"])

@@ -19,6 +19,7 @@ loader evaluates them directly.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -331,6 +332,13 @@ def lower(rendered: RenderedKernel, arch: Arch) -> LoweredKernel:
     tvm = _tvm()
     func = import_rendered(rendered)
     spec = rendered.variant.kernel
+    known = set(tvm.transform.PassContext.list_configs())
+    for key, _ in spec.pass_configs:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise LowerError(f"{spec.source}:{spec.line}: kernels.{spec.name}.pass_configs.{key}: TileLang "
+                             f"{tilelang.__version__} has no such pass config{hint}")
     target = tvm.target.Target({"kind": "cuda", "arch": arch.target})
     try:
         with tvm.transform.PassContext(opt_level=3, config=dict(spec.pass_configs)), target:

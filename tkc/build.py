@@ -1,8 +1,8 @@
 """The build: specs -> (render, lower, compile) per variant and arch, cached -> one wheel per arch.
 
 Each (variant, arch) is keyed by a content hash of everything that decides its
-cubin: the rendered TileLang source, pass configs, arch, nvcc flags and the
-TileLang and nvcc versions. A hit reads the cubin and contract from the cache
+cubin and contract: the rendered TileLang source, pass configs, arch, nvcc flags,
+the TileLang and nvcc versions, and the source of tkc's lower and compile stages. A hit reads the cubin and contract from the cache
 and calls neither TileLang nor nvcc. Misses run in a process pool (``jobs``);
 every cache entry is written to a temp folder and renamed into place, so an
 interrupted build leaves no half-written entry.
@@ -11,6 +11,7 @@ interrupted build leaves no half-written entry.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+import tkc.compile
+import tkc.lower
 from tkc.arch import Arch
 from tkc.compile import NVCC_FLAGS, Resources, Toolchain, compile_cubin, find_toolchain
 from tkc.errors import UsageError
@@ -42,7 +45,7 @@ from tkc.package import BuiltVariant, PackageResult, write_package
 from tkc.render import RenderedKernel, render
 from tkc.spec import SpecSet, Variant, expand
 
-CACHE_FORMAT = 1  # bump when the cached contract's shape changes
+CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +86,14 @@ def tilelang_version() -> str:
     return importlib.metadata.version("tilelang")
 
 
+@functools.cache
+def _stage_digest() -> str:
+    digest = hashlib.sha256()
+    for module in (tkc.lower, tkc.compile):
+        digest.update(Path(module.__file__ or "").read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cache_key(rendered: RenderedKernel, toolchain: Toolchain) -> str:
     spec = rendered.variant.kernel
     material = json.dumps({
@@ -94,6 +105,8 @@ def cache_key(rendered: RenderedKernel, toolchain: Toolchain) -> str:
         "nvcc_flags": list(NVCC_FLAGS),
         "nvcc": toolchain.version,
         "tilelang": tilelang_version(),
+        # The code that makes an entry: a change to how contracts are read invalidates them.
+        "stages": _stage_digest(),
     }, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
 

@@ -1,8 +1,9 @@
 """The build: specs -> (render, lower, compile) per variant and arch, cached -> one wheel per arch.
 
 Each (variant, arch) is keyed by a content hash of everything that decides its
-cubin and contract: the rendered TileLang source, pass configs, arch, nvcc flags,
-the TileLang and nvcc versions, and the source of tkc's lower and compile stages. A hit reads the cubin and contract from the cache
+cubin and contract: the rendered TileLang source, pass configs, arch, nvcc
+flags, the TileLang and nvcc versions, and the source of tkc's lower and
+compile stages. A hit reads the cubin and contract from the cache
 and calls neither TileLang nor nvcc. Misses run in a process pool (``jobs``);
 every cache entry is written to a temp folder and renamed into place, so an
 interrupted build leaves no half-written entry.

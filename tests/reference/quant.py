@@ -56,7 +56,11 @@ def scales(x: torch.Tensor, fmt: str, npc: int, round_sf: bool) -> tuple[torch.T
     if hidden % npc != 0:
         raise ValueError(f"hidden ({hidden}) must be a multiple of npc ({npc})")
     groups = x.float().reshape(num_tokens, hidden // npc, npc)
-    amax = groups.abs().amax(dim=-1)
+    return scales_from_amax(groups.abs().amax(dim=-1), fmt, round_sf)
+
+
+def scales_from_amax(amax: torch.Tensor, fmt: str, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sf, q_scale) of a group amax: clamp it, sf = amax / qmax (IEEE), and the factor that quantizes."""
     amax = torch.maximum(amax, _full(amax, AMAX_FLOOR[fmt]))
     sf = amax / _full(amax, QMAX[fmt])
     if round_sf:

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from tests.reference.quant import AMAX_FLOOR, QMAX, fp4_decode, fp4_encode, fp4_pack, round_sf_up
-
-
-def _check_fmt(fmt: str) -> None:
-    if fmt not in QMAX:
-        raise ValueError(f"fmt must be one of {sorted(QMAX)}, got {fmt!r}")
-
-
-def _full(like: torch.Tensor, value: float) -> torch.Tensor:
-    # A tensor divisor: tensor / Python scalar is not IEEE division on CUDA.
-    return torch.full_like(like, value, dtype=torch.float32)
+from tests.reference.quant import (
+    QMAX,
+    _check_fmt,
+    _full,
+    fp4_decode,
+    fp4_encode,
+    fp4_pack,
+    scales_from_amax,
+)
 
 
 def _blocks(x: torch.Tensor, block_size: tuple[int, int]) -> tuple[int, int, int, int]:
@@ -46,12 +44,7 @@ def block_scales(
     if padding:
         magnitudes = torch.cat([magnitudes, magnitudes.new_zeros(padding, hidden)])
     amax = magnitudes.reshape(row_blocks, block_m, hidden // block_k, block_k).amax(dim=(1, 3))
-    amax = torch.maximum(amax, _full(amax, AMAX_FLOOR[fmt]))
-    sf = amax / _full(amax, QMAX[fmt])
-    if round_sf:
-        sf = round_sf_up(sf)
-        return sf, _full(sf, 1.0) / sf
-    return sf, _full(amax, QMAX[fmt]) / amax
+    return scales_from_amax(amax, fmt, round_sf)
 
 
 def expand_blocks(s: torch.Tensor, num_tokens: int, block_size: tuple[int, int]) -> torch.Tensor:

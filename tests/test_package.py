@@ -36,7 +36,7 @@ def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, lis
     with zipfile.ZipFile(_wheel(summaries, arch)) as wheel:
         names = set(wheel.namelist())
         assert names == set(sorted(names))
-        for required in ("__init__.py", "_runtime.py", "_build_info.py", "errors.py", "manifest.json",
+        for required in ("__init__.py", "_runtime.py", "_args.py", "_build_info.py", "errors.py", "manifest.json",
                          "_kernels/per_token_cast.py", "_kernels/batched_transpose.py", "quant/__init__.py",
                          "quant/_per_token_cast.py", "transpose/__init__.py", "transpose/_batched_transpose.py"):
             assert f"tkc_small_kernels/{required}" in names

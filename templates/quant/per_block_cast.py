@@ -10,9 +10,11 @@ arguments and the options the build does not cover.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 import torch
 
+from .._args import matrix, not_built, one_of
 from .._runtime import custom_op, dtype_name, get_kernel
 
 __all__ = ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
@@ -22,11 +24,8 @@ _kernel = get_kernel("per_block_cast")
 _FORMATS = ("e4m3", "e2m1")
 
 
-def _not_built(flag: str, layout: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{flag}: {layout} is not built into this package; the kernel spec (kernel per_block_cast) "
-        "must add that layout before it can be used"
-    )
+def _not_built(argument: str, what: str) -> NotImplementedError:
+    return not_built(argument, what, "per_block_cast")
 
 
 def _outputs(
@@ -42,17 +41,15 @@ def _outputs(
     return q, sf
 
 
+def _select(x: torch.Tensor, fmt: str, block_m: int, block_k: int, *, round_sf: bool,
+            precomputed_sf: bool) -> Callable[..., None]:
+    return _kernel.select(in_dtype=dtype_name(x.dtype), hidden=int(x.shape[1]), fmt=fmt, block_m=block_m,
+                          block_k=block_k, round_sf=round_sf, precomputed_sf=precomputed_sf)
+
+
 def _cast(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
-    launch = _kernel.select(
-        in_dtype=dtype_name(x.dtype),
-        hidden=int(x.shape[1]),
-        fmt=fmt,
-        block_m=block_m,
-        block_k=block_k,
-        round_sf=round_sf,
-        precomputed_sf=False,
-    )
+    launch = _select(x, fmt, block_m, block_k, round_sf=round_sf, precomputed_sf=False)
     q, sf = _outputs(x, fmt, block_m, block_k)
     launch(x, q, sf)
     return q, sf
@@ -65,15 +62,7 @@ def _q_output(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k
 
 def _cast_with_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int) -> torch.Tensor:
     """q = x * (1 / sf) per block; the launcher checks sf's dtype, shape and layout (an input here)."""
-    launch = _kernel.select(
-        in_dtype=dtype_name(x.dtype),
-        hidden=int(x.shape[1]),
-        fmt=fmt,
-        block_m=block_m,
-        block_k=block_k,
-        round_sf=False,
-        precomputed_sf=True,
-    )
+    launch = _select(x, fmt, block_m, block_k, round_sf=False, precomputed_sf=True)
     q = _q_output(x, sf, fmt, block_m, block_k)
     launch(x, q, sf)
     return q
@@ -103,12 +92,8 @@ def _checked(
     """Check the arguments every form shares; returns (block_m, block_k)."""
     if isinstance(x, tuple):
         raise _not_built("x", "re-quantization of a (data, sf) pair")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor of shape (num_tokens, hidden), got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"x: expected a 2-D tensor (num_tokens, hidden), got shape {tuple(x.shape)}")
-    if fmt not in _FORMATS:
-        raise ValueError(f"fmt: expected one of {', '.join(repr(f) for f in _FORMATS)}, got {fmt!r}")
+    x = matrix("x", x)
+    one_of("fmt", fmt, _FORMATS)
     block_m, block_k = _block_size(block_size)
     if use_tma_aligned_col_major_sf:
         raise _not_built("use_tma_aligned_col_major_sf", "the column-major TMA-aligned scale layout")

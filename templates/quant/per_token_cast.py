@@ -11,10 +11,9 @@ cover.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
+from .._args import matrix, not_built, one_of, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 
 __all__ = ["per_token_cast"]
@@ -26,11 +25,8 @@ _FORMATS = ("e4m3", "e2m1")
 _HAS_LAYOUTS = "sf_layout" in _kernel.keys
 
 
-def _not_built(flag: str, layout: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{flag}: {layout} is not built into this package; the kernel spec (kernel per_token_cast) "
-        "must add that layout before it can be used"
-    )
+def _not_built(argument: str, what: str) -> NotImplementedError:
+    return not_built(argument, what, "per_token_cast")
 
 
 def _align4(n: int) -> int:
@@ -135,18 +131,9 @@ def per_token_cast(
     """
     if isinstance(x, tuple):
         raise _not_built("x", "re-quantization of a (data, sf) pair (x_block_size)")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor of shape (num_tokens, hidden), got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"x: expected a 2-D tensor (num_tokens, hidden), got shape {tuple(x.shape)}")
-    if fmt not in _FORMATS:
-        raise ValueError(f"fmt: expected one of {', '.join(repr(f) for f in _FORMATS)}, got {fmt!r}")
-    try:
-        npc = operator.index(num_per_channels)
-    except TypeError:
-        raise TypeError(f"num_per_channels: expected an int, got {type(num_per_channels).__name__}") from None
-    if npc <= 0 or isinstance(num_per_channels, bool):
-        raise ValueError(f"num_per_channels: expected a positive int, got {num_per_channels!r}")
+    x = matrix("x", x)
+    one_of("fmt", fmt, _FORMATS)
+    npc = positive_int("num_per_channels", num_per_channels)
     if x_block_size is not None:
         raise _not_built("x_block_size", "re-quantization of a (data, sf) pair")
     sf_layout = _sf_layout(bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0))

@@ -13,10 +13,9 @@ in its errors; this module checks the rest.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
+from .._args import matrix, not_built, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
@@ -30,11 +29,8 @@ _OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 _IN_FORMATS = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
 
 
-def _not_built(flag: str, what: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{flag}: {what} is not built into this package; the kernel spec (kernel per_token_cast_back) "
-        "must add it before it can be used"
-    )
+def _not_built(argument: str, what: str) -> NotImplementedError:
+    return not_built(argument, what, "per_token_cast_back")
 
 
 def _out_dtype(fmt: str | torch.dtype) -> torch.dtype:
@@ -51,11 +47,8 @@ def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
     if not (isinstance(x, (tuple, list)) and len(x) == 2):
         raise TypeError(f"x: expected a (q, sf) pair of tensors, got {type(x).__name__}")
     q, sf = x
-    for name, t in (("x[0] (q)", q), ("x[1] (sf)", sf)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"{name}: expected a 2-D tensor (num_tokens, ...), got shape {tuple(t.shape)}")
+    q = matrix("x[0] (q)", q, "(num_tokens, ...)")
+    sf = matrix("x[1] (sf)", sf, "(num_tokens, ...)")
     fp4x2 = getattr(torch, "float4_e2m1fn_x2", None)
     if fp4x2 is not None and q.dtype == fp4x2:
         q = q.view(torch.int8)  # same bytes, same nibble order
@@ -144,12 +137,7 @@ def per_token_cast_back(
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     if x_special_fmt is not None:
         raise _not_built("x_special_fmt", f"the special format {x_special_fmt!r}")
-    try:
-        npc = operator.index(num_per_channels)
-    except TypeError:
-        raise TypeError(f"num_per_channels: expected an int, got {type(num_per_channels).__name__}") from None
-    if npc <= 0 or isinstance(num_per_channels, bool):
-        raise ValueError(f"num_per_channels: expected a positive int, got {num_per_channels!r}")
+    npc = positive_int("num_per_channels", num_per_channels)
     q, sf = _pair(x)
     hidden = int(q.shape[1]) * (2 if q.dtype == torch.int8 else 1)
     if hidden % npc != 0:

@@ -1,0 +1,46 @@
+"""Checks of the non-tensor arguments the op modules share (the launchers check the tensors).
+
+Copied verbatim by tkc into every generated package, next to the loader. Each error names the
+argument, as the launchers' errors do.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import torch
+
+
+def not_built(argument: str, what: str, kernel: str) -> NotImplementedError:
+    """The error for an option this package's specs did not build."""
+    return NotImplementedError(
+        f"{argument}: {what} is not built into this package; the kernel spec (kernel {kernel}) "
+        "must add it before it can be used"
+    )
+
+
+def matrix(name: str, x: object, shape: str = "(num_tokens, hidden)") -> torch.Tensor:
+    """``x`` as a 2-D tensor, or a TypeError / ValueError naming it."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of shape {shape}, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D tensor {shape}, got shape {tuple(x.shape)}")
+    return x
+
+
+def one_of(name: str, value: object, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    return str(value)
+
+
+def positive_int(name: str, value: object) -> int:
+    """``value`` as a positive int (bools refused), or a TypeError / ValueError naming it."""
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
+    if number <= 0 or isinstance(value, bool):
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    return number

@@ -8,12 +8,12 @@ catches any element the kernel fails to write, including in the last, partial ro
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
 import pytest
 import torch
 
+from tests.gpu.installed import installed_package
 from tests.reference.quant import cast_error
 from tests.reference.quant_per_block import (
     per_block_cast_ref,
@@ -21,14 +21,9 @@ from tests.reference.quant_per_block import (
     per_block_dequant,
 )
 
-tile_kernels_aot = pytest.importorskip("tile_kernels_aot")
-quant = importlib.import_module("tile_kernels_aot.quant")
-errors = importlib.import_module("tile_kernels_aot.errors")
-runtime = importlib.import_module("tile_kernels_aot._runtime")
+tile_kernels_aot, quant, errors, runtime = installed_package()
 
 pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 HIDDEN = (2048, 4096, 7168)
 FORMATS = ("e4m3", "e2m1")

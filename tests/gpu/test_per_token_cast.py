@@ -16,23 +16,18 @@ pin that on poisoned storage, which also catches a store at a wrong stride.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
+from tests.gpu.installed import installed_package
 from tests.reference.quant import align, cast_error, dequant, per_token_cast_ref, ue8m0_unpack
 
-tile_kernels_aot = pytest.importorskip("tile_kernels_aot")
-quant = importlib.import_module("tile_kernels_aot.quant")
-errors = importlib.import_module("tile_kernels_aot.errors")
-runtime = importlib.import_module("tile_kernels_aot._runtime")
+tile_kernels_aot, quant, errors, runtime = installed_package()
 
 pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 HIDDEN = (2048, 4096, 7168)

@@ -13,24 +13,19 @@ called directly on outputs poisoned with NaN, which catches any element the kern
 
 from __future__ import annotations
 
-import importlib
 import itertools
 from collections.abc import Iterator
 
 import pytest
 import torch
 
+from tests.gpu.installed import installed_package
 from tests.reference.quant import cast_error, per_token_cast_ref
 from tests.reference.quant_cast_back import per_token_cast_back_ref
 
-tile_kernels_aot = pytest.importorskip("tile_kernels_aot")
-quant = importlib.import_module("tile_kernels_aot.quant")
-errors = importlib.import_module("tile_kernels_aot.errors")
-runtime = importlib.import_module("tile_kernels_aot._runtime")
+tile_kernels_aot, quant, errors, runtime = installed_package()
 
 pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 OUT = {"bfloat16": (torch.bfloat16, "bf16"), "float32": (torch.float32, "fp32")}
 HIDDEN = (2048, 4096, 7168)

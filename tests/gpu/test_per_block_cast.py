@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 
+from tests.gpu.compare import assert_same_codes_and_scales
 from tests.gpu.installed import installed_package
 from tests.reference.quant import cast_error
 from tests.reference.quant_per_block import (
@@ -65,12 +66,7 @@ def assert_matches_reference(
     x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf: bool
 ) -> None:
     ref_q, ref_sf = per_block_cast_ref(x, fmt, block_size, round_sf)
-    assert q.shape == ref_q.shape and q.dtype == ref_q.dtype and q.is_contiguous()
-    assert sf.shape == ref_sf.shape and sf.dtype == torch.float32 and sf.is_contiguous()
-    wrong_sf = int((sf.view(torch.int32) != ref_sf.view(torch.int32)).sum())
-    assert wrong_sf == 0, f"{wrong_sf} of {sf.numel()} scale factors differ from the reference"
-    wrong_q = int((q.view(torch.uint8) != ref_q.view(torch.uint8)).sum())
-    assert wrong_q == 0, f"{wrong_q} of {q.numel()} code bytes differ from the reference"
+    assert_same_codes_and_scales(q, sf, ref_q, ref_sf)
 
 
 def launch_poisoned(x: torch.Tensor, v: Variant) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
+from tests.gpu.compare import assert_same_codes_and_scales
 from tests.gpu.installed import installed_package
 from tests.reference.quant import align, cast_error, dequant, per_token_cast_ref, ue8m0_unpack
 
@@ -101,12 +102,7 @@ def assert_matches_reference(
     x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, fmt: str, npc: int, round_sf: bool
 ) -> None:
     ref_q, ref_sf = per_token_cast_ref(x, fmt, npc, round_sf)
-    assert q.shape == ref_q.shape and q.dtype == ref_q.dtype and q.is_contiguous()
-    assert sf.shape == ref_sf.shape and sf.dtype == torch.float32 and sf.is_contiguous()
-    wrong_sf = int((sf.view(torch.int32) != ref_sf.view(torch.int32)).sum())
-    assert wrong_sf == 0, f"{wrong_sf} of {sf.numel()} scale factors differ from the reference"
-    wrong_q = int((q.view(torch.uint8) != ref_q.view(torch.uint8)).sum())
-    assert wrong_q == 0, f"{wrong_q} of {q.numel()} code bytes differ from the reference"
+    assert_same_codes_and_scales(q, sf, ref_q, ref_sf)
 
 
 def launch_poisoned(x: torch.Tensor, v: tuple[str, int, str, int, bool]) -> tuple[torch.Tensor, torch.Tensor]:

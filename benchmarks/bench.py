@@ -266,6 +266,28 @@ def transpose_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
     return rows
 
 
+def case_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
+    """Rows of every ``benchmarks/cases/*.py`` module: each defines ``rows(timer, copy_gb_s, tk)``.
+
+    Case modules import their helpers with ``from bench import ...``; registering this module
+    under that name first makes them share its classes even when it runs as a script.
+    """
+    import importlib
+
+    sys.modules.setdefault("bench", sys.modules[__name__])
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    rows: list[Row] = []
+    for path in sorted((Path(__file__).resolve().parent / "cases").glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        try:
+            module = importlib.import_module(f"cases.{path.stem}")
+            rows += module.rows(timer, copy_gb_s, tk)
+        except Exception as exc:  # one broken case file is a row that says so, not a lost run
+            rows.append(Row(f"cases/{path.name}", "-", None, None, None, None, None, f"n/a: {reason(exc)}"))
+    return rows
+
+
 def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
 
@@ -309,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     timer = Timer(settings)
     copy_gb_s = copy_bandwidth(timer)
     rows = (quant_rows(timer, copy_gb_s, tk) + block_and_back_rows(timer, copy_gb_s, tk)
-            + transpose_rows(timer, copy_gb_s, tk))
+            + transpose_rows(timer, copy_gb_s, tk) + case_rows(timer, copy_gb_s, tk))
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": torch.cuda.get_device_name(),

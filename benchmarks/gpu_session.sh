@@ -6,7 +6,7 @@
 # Logs and results go under $OUT (the device tool's output folder) or ./gpu-out.
 # Usage: COMMIT=<sha> benchmarks/gpu_session.sh [pytest args...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 site=$(mktemp -d /tmp/tkc-site.XXXX)
@@ -21,6 +21,13 @@ python3 benchmarks/bench.py --out "$OUT" --commit "${COMMIT:-unknown}" > "$OUT/b
 bench=$?
 python3 benchmarks/runtime_overhead.py --out "$OUT" > "$OUT/runtime_overhead.log" 2>&1
 overhead=$?
+# Hardware counters of the kernels named in $NCU_CASES (space-separated profile_kernel.py cases).
+for case in ${NCU_CASES:-}; do
+  ncu --clock-control none --launch-skip 2 --launch-count 1 -k "regex:${case%_e*}" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+    --section WarpStateStats --section SchedulerStats python3 benchmarks/profile_kernel.py "$case" \
+    > "$OUT/ncu-$case.txt" 2>&1
+done
 tail -n 30 "$OUT/bench.log"; tail -n 12 "$OUT/runtime_overhead.log"
 echo "exit codes: tests $tests, bench $bench, runtime_overhead $overhead"
 exit $((tests || bench || overhead))

@@ -51,11 +51,13 @@ def ops() -> dict[str, tuple[Callable[[], object], Callable[[], object] | None]]
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
     xt = torch.randn(1, 64, 64, device="cuda", dtype=torch.bfloat16)
     out: dict[str, tuple[Callable[[], object], Callable[[], object] | None]] = {}
+    # Op modules load (and register their custom ops) on first use: load them before looking.
+    quant, transpose = tk.quant, tk.transpose
     namespace = getattr(torch.ops, tk._build_info.PACKAGE)
     for fmt, npc in (("e4m3", 128), ("e2m1", 32)):
         op = getattr(namespace, "per_token_cast", None)
         out[f"per_token_cast {fmt}/{npc}"] = (
-            lambda fmt=fmt, npc=npc: tk.quant.per_token_cast(x, fmt, npc),
+            lambda fmt=fmt, npc=npc: quant.per_token_cast(x, fmt, npc),
             (lambda op=op, fmt=fmt, npc=npc: op(x, fmt, npc, False)) if op is not None else None,
         )
     # Where the time goes: the launcher alone on preallocated outputs, and torch's two allocations.
@@ -68,7 +70,7 @@ def ops() -> dict[str, tuple[Callable[[], object], Callable[[], object] | None]]
         lambda: (torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 16, device="cuda")),
         None)
     op = getattr(namespace, "batched_transpose", None)
-    out["batched_transpose bf16"] = (lambda: tk.transpose.batched_transpose(xt),
+    out["batched_transpose bf16"] = (lambda: transpose.batched_transpose(xt),
                                      (lambda: op(xt)) if op is not None else None)
     return out
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -84,12 +85,17 @@ _driver_lock = threading.Lock()
 _driver_instance: _Driver | None = None
 
 
+# libcuda's handle once the driver is loaded, for the launch fast path (empty until then).
+_DRIVER_LIB: list[ctypes.CDLL] = []
+
+
 def driver() -> _Driver:
     global _driver_instance
     if _driver_instance is None:
         with _driver_lock:
             if _driver_instance is None:
                 _driver_instance = _Driver()
+                _DRIVER_LIB.append(_driver_instance.lib)
     return _driver_instance
 
 
@@ -233,44 +239,52 @@ def sm_count(device: torch.device | int) -> int:
     return count
 
 
-_SLOT_TYPES: dict[str, Any] = {
-    "pointer": ctypes.c_void_p,
-    "int32": ctypes.c_int32,
-    "int64": ctypes.c_int64,
-    "uint32": ctypes.c_uint32,
-    "uint64": ctypes.c_uint64,
-    "float32": ctypes.c_float,
-    "float64": ctypes.c_double,
-    "tensormap": None,  # passed by the address of its (aligned) descriptor
+# Each argument slot is 8 bytes of one buffer (every kernel parameter kind fits), written by
+# one struct.pack_into per launch: a single C call instead of a ctypes object per argument.
+_SLOT_FORMATS: dict[str, str | None] = {
+    "pointer": "Q",
+    "int32": "i4x",
+    "int64": "q",
+    "uint32": "I4x",
+    "uint64": "Q",
+    "float32": "f4x",
+    "float64": "d",
+    "tensormap": None,  # passed by the address of its (aligned) descriptor, not through a slot
 }
 
 
 class LaunchArgs:
     """The kernel's argument slots and the ``void**`` array cuLaunchKernel reads, built once per thread.
 
-    A call only stores new values into the slots, instead of building ctypes objects and
-    an array per launch. The driver copies the values during cuLaunchKernel, so reusing
-    the slots right after it returns is safe; each thread has its own set.
+    A call writes the new values into the slots with one ``struct.pack_into`` instead of
+    building ctypes objects and an array per launch. The driver copies the values during
+    cuLaunchKernel, so reusing the slots right after it returns is safe; each thread has
+    its own set. A value that does not fit its slot (a pointer below zero, an int32 out of
+    range) raises ``struct.error``; the launchers check sizes before packing.
     """
 
     def __init__(self, *kinds: str) -> None:
         self.kinds = kinds
+        self._tensormaps = tuple(i for i, k in enumerate(kinds) if _SLOT_FORMATS[k] is None)
+        self._struct = struct.Struct("<" + "".join(_SLOT_FORMATS[k] or "8x" for k in kinds))
         self._local = threading.local()
 
-    def _make(self) -> tuple[list[Any], Any]:
-        slots = [None if _SLOT_TYPES[k] is None else _SLOT_TYPES[k]() for k in self.kinds]
-        params = (ctypes.c_void_p * len(slots))(*(0 if v is None else ctypes.addressof(v) for v in slots))
+    def _make(self) -> tuple[Any, Any]:
+        slots = (ctypes.c_uint64 * max(1, len(self.kinds)))()
+        base = ctypes.addressof(slots)
+        params = (ctypes.c_void_p * max(1, len(self.kinds)))(*(base + 8 * i for i in range(len(self.kinds))))
         self._local.state = (slots, params)
         return slots, params
 
     def pack(self, *values: Any) -> Any:
         state = getattr(self._local, "state", None)
         slots, params = state if state is not None else self._make()
-        for i, (slot, value) in enumerate(zip(slots, values)):
-            if slot is None:
-                params[i] = ctypes.addressof(value)
-            else:
-                slot.value = value
+        if not self._tensormaps:
+            self._struct.pack_into(slots, 0, *values)
+            return params
+        for i in self._tensormaps:
+            params[i] = ctypes.addressof(values[i])
+        self._struct.pack_into(slots, 0, *(v for i, v in enumerate(values) if i not in self._tensormaps))
         return params
 
 
@@ -324,15 +338,24 @@ class Cubin:
         A kernel with a grid-wide barrier launches cooperatively (all blocks co-resident), a
         kernel with thread-block clusters with its cluster shape: both through cuLaunchKernelEx.
         """
-        index = device.index if device.index is not None else _current_device()
-        kernel = self.kernel(symbol, index)
-        launch = self._launch if not (cooperative or cluster) else self._launch_ex
-        extra = () if launch == self._launch else (cooperative, cluster)
-        if index == _current_device():
-            result = launch(kernel, index, grid, block, smem, params, *extra)
+        current = _current_device()
+        index = current if device.index is None else device.index
+        kernel = self._kernels[symbol] if (index, symbol) in self._ready else self.kernel(symbol, index)
+        if index == current and not cooperative and cluster is None:
+            # The common case, kept to one ctypes call: untyped arguments convert fastest.
+            # (self.kernel loaded the driver, so _DRIVER_LIB holds it.)
+            result = _DRIVER_LIB[0].cuLaunchKernel(kernel, *grid, *block, smem,
+                                                   ctypes.c_void_p(_current_stream(index)), params, None)
+            if result == _CUDA_ERROR_INVALID_CONTEXT:
+                result = self._launch(kernel, index, grid, block, smem, params)  # binds torch's context, retries
         else:
-            with torch.cuda.device(index):  # the launch goes to the current context: make it the tensors'
+            launch = self._launch if not (cooperative or cluster) else self._launch_ex
+            extra = () if launch == self._launch else (cooperative, cluster)
+            if index == current:
                 result = launch(kernel, index, grid, block, smem, params, *extra)
+            else:
+                with torch.cuda.device(index):  # the launch goes to the current context: make it the tensors'
+                    result = launch(kernel, index, grid, block, smem, params, *extra)
         if result == _CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE:
             raise KernelArgumentError(
                 f"{symbol}: a grid of {grid} blocks cannot all be resident on cuda:{index} at once, which its "

@@ -19,7 +19,7 @@ from .._args import matrix, not_built, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
-__all__ = ["per_token_cast_e5m6", "cast_back_e5m6"]
+__all__ = ["cast_back_e5m6", "per_token_cast_e5m6"]
 
 _cast_kernel = get_kernel("per_token_cast_e5m6")
 _cast_back_kernel = get_kernel("cast_back_e5m6")

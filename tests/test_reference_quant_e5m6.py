@@ -105,7 +105,7 @@ def test_beyond_the_fp16_range_truncates_to_65504_first() -> None:
 def sample_patterns() -> torch.Tensor:
     """Every 2^16 high half with several low halves: all exponents, signs, specials, ties."""
     high = torch.arange(1 << 16, dtype=torch.int64) << 16
-    lows = torch.tensor([0, 1, 0x7FFF, 0x8000, 0xFFFF, 0x0001 << 0, 0x5A5A], dtype=torch.int64)
+    lows = torch.tensor([0, 1, 0x7FFF, 0x8000, 0xFFFF, 0x5A5A, 0xDFFF, 0xE000, 0xE001, 0xFFFE], dtype=torch.int64)
     return (high[:, None] | lows[None, :]).reshape(-1)
 
 
@@ -122,7 +122,18 @@ def test_rz_matches_torch_fp16_rounding_stepped_toward_zero() -> None:
 
 
 def kernel_formula(v: torch.Tensor) -> torch.Tensor:
-    """The kernel's encode (templates/quant/per_token_cast_e5m6.py.j2, e5m6_code) in torch."""
+    """The kernel's encode (templates/quant/per_token_cast_e5m6.py.j2) in torch: its common case
+    e5m6_code_fast where is_common holds, the general e5m6_code elsewhere."""
+    bits = v.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    a = bits & 0x7FFFFFFF
+    common = ((a - 0x38800000) & 0xFFFFFFFF) <= 0x477FE000 - 0x38800000
+    lsb = (a >> 17) & 1
+    fast = ((bits >> 20) & 0x800) | ((((a + 0xFFFF + lsb) & 0xFFFFFFFF) >> 17) - 0x1C00)
+    return torch.where(common, fast, kernel_general_formula(v))
+
+
+def kernel_general_formula(v: torch.Tensor) -> torch.Tensor:
+    """The kernel's general encode (e5m6_code) in torch."""
     bits = v.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     a = bits & 0x7FFFFFFF
     sign = (bits >> 20) & 0x800
@@ -136,9 +147,10 @@ def kernel_formula(v: torch.Tensor) -> torch.Tensor:
     return torch.where(a > 0x7F800000, torch.full_like(a, 0x7FF), sign | magnitude)
 
 
-def test_reference_matches_the_kernel_formula() -> None:
+def test_reference_matches_the_kernel_formulas() -> None:
     v = bits_to_float(sample_patterns())
     assert torch.equal(e5m6_encode(v), kernel_formula(v))
+    assert torch.equal(e5m6_encode(v), kernel_general_formula(v))
 
 
 def test_normal_range_is_round_to_nearest_even() -> None:

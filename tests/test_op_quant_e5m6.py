@@ -164,3 +164,38 @@ def test_cast_back_argument_errors_fire_before_any_launch(ops: tuple[ModuleType,
     with pytest.raises(ValueError, match=r"^x\[1\] \(sf\): expected a 2-D"):
         module.cast_back_e5m6((q, torch.ones(4)), "bf16")
     assert calls == []
+
+
+def test_cast_back_refuses_codes_off_a_word(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, errors, calls = ops
+    calls.clear()
+    flat = torch.zeros(2 * 3072 + 2, dtype=torch.uint8)
+    q = flat[2:].view(2, 3072)  # contiguous, but 2 bytes into its storage
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[0\] \(q\): expected to start on a 4-byte word"):
+        module.cast_back_e5m6((q, torch.ones(2, 1)), "bf16")
+    assert calls == []
+
+
+def test_cast_back_block_size(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, _, calls = ops
+    q, sf = torch.zeros(2, 3072, dtype=torch.uint8), torch.ones(2, 1)
+    calls.clear()
+    module.cast_back_e5m6((q, sf), "fp32", (1, 2048))
+    assert calls[0][2] == {"out_dtype": "float32", "hidden": 2048}
+    calls.clear()
+    with pytest.raises(NotImplementedError, match=r"^x_block_size: .*\(1, 2048\)"):
+        module.cast_back_e5m6((q, sf), "fp32", (1, 128))
+    with pytest.raises(NotImplementedError, match=r"^x_block_size"):
+        module.cast_back_e5m6((q, sf), "fp32", (1, 2048, 1))
+    with pytest.raises(TypeError, match=r"^x_block_size"):
+        module.cast_back_e5m6((q, sf), "fp32", 2048)
+    assert calls == []
+
+
+def test_cast_back_copies_scales_that_start_off_alignment(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, _, calls = ops
+    calls.clear()
+    q, sf = torch.zeros(3, 3072, dtype=torch.uint8), torch.arange(3.0).reshape(3, 1)
+    module.cast_back_e5m6((q[1:], sf[1:]), "bf16")
+    sf_arg = calls[-1][2][1]
+    assert sf_arg.data_ptr() % 32 == 0 and sf_arg.tolist() == [1.0, 2.0]

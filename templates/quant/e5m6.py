@@ -13,6 +13,8 @@ argument in their errors; this module checks the rest.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .._args import matrix, not_built, positive_int
@@ -128,10 +130,16 @@ def _back_outputs(q: torch.Tensor, sf: torch.Tensor, out_fmt: str) -> torch.Tens
 
 def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str) -> torch.Tensor:
     """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    if q.storage_offset() % 4 != 0:  # checked here, on real tensors: torch.compile traces _pair
+        raise KernelArgumentError(f"x[0] (q): expected to start on a 4-byte word, got storage offset "
+                                  f"{q.storage_offset()}")
     out = _back_outputs(q, sf, out_fmt)
     launch = _cast_back_kernel.select(out_dtype=dtype_name(out.dtype), hidden=int(out.shape[1]))
     # One scale per token: element t of sf (strides (1, any)) is token t's in either layout.
-    launch(q.view(torch.int32), sf.as_strided((sf.shape[0],), (1,)), out)
+    sf_arg = sf.as_strided((sf.shape[0],), (1,))
+    if sf_arg.data_ptr() % 32 != 0:  # a token slice of a pair: copy the scales to an aligned start
+        sf_arg = sf_arg.clone()
+    launch(q.view(torch.int32), sf_arg, out)
     return out
 
 
@@ -152,12 +160,9 @@ def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
         raise KernelArgumentError(
             f"x[0] (q): expected a width of hidden * 3 / 2 bytes, a multiple of 12 (8 codes per 3 words), got {width}"
         )
-    # The kernel reads q as int32 words: contiguous rows, starting on a word.
-    if not q.is_contiguous() or q.storage_offset() % 4 != 0:
-        raise KernelArgumentError(
-            f"x[0] (q): expected a contiguous tensor starting on a 4-byte word, got strides "
-            f"{tuple(q.stride())} and storage offset {q.storage_offset()}"
-        )
+    # The kernel reads q as int32 words: contiguous rows (the launcher checks the alignment).
+    if not q.is_contiguous():
+        raise KernelArgumentError(f"x[0] (q): expected a contiguous tensor, got strides {tuple(q.stride())}")
     if sf.dtype == torch.int32:
         raise not_built("x[1] (sf)", "packed UE8M0 scales for E5M6", "cast_back_e5m6")
     if tuple(sf.shape) != (q.shape[0], 1):
@@ -170,13 +175,19 @@ def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
     return q, sf
 
 
-def cast_back_e5m6(x: tuple[torch.Tensor, torch.Tensor], fmt: str | torch.dtype) -> torch.Tensor:
+def cast_back_e5m6(
+    x: tuple[torch.Tensor, torch.Tensor],
+    fmt: str | torch.dtype,
+    x_block_size: tuple[int, int] | None = None,
+) -> torch.Tensor:
     """Dequantize packed E5M6 codes with one scale per token: out = decode(q) * sf.
 
     Args:
         x: ``(q, sf)`` as ``per_token_cast_e5m6`` returns it: q uint8 (num_tokens, hidden * 3 / 2),
             contiguous; sf float32 (num_tokens, 1), row-major or column-major.
         fmt: output format, ``'bf16'`` or ``'fp32'`` (or the torch dtype).
+        x_block_size: TileKernels' (num_per_tokens, num_per_channels); only (1, hidden), one
+            scale per token, is built (None means that).
 
     Returns:
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product of the code's fp16 value and
@@ -185,6 +196,16 @@ def cast_back_e5m6(x: tuple[torch.Tensor, torch.Tensor], fmt: str | torch.dtype)
     out_dtype = _out_dtype(fmt)
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     q, sf = _pair(x)
+    if x_block_size is not None:
+        hidden = int(q.shape[1]) // _GROUP_BYTES * 8
+        try:
+            block = (operator.index(x_block_size[0]), operator.index(x_block_size[1]))
+        except (TypeError, IndexError):
+            raise TypeError(f"x_block_size: expected a (num_per_tokens, num_per_channels) pair, "
+                            f"got {x_block_size!r}") from None
+        if len(x_block_size) != 2 or block != (1, hidden):
+            raise not_built("x_block_size", f"the block size {x_block_size!r} (only (1, {hidden}): one scale per "
+                            "token)", "cast_back_e5m6")
     if torch.compiler.is_compiling():
         return _cast_back_op(q, sf, out_fmt)
     return _cast_back(q, sf, out_fmt)

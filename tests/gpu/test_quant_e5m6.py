@@ -346,3 +346,11 @@ def test_custom_ops_are_registered() -> None:
     namespace = getattr(torch.ops, tile_kernels_aot._build_info.PACKAGE)
     for op in ("per_token_cast_e5m6", "cast_back_e5m6"):
         assert hasattr(namespace, op), op
+
+
+def test_cast_back_of_a_token_slice() -> None:
+    """(q[1:], sf[1:]): the codes stay word-aligned, the scales start 4 bytes in (copied, not refused)."""
+    x = random_rows(9, 2560, torch.bfloat16)
+    q, sf = quant.per_token_cast_e5m6(x)
+    out = quant.cast_back_e5m6((q[1:], sf[1:]), "bf16")
+    assert_same_output(out, cast_back_e5m6_ref(q[1:], sf[1:], torch.bfloat16))

@@ -1,0 +1,201 @@
+"""CPU tests of the E5M6 op module (templates/quant/e5m6.py) on a stub runtime, no GPU, no build.
+
+The module is imported inside a throwaway package next to the real ``_args`` and ``errors``
+modules and a ``_runtime`` whose kernels record what they are asked for instead of launching.
+That pins what the GPU never shows directly: argument errors fire before any select or launch,
+the kernels receive q as int32 words and sf as the (num_tokens,) view of the right storage,
+and the outputs have TileKernels' shapes and strides.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_STUB_RUNTIME = textwrap.dedent('''
+    import torch
+
+    CALLS = []
+
+
+    class _Kernel:
+        def __init__(self, name):
+            self.name = name
+            self.keys = ()
+
+        def select(self, **values):
+            CALLS.append((self.name, "select", values))
+
+            def launch(*tensors):
+                CALLS.append((self.name, "launch", tensors))
+
+            return launch
+
+
+    def get_kernel(name):
+        return _Kernel(name)
+
+
+    def dtype_name(dtype):
+        return str(dtype).removeprefix("torch.")
+
+
+    def custom_op(name, fake):
+        return lambda fn: fn
+''')
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType, list[Any]]]:
+    root = tmp_path_factory.mktemp("stubpkg")
+    package = root / "e5m6_stub_pkg"
+    (package / "quant").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "quant" / "__init__.py").write_text("")
+    shutil.copy(ROOT / "tkc" / "runtime" / "_args.py", package / "_args.py")
+    shutil.copy(ROOT / "tkc" / "runtime" / "errors.py", package / "errors.py")
+    (package / "_runtime.py").write_text(_STUB_RUNTIME)
+    shutil.copy(ROOT / "templates" / "quant" / "e5m6.py", package / "quant" / "_e5m6.py")
+    sys.path.insert(0, str(root))
+    try:
+        module = importlib.import_module("e5m6_stub_pkg.quant._e5m6")
+        runtime = importlib.import_module("e5m6_stub_pkg._runtime")
+        errors = importlib.import_module("e5m6_stub_pkg.errors")
+        yield module, errors, runtime.CALLS
+    finally:
+        sys.path.remove(str(root))
+        for name in [n for n in sys.modules if n.startswith("e5m6_stub_pkg")]:
+            del sys.modules[name]
+
+
+def test_exports(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, _, _ = ops
+    assert sorted(module.__all__) == ["cast_back_e5m6", "per_token_cast_e5m6"]
+
+
+@pytest.mark.parametrize("col_major", [False, True])
+def test_cast_passes_word_and_token_views(ops: tuple[ModuleType, ModuleType, list[Any]], col_major: bool) -> None:
+    module, _, calls = ops
+    calls.clear()
+    x = torch.randn(5, 2048, dtype=torch.bfloat16)
+    q, sf = module.per_token_cast_e5m6(x, 2048, round_sf=True, use_tma_aligned_col_major_sf=col_major)
+    assert q.dtype == torch.uint8 and q.shape == (5, 3072)
+    assert sf.dtype == torch.float32 and sf.shape == (5, 1)
+    assert sf.stride() == ((1, 8) if col_major else (1, 1))
+    (_, _, values), (_, _, (x_arg, q_arg, sf_arg)) = calls
+    assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": True}
+    assert x_arg is x
+    assert q_arg.dtype == torch.int32 and q_arg.shape == (5, 768) and q_arg.data_ptr() == q.data_ptr()
+    assert sf_arg.shape == (5,) and sf_arg.stride() == (1,) and sf_arg.data_ptr() == sf.data_ptr()
+
+
+def test_cast_argument_errors_fire_before_any_launch(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, _, calls = ops
+    calls.clear()
+    x = torch.randn(4, 2048)
+    with pytest.raises(ValueError, match="num_per_channels.*2048"):
+        module.per_token_cast_e5m6(x, 128)
+    with pytest.raises(TypeError, match="num_per_channels"):
+        module.per_token_cast_e5m6(x, "2048")
+    with pytest.raises(NotImplementedError, match="use_packed_ue8m0"):
+        module.per_token_cast_e5m6(x, use_packed_ue8m0=True)
+    with pytest.raises(ValueError, match=r"^x: .*2-D"):
+        module.per_token_cast_e5m6(torch.randn(2048))
+    with pytest.raises(TypeError, match=r"^x: "):
+        module.per_token_cast_e5m6([[1.0] * 8])
+    with pytest.raises(ValueError, match=r"^x: hidden \(2044\)"):
+        module.per_token_cast_e5m6(torch.randn(4, 2044))
+    assert calls == []
+
+
+def test_cast_back_passes_word_and_token_views(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, _, calls = ops
+    calls.clear()
+    q = torch.zeros(6, 3840, dtype=torch.uint8)
+    storage = torch.ones(1, 8)
+    sf = storage.as_strided((6, 1), (1, 8))  # column-major, as use_tma_aligned_col_major_sf returns it
+    out = module.cast_back_e5m6((q, sf), torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and out.shape == (6, 2560)
+    (_, _, values), (_, _, (q_arg, sf_arg, out_arg)) = calls
+    assert values == {"out_dtype": "bfloat16", "hidden": 2560}
+    assert q_arg.dtype == torch.int32 and q_arg.shape == (6, 960)
+    assert sf_arg.shape == (6,) and sf_arg.stride() == (1,) and sf_arg.data_ptr() == storage.data_ptr()
+    assert out_arg is out
+
+
+def test_cast_back_gathers_strided_scales(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, _, calls = ops
+    calls.clear()
+    wide = torch.arange(12.0).reshape(6, 2)
+    module.cast_back_e5m6((torch.zeros(6, 3072, dtype=torch.uint8), wide[:, 1:]), "fp32")
+    sf_arg = calls[-1][2][1]
+    assert sf_arg.tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+
+
+def test_cast_back_argument_errors_fire_before_any_launch(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, errors, calls = ops
+    calls.clear()
+    q, sf = torch.zeros(4, 3072, dtype=torch.uint8), torch.ones(4, 1)
+    with pytest.raises(ValueError, match="^fmt: "):
+        module.cast_back_e5m6((q, sf), "fp16")
+    with pytest.raises(TypeError, match="^x: "):
+        module.cast_back_e5m6(q, "bf16")
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[0\] \(q\): expected uint8"):
+        module.cast_back_e5m6((q.view(torch.int8), sf), "bf16")
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[0\] \(q\): .*multiple of 12"):
+        module.cast_back_e5m6((q[:, :3070], sf), "bf16")
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[0\] \(q\): expected a contiguous"):
+        module.cast_back_e5m6((q[:, 12:], sf), "bf16")
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[1\] \(sf\): expected shape \(4, 1\)"):
+        module.cast_back_e5m6((q, torch.ones(4, 2)), "bf16")
+    with pytest.raises(NotImplementedError, match=r"^x\[1\] \(sf\): packed UE8M0"):
+        module.cast_back_e5m6((q, sf.view(torch.int32)), "bf16")
+    with pytest.raises(ValueError, match=r"^x\[1\] \(sf\): expected a 2-D"):
+        module.cast_back_e5m6((q, torch.ones(4)), "bf16")
+    assert calls == []
+
+
+def test_cast_back_refuses_codes_off_a_word(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, errors, calls = ops
+    calls.clear()
+    flat = torch.zeros(2 * 3072 + 2, dtype=torch.uint8)
+    q = flat[2:].view(2, 3072)  # contiguous, but 2 bytes into its storage
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[0\] \(q\): expected to start on a 4-byte word"):
+        module.cast_back_e5m6((q, torch.ones(2, 1)), "bf16")
+    assert calls == []
+
+
+def test_cast_back_block_size(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, _, calls = ops
+    q, sf = torch.zeros(2, 3072, dtype=torch.uint8), torch.ones(2, 1)
+    calls.clear()
+    module.cast_back_e5m6((q, sf), "fp32", (1, 2048))
+    assert calls[0][2] == {"out_dtype": "float32", "hidden": 2048}
+    calls.clear()
+    with pytest.raises(NotImplementedError, match=r"^x_block_size: .*\(1, 2048\)"):
+        module.cast_back_e5m6((q, sf), "fp32", (1, 128))
+    with pytest.raises(NotImplementedError, match=r"^x_block_size"):
+        module.cast_back_e5m6((q, sf), "fp32", (1, 2048, 1))
+    with pytest.raises(TypeError, match=r"^x_block_size"):
+        module.cast_back_e5m6((q, sf), "fp32", 2048)
+    assert calls == []
+
+
+def test_cast_back_copies_scales_that_start_off_alignment(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, _, calls = ops
+    calls.clear()
+    q, sf = torch.zeros(3, 3072, dtype=torch.uint8), torch.arange(3.0).reshape(3, 1)
+    module.cast_back_e5m6((q[1:], sf[1:]), "bf16")
+    sf_arg = calls[-1][2][1]
+    assert sf_arg.data_ptr() % 32 == 0 and sf_arg.tolist() == [1.0, 2.0]

@@ -62,7 +62,8 @@ def per_channel_scales(v: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch
     """(sf, q_scale) of fp32 values v (T, H): shape (ceil(T / npt), H); missing rows count as zeros."""
     num_tokens, hidden = v.shape
     groups = -(-num_tokens // npt)
-    magnitude = torch.nan_to_num(v.abs(), nan=0.0)  # fmaxf drops NaN operands
+    magnitude = v.abs()
+    magnitude = torch.where(torch.isnan(magnitude), torch.zeros_like(magnitude), magnitude)  # fmaxf drops NaN
     padded = magnitude.new_zeros((groups * npt, hidden))
     padded[:num_tokens] = magnitude
     amax = padded.reshape(groups, npt, hidden).amax(dim=1)

@@ -1,0 +1,76 @@
+"""Per-channel FP8 e4m3 cast of x (num_tokens, hidden) written transposed, q (hidden, num_tokens).
+
+The public API follows TileKernels' ``tile_kernels.quant.per_channel_cast_and_transpose``: one
+fp32 scale per channel and group of 32 or 128 tokens, sf (num_tokens / npt, hidden) row-major.
+The launcher validates the tensors (dtype, device, shape, strides, alignment) and names the
+argument in its errors; this module checks the non-tensor arguments and the sizes TileKernels
+requires.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._args import matrix, one_of, positive_int
+from .._runtime import custom_op, get_kernel
+
+__all__ = ["per_channel_cast_and_transpose"]
+
+_kernel = get_kernel("per_channel_cast_and_transpose")
+
+TOKEN_TILE = 128  # num_tokens must be a multiple of the kernel's tile height
+_NUM_PER_TOKENS = (32, 128)
+
+
+def _outputs(x: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (q, sf); also the fake (meta) kernel that torch.compile traces with."""
+    num_tokens, hidden = x.shape
+    q = x.new_empty((hidden, num_tokens), dtype=torch.float8_e4m3fn)
+    sf = x.new_empty((num_tokens // npt, hidden), dtype=torch.float32)
+    return q, sf
+
+
+def _cast(x: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    launch = _kernel.select(hidden=int(x.shape[1]), npt=npt, round_sf=round_sf)
+    q, sf = _outputs(x, npt, round_sf)
+    launch(x, q, sf)
+    return q, sf
+
+
+# What torch.compile sees: one opaque op, torch.ops.<package>.per_channel_cast_and_transpose.
+_transpose_op = custom_op("per_channel_cast_and_transpose", fake=_outputs)(_cast)
+
+
+def per_channel_cast_and_transpose(
+    x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast x to FP8 with one scale per channel and ``num_per_tokens`` tokens, transposing the codes.
+
+    Args:
+        x: bf16 CUDA tensor (num_tokens, hidden), contiguous; num_tokens % 128 == 0,
+            hidden % 64 == 0.
+        fmt: ``'e4m3'``.
+        num_per_tokens: tokens sharing one scale: 32 or 128.
+        round_sf: round each scale up to a power of two.
+
+    Returns:
+        ``(q, sf)``: q float8_e4m3fn (hidden, num_tokens), contiguous; sf float32
+        (num_tokens / num_per_tokens, hidden), so that ``q[h, t] * sf[t // npt, h]``
+        approximates x[t, h]. NaN inputs are left out of the scales and give NaN codes.
+    """
+    x = matrix("x", x)
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"x: expected bfloat16, got {x.dtype}")
+    one_of("fmt", fmt, ("e4m3",))
+    npt = positive_int("num_per_tokens", num_per_tokens)
+    if npt not in _NUM_PER_TOKENS:
+        raise ValueError(f"num_per_tokens: expected 32 or 128, got {npt}")
+    num_tokens, hidden = int(x.shape[0]), int(x.shape[1])
+    if num_tokens % TOKEN_TILE != 0:
+        raise ValueError(f"x: num_tokens ({num_tokens}) must be a multiple of {TOKEN_TILE}")
+    if hidden % 64 != 0:
+        raise ValueError(f"x: hidden ({hidden}) must be a multiple of 64")
+    if torch.compiler.is_compiling():
+        return _transpose_op(x, npt, bool(round_sf))
+    return _cast(x, npt, bool(round_sf))

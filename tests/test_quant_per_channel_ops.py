@@ -1,0 +1,210 @@
+"""CPU tests of the per-channel and lossless op modules on a stub runtime.
+
+The op modules (templates/quant/per_channel_cast.py, per_channel_cast_and_transpose.py,
+per_block_cast_lossless.py) are loaded into a throw-away package whose ``_runtime`` records
+variant selections and launches instead of loading cubins (``_args`` is the real one). So the
+checks of the non-tensor arguments run without a GPU: every bad input must raise an error
+naming its argument before anything is launched, and good inputs must select the right variant
+with the tensors in prim_func order and outputs of the documented shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+MODULES = ("per_channel_cast", "per_channel_cast_and_transpose", "per_block_cast_lossless")
+PACKAGE = "per_channel_ops_stub"
+STUB_RUNTIME = '''
+LAUNCHES = []
+
+
+class _Kernel:
+    keys = ()
+
+    def __init__(self, name):
+        self.name = name
+
+    def select(self, **values):
+        def launch(*args):
+            LAUNCHES.append((self.name, values, args))
+        return launch
+
+
+def get_kernel(name):
+    return _Kernel(name)
+
+
+def custom_op(name, fake):
+    return lambda fn: fn
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+'''
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], ModuleType]]:
+    """(op modules by file stem, the stub _runtime)."""
+    root = tmp_path_factory.mktemp("stub")
+    package = root / PACKAGE
+    (package / "quant").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "quant" / "__init__.py").write_text("")
+    (package / "_runtime.py").write_text(STUB_RUNTIME)
+    shutil.copy(REPO / "tkc" / "runtime" / "_args.py", package / "_args.py")
+    for name in MODULES:
+        shutil.copy(REPO / "templates" / "quant" / f"{name}.py", package / "quant" / f"_{name}.py")
+    sys.path.insert(0, str(root))
+    try:
+        runtime = importlib.import_module(f"{PACKAGE}._runtime")
+        yield {name: importlib.import_module(f"{PACKAGE}.quant._{name}") for name in MODULES}, runtime
+    finally:
+        sys.path.remove(str(root))
+        for name in [n for n in sys.modules if n.startswith(PACKAGE)]:
+            del sys.modules[name]
+
+
+@pytest.fixture()
+def ops(stub: tuple[dict[str, ModuleType], ModuleType]) -> dict[str, ModuleType]:
+    stub[1].LAUNCHES.clear()
+    return stub[0]
+
+
+@pytest.fixture()
+def launches(stub: tuple[dict[str, ModuleType], ModuleType]) -> list[Any]:
+    recorded: list[Any] = stub[1].LAUNCHES
+    return recorded
+
+
+def bf16(rows: int, cols: int) -> torch.Tensor:
+    return torch.ones(rows, cols, dtype=torch.bfloat16)
+
+
+def fp8_pair(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ones(rows, cols).to(torch.float8_e4m3fn), torch.ones(rows, cols // 128)
+
+
+def fp4_pair(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(rows, cols // 2, dtype=torch.int8), torch.ones(rows, cols // 32)
+
+
+BAD_CALLS: list[tuple[str, Callable[[dict[str, ModuleType]], Any], type[Exception], str]] = [
+    ("cast fmt", lambda m: m["per_channel_cast"].per_channel_cast(bf16(128, 256), "e5m2", 128), ValueError, "fmt"),
+    ("cast npt", lambda m: m["per_channel_cast"].per_channel_cast(bf16(128, 256), "e4m3", 32), ValueError,
+     "num_per_tokens"),
+    ("cast npt bool", lambda m: m["per_channel_cast"].per_channel_cast(bf16(128, 256), "e4m3", True), ValueError,
+     "num_per_tokens"),
+    ("cast tokens", lambda m: m["per_channel_cast"].per_channel_cast(bf16(4001, 256), "e4m3", 128), ValueError, "x"),
+    ("cast dtype", lambda m: m["per_channel_cast"].per_channel_cast(bf16(128, 256).half(), "e4m3", 128), TypeError,
+     "x"),
+    ("cast rank", lambda m: m["per_channel_cast"].per_channel_cast(torch.ones(256), "e4m3", 128), ValueError, "x"),
+    ("cast list", lambda m: m["per_channel_cast"].per_channel_cast([[1.0]], "e4m3", 128), TypeError, "x"),
+    ("fused plain npc", lambda m: m["per_channel_cast"].per_channel_cast_fused(bf16(128, 256), "e4m3", 128,
+                                                                               num_per_channels=128),
+     ValueError, "num_per_channels"),
+    ("fused pair npc", lambda m: m["per_channel_cast"].per_channel_cast_fused(fp8_pair(128, 256), "e4m3", 128),
+     ValueError, "num_per_channels"),
+    ("fused pair npc 64", lambda m: m["per_channel_cast"].per_channel_cast_fused(fp8_pair(128, 256), "e4m3", 128,
+                                                                                 num_per_channels=64),
+     ValueError, "num_per_channels"),
+    ("fused pair dtype", lambda m: m["per_channel_cast"].per_channel_cast_fused(
+        (bf16(128, 256), torch.ones(128, 2)), "e4m3", 128, num_per_channels=128), TypeError, "x"),
+    ("fused triple", lambda m: m["per_channel_cast"].per_channel_cast_fused(
+        (bf16(128, 256),) * 3, "e4m3", 128), ValueError, "x"),
+    ("fused pos length", lambda m: m["per_channel_cast"].per_channel_cast_fused(
+        bf16(10, 256), "e4m3", 128, pos_to_token=torch.zeros(24, dtype=torch.int32)), ValueError, "pos_to_token"),
+    ("fused pos rank", lambda m: m["per_channel_cast"].per_channel_cast_fused(
+        bf16(10, 256), "e4m3", 128, pos_to_token=torch.zeros(16, 1, dtype=torch.int32)), ValueError, "pos_to_token"),
+    ("fused tokens", lambda m: m["per_channel_cast"].per_channel_cast_fused(bf16(100, 256), "e4m3", 128),
+     ValueError, "x"),
+    ("transpose dtype", lambda m: m["per_channel_cast_and_transpose"].per_channel_cast_and_transpose(
+        bf16(128, 256).float(), "e4m3", 32), TypeError, "x"),
+    ("transpose npt", lambda m: m["per_channel_cast_and_transpose"].per_channel_cast_and_transpose(
+        bf16(128, 256), "e4m3", 64), ValueError, "num_per_tokens"),
+    ("transpose tokens", lambda m: m["per_channel_cast_and_transpose"].per_channel_cast_and_transpose(
+        bf16(4001, 256), "e4m3", 32), ValueError, "x"),
+    ("transpose hidden", lambda m: m["per_channel_cast_and_transpose"].per_channel_cast_and_transpose(
+        bf16(128, 96), "e4m3", 32), ValueError, "x"),
+    ("transpose fmt", lambda m: m["per_channel_cast_and_transpose"].per_channel_cast_and_transpose(
+        bf16(128, 256), "e2m1", 32), ValueError, "fmt"),
+    ("lossless plain", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        bf16(4, 256), "e4m3", (1, 32), (1, 128)), TypeError, "x"),
+    ("lossless fmt", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        fp4_pair(4, 256), "e2m1", (1, 32), (1, 128)), ValueError, "fmt"),
+    ("lossless in block", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        fp4_pair(4, 256), "e4m3", (1, 128), (1, 128)), ValueError, "x_block_size"),
+    ("lossless out block", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        fp4_pair(4, 256), "e4m3", (1, 32), (64, 64)), ValueError, "out_block_size"),
+    ("lossless out block type", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        fp4_pair(4, 256), "e4m3", (1, 32), "1x128"), TypeError, "out_block_size"),
+    ("lossless data dtype", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        (torch.zeros(4, 128, dtype=torch.uint8), torch.ones(4, 8)), "e4m3", (1, 32), (1, 128)), TypeError, "x"),
+    ("lossless sf rows", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        (torch.zeros(4, 128, dtype=torch.int8), torch.ones(3, 8)), "e4m3", (1, 32), (1, 128)), ValueError, "x_sf"),
+    ("lossless ue8m0 in", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        (torch.zeros(4, 128, dtype=torch.int8), torch.ones(4, 2, dtype=torch.int32)), "e4m3", (1, 32), (1, 128)),
+     NotImplementedError, "x"),
+    ("lossless ue8m0 out", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        fp4_pair(4, 256), "e4m3", (1, 32), (1, 128), use_packed_ue8m0=True), NotImplementedError, "use_packed_ue8m0"),
+    ("lossless col major", lambda m: m["per_block_cast_lossless"].per_block_cast_lossless(
+        fp4_pair(4, 256), "e4m3", (1, 32), (1, 128), use_tma_aligned_col_major_sf=True), NotImplementedError,
+     "use_tma_aligned_col_major_sf"),
+]
+
+
+@pytest.mark.parametrize(("name", "call", "error", "argument"), BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_bad_input_names_the_argument_and_launches_nothing(
+    ops: dict[str, ModuleType], launches: list[Any], name: str, call: Callable[[dict[str, ModuleType]], Any],
+    error: type[Exception], argument: str,
+) -> None:
+    with pytest.raises(error, match=rf"^{argument}:"):
+        call(ops)
+    assert launches == []
+
+
+def test_per_channel_cast_selects_and_allocates(ops: dict[str, ModuleType], launches: list[Any]) -> None:
+    x = torch.ones(256, 2048)
+    q, sf = ops["per_channel_cast"].per_channel_cast(x, "e4m3", 128, round_sf=True)
+    assert q.shape == (256, 2048) and q.dtype == torch.float8_e4m3fn and sf.shape == (2, 2048)
+    (name, values, args), = launches
+    assert name == "per_channel_cast_fused"
+    assert values == {"in_dtype": "float32", "hidden": 2048, "expand": False, "round_sf": True}
+    assert args[0] is x and args[1] is q and args[2] is sf
+
+
+def test_fused_passes_tensors_in_prim_func_order(ops: dict[str, ModuleType], launches: list[Any]) -> None:
+    x, x_sf = fp8_pair(10, 256)
+    pos = torch.full((144,), -1, dtype=torch.int32)
+    q, sf = ops["per_channel_cast"].per_channel_cast_fused((x, x_sf), "e4m3", 128, num_per_channels=128,
+                                                           pos_to_token=pos)
+    assert q.shape == (144, 256) and sf.shape == (2, 256)  # ceil(144 / 128) scale rows
+    (_, values, args), = launches
+    assert values == {"in_dtype": "float8_e4m3fn", "hidden": 256, "expand": True, "round_sf": False}
+    assert [a is b for a, b in zip(args, (x, x_sf, pos, q, sf), strict=True)] == [True] * 5
+
+
+def test_transpose_allocates_transposed_codes(ops: dict[str, ModuleType], launches: list[Any]) -> None:
+    q, sf = ops["per_channel_cast_and_transpose"].per_channel_cast_and_transpose(bf16(256, 128), "e4m3", 32)
+    assert q.shape == (128, 256) and q.is_contiguous() and sf.shape == (8, 128)
+    (_, values, _), = launches
+    assert values == {"hidden": 128, "npt": 32, "round_sf": False}
+
+
+@pytest.mark.parametrize(("block", "sf_shape"), [((1, 128), (33, 2)), ((32, 32), (2, 8)), ((128, 128), (1, 2))])
+def test_lossless_allocates_block_scales(ops: dict[str, ModuleType], launches: list[Any], block: tuple[int, int],
+                                         sf_shape: tuple[int, int]) -> None:
+    q, sf = ops["per_block_cast_lossless"].per_block_cast_lossless(fp4_pair(33, 256), "e4m3", (1, 32), block)
+    assert q.shape == (33, 256) and q.dtype == torch.float8_e4m3fn and sf.shape == sf_shape
+    (_, values, _), = launches
+    assert values == {"hidden": 256, "block_m": block[0], "block_k": block[1]}

@@ -21,7 +21,8 @@ _kernel = get_kernel("moe_expand")
 SF_CHANNELS = 128  # channels per scale factor of the built _with_sf variants (1 x 128 groups)
 
 
-def _check_mapping(num_tokens: int, token_topk_to_pos: object, pos_to_expert: object) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_mapping(num_tokens: int, token_topk_to_pos: object,
+                   pos_to_expert: object) -> tuple[torch.Tensor, torch.Tensor]:
     pos = matrix("token_topk_to_pos", token_topk_to_pos, "(num_tokens, num_topk)")
     if pos.shape[0] != num_tokens:
         raise ValueError(f"token_topk_to_pos: expected {num_tokens} rows (one per token of x), got shape "

@@ -10,6 +10,7 @@ element the kernel fails to write then shows up as a mismatch.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from collections.abc import Callable
 
@@ -28,6 +29,8 @@ from tests.reference.moe_route import (
 
 tk, _, errors, runtime = installed_package()
 moe = tk.moe
+# upper_bound (the worst-case fused size) is a helper of the op module, not a public name.
+upper_bound = importlib.import_module(f"{tk.__name__}.moe._fused_mapping").upper_bound
 
 pytestmark = pytest.mark.gpu
 
@@ -92,7 +95,7 @@ def check_mapping(topk_idx: torch.Tensor, num_experts: int, size: int, alignment
 @pytest.mark.parametrize("num_tokens", TOKENS)
 def test_fused_mapping_no_sync(num_experts: int, num_topk: int, alignment: int, num_tokens: int) -> None:
     topk_idx = routing(num_tokens, num_topk, num_experts, seed=num_tokens + 7 * num_topk)
-    size = moe._fused_mapping.upper_bound(num_tokens, num_topk, num_experts, alignment)
+    size = upper_bound(num_tokens, num_topk, num_experts, alignment)
     poison_allocator()
     *mapping, counts = moe.get_fused_mapping(topk_idx, num_experts, size, alignment)
     assert counts == []
@@ -109,7 +112,7 @@ def test_fused_mapping_sync_trims_to_the_segments(num_experts: int, num_tokens: 
     for name, g, w in zip(MAPPING_NAMES, mapping, want, strict=True):
         assert_equal(name, g, w)
     *forced, forced_counts = moe.get_fused_mapping(topk_idx, num_experts, 0, 128, force_no_sync=True)
-    assert forced_counts == [] and forced[0].shape[0] == moe._fused_mapping.upper_bound(num_tokens, 8, num_experts, 128)
+    assert forced_counts == [] and forced[0].shape[0] == upper_bound(num_tokens, 8, num_experts, 128)
     assert_equal("pos_to_expert prefix", forced[0][: sum(counts)], mapping[0])
 
 
@@ -117,7 +120,7 @@ def test_fused_mapping_odd_alignment_and_out_of_range_ids() -> None:
     topk_idx = routing(4001, 6, 9, seed=11)
     topk_idx[::7, 0] = 9  # out of range: dropped like -1
     topk_idx[::5, 1] = -3
-    size = moe._fused_mapping.upper_bound(4001, 6, 9, 7)
+    size = upper_bound(4001, 6, 9, 7)
     check_mapping(topk_idx, 9, size, 7, tuple(moe.get_fused_mapping(topk_idx, 9, size, 7)[:7]))
 
 
@@ -141,7 +144,7 @@ def test_fused_mapping_all_masked() -> None:
 def mapping_for(num_tokens: int, num_topk: int, num_experts: int = 9, alignment: int = 128,
                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     topk_idx = routing(num_tokens, num_topk, num_experts, seed=seed)
-    size = moe._fused_mapping.upper_bound(num_tokens, num_topk, num_experts, alignment)
+    size = upper_bound(num_tokens, num_topk, num_experts, alignment)
     p2e, _, _, tk2p, *_ = moe.get_fused_mapping(topk_idx, num_experts, size, alignment)
     return tk2p, p2e
 
@@ -222,19 +225,14 @@ def test_reduce_fused_fp8_output(hidden: int, num_tokens: int, num_topk: int, wi
 
 
 def test_reduce_fused_sums_in_k_order() -> None:
-    # 2^24 + 1 - 2^24 in fp32 is 0 in this order, 1 in another: a reordered or FMA-fused sum shows.
+    # 2^24 + 1 - 2^24 in fp32 is 0 in this order, 1 in another: a reordered sum shows. (An FMA-fused
+    # acc + x * w would show in the random-weight tests above: it changes low bits of many sums.)
     x = torch.zeros((3, 2048), dtype=torch.bfloat16, device="cuda")
     x[0], x[1], x[2] = 2.0**24, 1.0, -(2.0**24)
     w = torch.ones((2, 3), device="cuda")
     tk2p = torch.tensor([[0, 1, 2], [0, 2, 1]], dtype=torch.int32, device="cuda")
     out = moe.reduce_fused(x, w, tk2p)
     assert out[0, 0].item() == 0.0 and out[1, 0].item() == 1.0
-    # FMA probe: 1.5 * (1 + 2^-8) + (-1.5) is exact with FMA, rounds otherwise.
-    x2 = torch.zeros((2, 2048), dtype=torch.bfloat16, device="cuda")
-    x2[0], x2[1] = -1.5, 1.0 + 2.0**-7
-    w2 = torch.tensor([[1.0, 1.0 + 2.0**-23 * 3]], device="cuda")
-    tk2 = torch.tensor([[0, 1]], dtype=torch.int32, device="cuda")
-    assert_equal("out", moe.reduce_fused(x2, w2, tk2), reduce_fused_ref(x2, w2, tk2))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +280,7 @@ def test_autograd_matches_torch_on_the_reference(num_topk: int) -> None:
 
 def _graph_ops() -> dict[str, Callable[[], tuple[torch.Tensor, ...]]]:
     topk_idx = routing(1000, 8, 32, seed=1)
-    size = moe._fused_mapping.upper_bound(1000, 8, 32, 128)
+    size = upper_bound(1000, 8, 32, 128)
     tk2p, p2e = mapping_for(1000, 8, num_experts=32, seed=1)
     x = torch.randn((1000, 4096), device="cuda", dtype=torch.bfloat16)
     xe = torch.randn((p2e.shape[0], 4096), device="cuda", dtype=torch.bfloat16)

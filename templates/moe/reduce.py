@@ -1,0 +1,178 @@
+"""moe.reduce_fused: fused expert-major rows back to tokens, and the autograd pair expand/reduce.
+
+``reduce_fused`` runs the prebuilt ``moe_reduce`` kernel (templates/moe/reduce.py.j2):
+out[t] = sum over k (in k order, fp32, no FMA contraction) of w[t, k] * x_sf[pos] * x[pos]
+with pos = token_topk_to_pos[t, k] >= 0; bf16 output, or e4m3 (acc * sf, clamped to +-448).
+The kernel reads K, T and N at run time; hidden is compile-time (a multiple of 256).
+
+``ExpandToFused`` / ``ReduceFused`` are torch.autograd Functions over the two ops, and
+``expand_to_fused_autograd`` / ``reduce_fused_autograd`` their functional forms:
+  d expand / d x          = reduce_fused(grad, None, token_topk_to_pos)   (unweighted sum)
+  d reduce / d x          = expand_to_fused(grad * w[t, k] ...) per position: row pos gets
+                            w[t, k] * grad[t], padding rows 0
+  d reduce / d topk_weights[t, k] = <grad[t], x[pos]> (0 where pos < 0)
+The weighted expand is computed in torch from expand_to_fused and pos_to_token_topk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._args import matrix, not_built, one_of
+from .._runtime import custom_op, dtype_name, get_kernel
+from ._expand import expand_to_fused
+
+__all__ = ["ExpandToFused", "ReduceFused", "expand_to_fused_autograd", "reduce_fused", "reduce_fused_autograd"]
+
+_kernel = get_kernel("moe_reduce")
+HIDDEN_MULTIPLE = 256
+
+
+def _reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
+            token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None) -> torch.Tensor:
+    out_fp8 = fp8_format == "e4m3"
+    launch = _kernel.select(hidden=int(x.shape[1]), in_dtype=dtype_name(x.dtype),
+                            out_dtype="float8_e4m3fn" if out_fp8 else "bfloat16", with_weights=topk_weights is not None)
+    num_tokens = int(token_topk_to_pos.shape[0])
+    out = torch.empty((num_tokens, x.shape[1]), dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16,
+                      device=x.device)
+    empty = torch.empty((0,), dtype=torch.float32, device=x.device)  # a parameter the variant does not read
+    if out_fp8 and sf is None:
+        sf = torch.ones((1,), dtype=torch.float32, device=x.device)
+    launch(x, empty if x_sf is None else x_sf, empty if topk_weights is None else topk_weights.view(-1),
+           token_topk_to_pos.view(-1), out, empty if sf is None else sf, int(token_topk_to_pos.shape[1]))
+    return out
+
+
+def _fake_reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
+                 token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None) -> torch.Tensor:
+    dtype = torch.float8_e4m3fn if fp8_format == "e4m3" else torch.bfloat16
+    return x.new_empty((token_topk_to_pos.shape[0], x.shape[1]), dtype=dtype)
+
+
+_reduce_op = custom_op("moe_reduce_fused", fake=_fake_reduce)(_reduce)
+
+
+def _vector(name: str, t: object, length: int, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a float32 torch.Tensor {what}, got {type(t).__name__}")
+    if t.dtype != torch.float32 or t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"{name}: expected a float32 tensor of shape ({length},) {what}, got {t.dtype} "
+                         f"{tuple(t.shape)}")
+    return t
+
+
+def reduce_fused(
+    x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    topk_weights: torch.Tensor | None,
+    token_topk_to_pos: torch.Tensor,
+    fp8_format: str = "",
+    sf: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sum the fused rows of each token, weighted: out[t] = sum_k w[t, k] * x[token_topk_to_pos[t, k]].
+
+    Args:
+        x: bf16 (num_expanded_tokens, hidden), or a pair (data float8_e4m3fn
+            (num_expanded_tokens, hidden), x_sf float32 (num_expanded_tokens,)) whose rows are
+            dequantized by their scale; hidden a multiple of 256.
+        topk_weights: float32 (num_tokens, num_topk), or None for an unweighted sum (bf16 only).
+        token_topk_to_pos: int32 (num_tokens, num_topk), -1 = slot not routed (contributes 0).
+        fp8_format: '' (bf16 output) or 'e4m3'.
+        sf: float32 (1,) output scale for e4m3 (out = cast(acc * sf)); None means 1.
+        out: not supported (must be None): the output is always allocated.
+
+    Returns:
+        (num_tokens, hidden) bf16, or float8_e4m3fn for fp8_format='e4m3'.
+    """
+    x_sf = None
+    if isinstance(x, tuple | list):
+        if len(x) != 2:
+            raise TypeError(f"x: expected a tensor or a (data, x_sf) pair, got a sequence of {len(x)}")
+        x, x_sf = x
+    x = matrix("x", x, "(num_expanded_tokens, hidden)")
+    pos = matrix("token_topk_to_pos", token_topk_to_pos, "(num_tokens, num_topk)").contiguous()
+    one_of("fp8_format", fp8_format, ("", "e4m3"))
+    hidden = int(x.shape[1])
+    if hidden % HIDDEN_MULTIPLE:
+        raise ValueError(f"x: hidden ({hidden}) must be a multiple of {HIDDEN_MULTIPLE}")
+    if out is not None:
+        raise not_built("out", "writing into a caller's tensor", "moe_reduce")
+    if x_sf is not None:
+        if x.dtype != torch.float8_e4m3fn:
+            raise not_built("x", f"per-row scales with {x.dtype} data (only float8_e4m3fn)", "moe_reduce")
+        x_sf = _vector("x_sf", x_sf, int(x.shape[0]), "(num_expanded_tokens,)")
+    elif x.dtype == torch.float8_e4m3fn:
+        raise ValueError("x: float8_e4m3fn data needs its per-row scales: pass x as (data, x_sf)")
+    if sf is not None:
+        if fp8_format != "e4m3":
+            raise ValueError("sf: an output scale needs fp8_format='e4m3'")
+        sf = _vector("sf", sf, 1, "(a scalar in a 1-element tensor)")
+    if topk_weights is not None:
+        topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
+        if tuple(topk_weights.shape) != tuple(pos.shape):
+            raise ValueError(f"topk_weights: expected shape {tuple(pos.shape)} (that of token_topk_to_pos), got "
+                             f"{tuple(topk_weights.shape)}")
+        topk_weights = topk_weights.contiguous()
+    if torch.compiler.is_compiling():
+        return _reduce_op(x, x_sf, topk_weights, pos, fp8_format, sf)
+    return _reduce(x, x_sf, topk_weights, pos, fp8_format, sf)
+
+
+class ExpandToFused(torch.autograd.Function):
+    """expand_to_fused with a backward: the gradient of each token is the sum of its rows' gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, token_topk_to_pos: torch.Tensor,
+                pos_to_expert: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(token_topk_to_pos)
+        return expand_to_fused(x, token_topk_to_pos, pos_to_expert)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (token_topk_to_pos,) = ctx.saved_tensors
+        return reduce_fused(grad.contiguous(), None, token_topk_to_pos), None, None
+
+
+class ReduceFused(torch.autograd.Function):
+    """reduce_fused (bf16, weighted) with gradients for x and topk_weights."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor,
+                pos_to_expert: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, topk_weights, token_topk_to_pos, pos_to_expert)
+        return reduce_fused(x, topk_weights, token_topk_to_pos)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        x, topk_weights, token_topk_to_pos, pos_to_expert = ctx.saved_tensors
+        grad = grad.contiguous()
+        # Row pos of the expanded gradient is grad[t] for its (t, k); scale it by w[t, k] in fp32.
+        expanded = expand_to_fused(grad, token_topk_to_pos, pos_to_expert)
+        pos = token_topk_to_pos.long()
+        routed = pos >= 0
+        row_weight = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
+        row_weight[pos[routed]] = topk_weights[routed].float()
+        grad_x = (expanded.float() * row_weight[:, None]).to(x.dtype)
+        # d out[t] / d w[t, k] = <grad[t], x[pos]>: the row dot products, in fp32, one k at a time
+        # (a (T, K, H) fp32 gather would take gigabytes at production sizes).
+        grad_f32 = grad.float()
+        grad_w = torch.stack([(x[pos[:, k].clamp(min=0)].float() * grad_f32).sum(-1) for k in range(pos.shape[1])],
+                             dim=1) * routed
+        return grad_x, grad_w.to(topk_weights.dtype), None, None
+
+
+def expand_to_fused_autograd(x: torch.Tensor, token_topk_to_pos: torch.Tensor,
+                             pos_to_expert: torch.Tensor) -> torch.Tensor:
+    """expand_to_fused that records its backward (ExpandToFused)."""
+    out: torch.Tensor = ExpandToFused.apply(x, token_topk_to_pos, pos_to_expert)
+    return out
+
+
+def reduce_fused_autograd(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor,
+                          pos_to_expert: torch.Tensor) -> torch.Tensor:
+    """reduce_fused (bf16, weighted) that records its backward (ReduceFused)."""
+    out: torch.Tensor = ReduceFused.apply(x, topk_weights, token_topk_to_pos, pos_to_expert)
+    return out

@@ -172,7 +172,6 @@ def test_top2_sum_gate_ep_tp_masking(v: dict[str, Any], ranks: tuple[int, int, i
     args = gate_inputs(v, 4001)
     args.update(ep_rank=ranks[0], num_ep_ranks=ranks[1], tp_rank=ranks[2], num_tp_ranks=ranks[3])
     idx, weights = moe.top2_sum_gate(**args)
-    assert (idx == -1).any() and (idx >= 0).any()  # the ranks split the experts: both kinds occur
     assert_gate_matches(args, idx, weights)
 
 

@@ -18,6 +18,7 @@ from tests.reference.moe_gate import (
     TIE_LOGITS,
     mask_indices_by_tp_ref,
     normalize_weight_ref,
+    scores_of,
     tie_gaps,
     tie_inputs,
     top2_sum_gate_ref,
@@ -176,3 +177,14 @@ def test_tie_inputs_share_bias_within_groups() -> None:
     logits, bias = tie_inputs(5, 64, 8, device="cpu", generator=torch.Generator().manual_seed(1))
     assert logits.shape == (5, 64) and set(logits.unique().tolist()) <= set(TIE_LOGITS)
     assert (bias.view(8, 8) == bias.view(8, 8)[:, :1]).all() and set(bias.tolist()) <= set(TIE_BIAS)
+
+
+@pytest.mark.parametrize("scoring", ["sigmoid", "sqrtsoftplus"])
+def test_equal_logits_score_equal_anywhere_in_the_tensor(scoring: str) -> None:
+    """Ties must survive torch's vectorized body / scalar tail split (4001 x 16 has a tail)."""
+    logits, bias = tie_inputs(4001, 16, 1, device="cpu", generator=torch.Generator().manual_seed(0))
+    keys = scores_of(logits, scoring) + bias
+    for value in TIE_LOGITS:
+        for b in TIE_BIAS:
+            same = keys[(logits == value) & (bias == b)]
+            assert same.numel() == 0 or bool((same == same[0]).all()), (value, b)

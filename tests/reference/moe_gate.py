@@ -55,12 +55,16 @@ def normalize_weight_ref(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def scores_of(logits: torch.Tensor, scoring: str) -> torch.Tensor:
-    if scoring == "sigmoid":
-        return torch.sigmoid(logits)
-    if scoring == "sqrtsoftplus":
-        return torch.sqrt(F.softplus(logits))  # softplus(x) = x above 20 (torch's threshold)
+    """Unbiased scores. Elementwise scores are computed once per distinct logit: torch's CPU
+    kernels round a vectorized body and its scalar tail differently, which would make equal
+    logits score differently and break the lower-id rule for ties."""
     if scoring == "softmax":
         return torch.softmax(logits, dim=-1)
+    values, inverse = torch.unique(logits, return_inverse=True)
+    if scoring == "sigmoid":
+        return torch.sigmoid(values)[inverse]
+    if scoring == "sqrtsoftplus":
+        return torch.sqrt(F.softplus(values))[inverse]  # softplus(x) = x above 20 (torch's threshold)
     raise ValueError(f"scoring must be one of {SCORING}, got {scoring!r}")
 
 

@@ -1,0 +1,51 @@
+"""moe.topk_gate: the num_topk largest scores' expert ids per token (TileKernels' ``topk_gate``).
+
+One prebuilt variant per (num_experts, num_topk) of kernel_specs/moe_gate.yaml; num_tokens is
+read from the tensor at run time. Ties go to the lower expert id (a stable descending sort);
+NaN scores rank as -inf.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._args import matrix, positive_int
+from .._runtime import custom_op, get_kernel
+
+__all__ = ["topk_gate"]
+
+_kernel = get_kernel("topk_gate")
+
+
+def _outputs(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+    """Uninitialised int64 (num_tokens, num_topk); also the fake kernel torch.compile traces with."""
+    return scores.new_empty((scores.shape[0], num_topk), dtype=torch.int64)
+
+
+def _topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+    launch = _kernel.select(num_experts=int(scores.shape[1]), num_topk=num_topk)
+    topk_idx = _outputs(scores, num_topk)
+    launch(scores, topk_idx)
+    return topk_idx
+
+
+_topk_gate_op = custom_op("topk_gate", fake=_outputs)(_topk_gate)
+
+
+def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+    """Ids of the num_topk largest scores of each token, in descending score order.
+
+    Args:
+        scores: float32 CUDA tensor (num_tokens, num_experts), contiguous.
+        num_topk: experts per token, 1 <= num_topk <= num_experts.
+
+    Returns:
+        int64 (num_tokens, num_topk), contiguous; equal scores are ranked by the lower id.
+    """
+    scores = matrix("scores", scores, "(num_tokens, num_experts)")
+    k = positive_int("num_topk", num_topk)
+    if k > scores.shape[1]:
+        raise ValueError(f"num_topk: expected at most num_experts ({scores.shape[1]}) experts, got {k}")
+    if torch.compiler.is_compiling():
+        return _topk_gate_op(scores, k)
+    return _topk_gate(scores, k)

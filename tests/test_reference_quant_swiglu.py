@@ -13,6 +13,7 @@ import torch
 
 from tests.reference.quant import per_token_cast_ref
 from tests.reference.quant_swiglu import (
+    expert_major_routing,
     row_weights,
     swiglu,
     swiglu_backward_ref,
@@ -146,3 +147,19 @@ def test_per_channel_cast_hand_and_transpose(npt: int, round_sf: bool) -> None:
     # The largest element of a group quantizes to 448 (without round_sf).
     if not round_sf:
         assert bool((q.float().abs().reshape(256 // npt, npt, 64).amax(dim=1) == 448).all())
+
+
+@pytest.mark.parametrize(("num_tokens", "num_topk"), [(0, 2), (1, 6), (37, 2)])
+def test_expert_major_routing_is_consistent(num_tokens: int, num_topk: int) -> None:
+    p2e, p2t, t2p = expert_major_routing(num_tokens, num_topk, alignment=16, device="cpu")
+    rows = p2e.shape[0]
+    assert rows % 16 == 0 and p2t.shape == (rows,) and t2p.shape == (num_tokens, num_topk)
+    # Every (token, k) pair owns exactly one row, and the two maps invert each other.
+    assert bool((t2p >= 0).all())
+    assert torch.equal(p2t[t2p.reshape(-1).long()], torch.arange(num_tokens * num_topk, dtype=torch.int32))
+    assert int((p2t >= 0).sum()) == num_tokens * num_topk and torch.equal(p2t < 0, p2e < 0)
+    # Expert-major: the experts of the real rows never decrease, and a token's k experts differ.
+    real = p2e[p2e >= 0]
+    assert bool((real[1:] >= real[:-1]).all())
+    experts_of_token = p2e[t2p.long()]
+    assert all(len(set(row.tolist())) == num_topk for row in experts_of_token)

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .._args import matrix, one_of, positive_int
+from .._args import matrix, positive_int
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["swiglu_backward_and_per_token_cast"]
@@ -112,7 +112,8 @@ def swiglu_backward_and_per_token_cast(
     data = matrix("x", x[0], "(N, 2 * hidden)")
     sf = matrix("x_sf", x[1], "(N, 2 * hidden / num_per_channels)")
     npc = positive_int("num_per_channels", num_per_channels)
-    one_of("num_per_channels", str(npc), ("32", "128"))
+    if npc not in (32, 128):
+        raise ValueError(f"num_per_channels: expected 32 or 128, got {npc}")
     if data.dtype != torch.float8_e4m3fn:
         raise TypeError(f"x: expected the data of dtype torch.float8_e4m3fn, got {data.dtype}")
     rows, width = int(data.shape[0]), int(data.shape[1])

@@ -131,3 +131,29 @@ def swiglu_forward_and_per_channel_cast_and_transpose_ref(
     q_t, sf_t = per_token_cast_ref(act.t().contiguous(), "e4m3", num_per_tokens, round_sf)
     q = q_t.t().contiguous() if without_transpose else q_t
     return q, sf_t.t().contiguous()
+
+
+def expert_major_routing(num_tokens: int, num_topk: int, num_experts: int = 8, alignment: int = 16, seed: int = 0,
+                         device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pos_to_expert, pos_to_token_topk, token_topk_to_pos) of a random top-k routing laid out
+    expert-major (as get_fused_mapping lays it out), each expert's segment padded with -1 rows to a
+    multiple of ``alignment``; tokens keep their order inside an expert. Built on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    topk_idx = torch.rand(num_tokens, num_experts, generator=gen).argsort(dim=1)[:, :num_topk]
+    flat = topk_idx.reshape(-1)
+    order = torch.sort(flat, stable=True).indices  # (token, k) pairs, expert-major, token order inside
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + alignment - 1) // alignment * alignment
+    starts = torch.cumsum(padded, 0) - padded
+    first = torch.cumsum(counts, 0) - counts
+    experts = flat[order]
+    pos = starts[experts] + torch.arange(flat.numel()) - first[experts]
+    rows = int(padded.sum())
+    pos_to_expert = torch.full((rows,), -1, dtype=torch.int32)
+    pos_to_expert[pos] = experts.to(torch.int32)
+    pos_to_token_topk = torch.full((rows,), -1, dtype=torch.int32)
+    pos_to_token_topk[pos] = order.to(torch.int32)
+    token_topk_to_pos = torch.full((num_tokens * num_topk,), -1, dtype=torch.int32)
+    token_topk_to_pos[order] = pos.to(torch.int32)
+    return (pos_to_expert.to(device), pos_to_token_topk.to(device),
+            token_topk_to_pos.reshape(num_tokens, num_topk).to(device))

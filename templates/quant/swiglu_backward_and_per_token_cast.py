@@ -21,8 +21,6 @@ __all__ = ["swiglu_backward_and_per_token_cast"]
 
 _kernel = get_kernel("swiglu_backward_and_per_token_cast")
 
-_Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-
 
 def _outputs(
     x: torch.Tensor,
@@ -34,7 +32,7 @@ def _outputs(
     npc: int,
     round_sf: bool,
     clamp: float,
-) -> _Outputs:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uninitialised (out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad); also the fake kernel."""
     rows, width = int(x.shape[0]), int(x.shape[1])
     out = x.new_empty((rows, width // 2), dtype=torch.bfloat16)
@@ -55,7 +53,7 @@ def _launch(
     npc: int,
     round_sf: bool,
     clamp: float,
-) -> _Outputs:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
     launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc, round_sf=round_sf)
     outputs = _outputs(x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf, clamp)

@@ -102,16 +102,16 @@ def test_forward_selects_and_launches(quant: Any, stub: tuple[ModuleType, Module
     assert q.shape == (4, 2048) and q.dtype == torch.float8_e4m3fn and sf.shape == (4, 16)
     ((name, values, args),) = _launches(stub[1])
     assert name == "swiglu_forward_and_per_token_cast"
-    assert values == {"hidden": 2048, "npc": 128, "round_sf": True, "with_weights": True,
-                      "with_pos_to_expert": False}
-    assert args[3] is pos and args[5].shape == (1,) and args[6] == math.inf  # placeholder; no clamp = +inf
+    assert values == {"hidden": 2048, "npc": 128, "with_weights": True, "with_pos_to_expert": False}
+    assert args[3] is pos and args[5].shape == (1,)  # pos_to_expert: a placeholder
+    assert args[6] == math.inf and args[7] == 1  # no clamp = +inf; round_sf is a runtime 0/1 flag
 
 
 def test_forward_per_row_scale_and_clamp(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:
     _, sf = quant.swiglu_forward_and_per_token_cast(_x(hidden=2560), "e4m3", 2560, swiglu_clamp_value=7)
     assert sf.shape == (4, 1)
     ((_, values, args),) = _launches(stub[1])
-    assert values["npc"] == 2560 and values["with_weights"] is False and args[6] == 7.0
+    assert values["npc"] == 2560 and values["with_weights"] is False and args[6:] == (7.0, 0)
 
 
 @pytest.mark.parametrize(("kwargs", "error", "name"), [
@@ -169,8 +169,8 @@ def test_backward_selects_and_launches(quant: Any, stub: tuple[ModuleType, Modul
     assert q.shape == (4, 4096) and q_sf.shape == (4, 128) and x_grad.shape == (4, 4096)
     assert weight_grad.shape == (2, 2) and weight_grad.dtype == torch.float32
     ((name, values, args),) = _launches(stub[1])
-    assert name == "swiglu_backward_and_per_token_cast" and values == {"hidden": 2048, "npc": 32, "round_sf": False}
-    assert len(args) == 12 and args[-1] == 0.5
+    assert name == "swiglu_backward_and_per_token_cast" and values == {"hidden": 2048, "npc": 32}
+    assert len(args) == 13 and args[-2:] == (0.5, 0)
 
 
 def test_backward_without_rows_zeroes_weight_grad(quant: Any) -> None:
@@ -211,9 +211,9 @@ def test_per_channel_selects_and_launches(quant: Any, stub: tuple[ModuleType, Mo
     q, sf = quant.swiglu_forward_and_per_channel_cast_and_transpose(_x(256), "e4m3", 128, without_transpose=True)
     assert q.shape == (256, 2048) and sf.shape == (2, 2048)
     (_, first, _), (_, second, args) = _launches(stub[1])
-    assert first == {"hidden": 2048, "npt": 32, "round_sf": True, "without_transpose": False}
-    assert second == {"hidden": 2048, "npt": 128, "round_sf": False, "without_transpose": True}
-    assert args[-1] == math.inf
+    assert first == {"hidden": 2048, "npt": 32, "without_transpose": False}
+    assert second == {"hidden": 2048, "npt": 128, "without_transpose": True}
+    assert args[-2:] == (math.inf, 0)
 
 
 def test_per_channel_without_tokens_launches_nothing(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:

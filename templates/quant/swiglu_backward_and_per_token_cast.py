@@ -55,14 +55,14 @@ def _launch(
     clamp: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
-    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc, round_sf=round_sf)
+    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc)
     outputs = _outputs(x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf, clamp)
     out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad = outputs
     if x.shape[0] == 0:
         # No expanded row owns any (token, k) pair; the kernel's grid would be empty.
         weight_grad.zero_()
     launch(x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos,
-           out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad, clamp)
+           out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad, clamp, int(round_sf))
     return outputs
 
 

@@ -34,13 +34,12 @@ def _outputs(x: torch.Tensor, npt: int, round_sf: bool, without_transpose: bool,
 def _launch(x: torch.Tensor, npt: int, round_sf: bool, without_transpose: bool,
             clamp: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
-    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npt=npt, round_sf=round_sf,
-                            without_transpose=without_transpose)
+    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npt=npt, without_transpose=without_transpose)
     q, sf = _outputs(x, npt, round_sf, without_transpose, clamp)
     # With no token there is nothing to write, and torch gives the empty (hidden, 0) q the
     # strides (1, 1) rather than the (0, 1) the launcher checks.
     if x.shape[0] > 0:
-        launch(x, q, sf, clamp)
+        launch(x, q, sf, clamp, int(round_sf))
     return q, sf
 
 

@@ -54,8 +54,8 @@ def _launch(
     that the variant built without them never reads."""
     with_weights = topk_weights is not None
     with_pos_to_expert = pos_to_expert is not None
-    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc, round_sf=round_sf,
-                            with_weights=with_weights, with_pos_to_expert=with_pos_to_expert)
+    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc, with_weights=with_weights,
+                            with_pos_to_expert=with_pos_to_expert)
     q, sf = _outputs(x, npc, round_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp)
     placeholder = x.new_empty((1,), dtype=torch.int32)
     launch(
@@ -66,6 +66,7 @@ def _launch(
         topk_weights if topk_weights is not None else x.new_empty((1, 1), dtype=torch.float32),
         pos_to_expert if pos_to_expert is not None else placeholder,
         clamp,
+        int(round_sf),
     )
     return q, sf
 

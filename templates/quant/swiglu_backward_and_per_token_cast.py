@@ -1,0 +1,140 @@
+"""SwiGLU backward fused with the per-token FP8 cast of the input gradient
+(TileKernels' ``swiglu_backward_and_per_token_cast``).
+
+The forward input arrives as an FP8 pair (x (N, 2H) e4m3, x_sf (N, 2H / npc) fp32, as
+per_token_cast makes it); the op returns the weighted activation (bf16), the FP8 gradient pair,
+the bf16 gradient and the top-k weight gradient. The launcher validates every tensor (dtype,
+device, shape, strides) and names it in its errors; this module checks the other arguments
+and the shapes that tie the tensors together.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._args import matrix, positive_int
+from .._runtime import custom_op, get_kernel
+
+__all__ = ["swiglu_backward_and_per_token_cast"]
+
+_kernel = get_kernel("swiglu_backward_and_per_token_cast")
+
+
+def _outputs(
+    x: torch.Tensor,
+    x_sf: torch.Tensor,
+    grad_out: torch.Tensor,
+    weight: torch.Tensor,
+    pos_to_token_topk: torch.Tensor,
+    token_topk_to_pos: torch.Tensor,
+    npc: int,
+    round_sf: bool,
+    clamp: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Uninitialised (out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad); also the fake kernel."""
+    rows, width = int(x.shape[0]), int(x.shape[1])
+    out = x.new_empty((rows, width // 2), dtype=torch.bfloat16)
+    x_grad_fp8 = x.new_empty((rows, width), dtype=torch.float8_e4m3fn)
+    x_grad_fp8_sf = x.new_empty((rows, width // npc), dtype=torch.float32)
+    x_grad = x.new_empty((rows, width), dtype=torch.bfloat16)
+    weight_grad = x.new_empty(tuple(weight.shape), dtype=torch.float32)
+    return out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad
+
+
+def _launch(
+    x: torch.Tensor,
+    x_sf: torch.Tensor,
+    grad_out: torch.Tensor,
+    weight: torch.Tensor,
+    pos_to_token_topk: torch.Tensor,
+    token_topk_to_pos: torch.Tensor,
+    npc: int,
+    round_sf: bool,
+    clamp: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc)
+    outputs = _outputs(x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf, clamp)
+    out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad = outputs
+    if x.shape[0] == 0:
+        # No expanded row owns any (token, k) pair; the kernel's grid would be empty.
+        weight_grad.zero_()
+    launch(x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos,
+           out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad, clamp, int(round_sf))
+    return outputs
+
+
+# What torch.compile sees: one opaque op with a fixed schema.
+_swiglu_backward_op = custom_op("swiglu_backward_and_per_token_cast", fake=_outputs)(_launch)
+
+
+def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], meaning: str) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape} ({meaning}), got {tuple(t.shape)}")
+
+
+def swiglu_backward_and_per_token_cast(
+    x: tuple[torch.Tensor, torch.Tensor],
+    grad_out: torch.Tensor,
+    weight: torch.Tensor,
+    pos_to_token_topk: torch.Tensor,
+    token_topk_to_pos: torch.Tensor,
+    num_per_channels: int,
+    round_sf: bool = False,
+    swiglu_clamp_value: float | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """SwiGLU backward of the FP8 forward input x, with the input gradient cast to FP8 e4m3.
+
+    Args:
+        x: the pair (data float8_e4m3fn (N, 2 * hidden), sf float32 (N, 2 * hidden / npc)),
+            contiguous; hidden % 512 == 0.
+        grad_out: bf16 (N, hidden), the gradient of the weighted activation.
+        weight: float32 (num_tokens, num_topk) top-k weights, contiguous.
+        pos_to_token_topk: int32 (N,): row n's (token, k) pair as token * num_topk + k, or -1
+            (padding: weight 0, no weight gradient).
+        token_topk_to_pos: int32 (num_tokens, num_topk): the row of each pair, -1 for none.
+        num_per_channels: 32 or 128, the group of x's scales and of the gradient's.
+        round_sf: round each gradient scale up to a power of two.
+        swiglu_clamp_value: c > 0 or None: the forward clamp; clamped elements get zero gradient.
+
+    Returns:
+        ``(out, (x_grad_fp8, x_grad_fp8_sf), x_grad, weight_grad)``: out bf16 (N, hidden) =
+        swiglu(x) * weight; the gradient as an e4m3 (N, 2 * hidden) / float32 row-major scales
+        pair and as bf16 (N, 2 * hidden); weight_grad float32 (num_tokens, num_topk) =
+        sum over the row of grad_out * swiglu(x), 0 for pairs without a row.
+    """
+    if not (isinstance(x, tuple) and len(x) == 2):
+        raise TypeError(f"x: expected the pair (data, sf) of an FP8 per-token cast, got {type(x).__name__}")
+    data = matrix("x", x[0], "(N, 2 * hidden)")
+    sf = matrix("x_sf", x[1], "(N, 2 * hidden / num_per_channels)")
+    npc = positive_int("num_per_channels", num_per_channels)
+    if npc not in (32, 128):
+        raise ValueError(f"num_per_channels: expected 32 or 128, got {npc}")
+    if data.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"x: expected the data of dtype torch.float8_e4m3fn, got {data.dtype}")
+    rows, width = int(data.shape[0]), int(data.shape[1])
+    if width % 1024 != 0:
+        raise ValueError(f"x: the width 2 * hidden ({width}) must be a multiple of 1024 (hidden % 512 == 0)")
+    grad_out = matrix("grad_out", grad_out, "(N, hidden)")
+    weight = matrix("weight", weight, "(num_tokens, num_topk)")
+    token_topk_to_pos = matrix("token_topk_to_pos", token_topk_to_pos, "(num_tokens, num_topk)")
+    if not isinstance(pos_to_token_topk, torch.Tensor):
+        raise TypeError(f"pos_to_token_topk: expected a torch.Tensor, got {type(pos_to_token_topk).__name__}")
+    _check_shape("x_sf", sf, (rows, width // npc), "one scale per num_per_channels channels of x")
+    _check_shape("grad_out", grad_out, (rows, width // 2), "one row per row of x, hidden channels")
+    _check_shape("pos_to_token_topk", pos_to_token_topk, (rows,), "one entry per row of x")
+    _check_shape("token_topk_to_pos", token_topk_to_pos, tuple(weight.shape), "the shape of weight")
+    clamp = math.inf
+    if swiglu_clamp_value is not None:
+        clamp = float(swiglu_clamp_value)
+        if not clamp > 0:  # also refuses NaN
+            raise ValueError(f"swiglu_clamp_value: expected a positive float or None, got {swiglu_clamp_value!r}")
+
+    args = (data, sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, bool(round_sf), clamp)
+    if torch.compiler.is_compiling():
+        out, q, q_sf, x_grad, weight_grad = _swiglu_backward_op(*args)
+    else:
+        out, q, q_sf, x_grad, weight_grad = _launch(*args)
+    return out, (q, q_sf), x_grad, weight_grad

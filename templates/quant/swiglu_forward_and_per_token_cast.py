@@ -1,0 +1,158 @@
+"""SwiGLU forward fused with the per-token FP8 cast (TileKernels' ``swiglu_forward_and_per_token_cast``).
+
+y = min(xl, c) * sigmoid(min(xl, c)) * clamp(xr, -c, c) * topk_weight, then per-token e4m3 with
+one scale per 128 channels or per row. This build covers the row-major fp32 scale layout; the
+column-major / UE8M0 layouts, ``clamped_count`` and ``sf_clamp_min`` raise NotImplementedError.
+The launcher validates every tensor (dtype, device, shape, strides) and names it in its errors;
+this module checks the non-tensor arguments and the shapes that tie the tensors together.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._args import matrix, not_built, one_of, positive_int
+from .._runtime import custom_op, get_kernel
+
+__all__ = ["swiglu_forward_and_per_token_cast"]
+
+_kernel = get_kernel("swiglu_forward_and_per_token_cast")
+
+
+def _not_built(argument: str, what: str) -> NotImplementedError:
+    return not_built(argument, what, "swiglu_forward_and_per_token_cast")
+
+
+def _outputs(
+    x: torch.Tensor,
+    npc: int,
+    round_sf: bool,
+    pos_to_token_topk: torch.Tensor | None,
+    topk_weights: torch.Tensor | None,
+    pos_to_expert: torch.Tensor | None,
+    clamp: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (q, sf); also the fake (meta) kernel that torch.compile traces with."""
+    rows, hidden = int(x.shape[0]), int(x.shape[1]) // 2
+    q = x.new_empty((rows, hidden), dtype=torch.float8_e4m3fn)
+    sf = x.new_empty((rows, hidden // npc), dtype=torch.float32)
+    return q, sf
+
+
+def _launch(
+    x: torch.Tensor,
+    npc: int,
+    round_sf: bool,
+    pos_to_token_topk: torch.Tensor | None,
+    topk_weights: torch.Tensor | None,
+    pos_to_expert: torch.Tensor | None,
+    clamp: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it; absent optional tensors become 1-element placeholders
+    that the variant built without them never reads."""
+    with_weights = topk_weights is not None
+    with_pos_to_expert = pos_to_expert is not None
+    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc, with_weights=with_weights,
+                            with_pos_to_expert=with_pos_to_expert)
+    q, sf = _outputs(x, npc, round_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp)
+    placeholder = x.new_empty((1,), dtype=torch.int32)
+    launch(
+        x,
+        q,
+        sf,
+        pos_to_token_topk if pos_to_token_topk is not None else placeholder,
+        topk_weights if topk_weights is not None else x.new_empty((1, 1), dtype=torch.float32),
+        pos_to_expert if pos_to_expert is not None else placeholder,
+        clamp,
+        int(round_sf),
+    )
+    return q, sf
+
+
+# What torch.compile sees: one opaque op with a fixed schema.
+_swiglu_forward_op = custom_op("swiglu_forward_and_per_token_cast", fake=_outputs)(_launch)
+
+
+def _positions(name: str, t: object, rows: int) -> torch.Tensor:
+    """An int32 (num_expanded_tokens,) index tensor, or a TypeError / ValueError naming it."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of shape ({rows},), got {type(t).__name__}")
+    if t.dim() != 1 or int(t.shape[0]) != rows:
+        raise ValueError(f"{name}: expected shape ({rows},) (one entry per row of x), got {tuple(t.shape)}")
+    return t
+
+
+def swiglu_forward_and_per_token_cast(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    pos_to_token_topk: torch.Tensor | None = None,
+    topk_weights: torch.Tensor | None = None,
+    pos_to_expert: torch.Tensor | None = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    swiglu_clamp_value: float | None = None,
+    clamped_count: torch.Tensor | None = None,
+    sf_clamp_min: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SwiGLU of x's two halves, times the row's top-k weight, cast per token to FP8 e4m3.
+
+    Args:
+        x: bf16 CUDA tensor (num_expanded_tokens, 2 * hidden), contiguous; hidden % 128 == 0.
+        fmt: ``'e4m3'``.
+        num_per_channels: channels per scale: 128 or hidden.
+        pos_to_token_topk: int32 (num_expanded_tokens,): row n's weight is
+            ``topk_weights.flatten()[pos_to_token_topk[n]]`` (0 for a negative position).
+            Given together with topk_weights, or neither (weight 1).
+        topk_weights: float32 (num_tokens, num_topk), contiguous.
+        pos_to_expert: int32 (num_expanded_tokens,); rows where it is -1 are skipped: their q
+            and sf rows are left unwritten (unspecified, as in TileKernels).
+        use_tma_aligned_col_major_sf, use_packed_ue8m0: not built (must be False).
+        round_sf: round each scale up to a power of two.
+        swiglu_clamp_value: c > 0 or None: xl = min(xl, c), xr = clamp(xr, -c, c).
+        clamped_count, sf_clamp_min: not built (must be None).
+
+    Returns:
+        ``(q, sf)``: q float8_e4m3fn (num_expanded_tokens, hidden) and sf float32
+        (num_expanded_tokens, hidden / num_per_channels), row-major, with q * sf ~ y per group.
+    """
+    x = matrix("x", x, "(num_expanded_tokens, 2 * hidden)")
+    one_of("fmt", fmt, ("e4m3",))
+    npc = positive_int("num_per_channels", num_per_channels)
+    if use_tma_aligned_col_major_sf:
+        raise _not_built("use_tma_aligned_col_major_sf", "the column-major TMA-aligned scale layout")
+    if use_packed_ue8m0:
+        raise _not_built("use_packed_ue8m0", "the packed UE8M0 scale layout")
+    if clamped_count is not None:
+        raise _not_built("clamped_count", "counting the clamped activations")
+    if sf_clamp_min is not None:
+        raise _not_built("sf_clamp_min", "a custom amax floor")
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"x: expected dtype torch.bfloat16, got {x.dtype}")
+    rows, width = int(x.shape[0]), int(x.shape[1])
+    if width % 256 != 0:
+        raise ValueError(f"x: the width 2 * hidden ({width}) must be a multiple of 256 (hidden % 128 == 0)")
+    hidden = width // 2
+    if npc not in (128, hidden):
+        raise ValueError(f"num_per_channels: expected 128 or hidden ({hidden}), got {npc}")
+    if (pos_to_token_topk is None) != (topk_weights is None):
+        missing = "pos_to_token_topk" if pos_to_token_topk is None else "topk_weights"
+        raise ValueError(f"{missing}: pos_to_token_topk and topk_weights are given together or not at all")
+    if pos_to_token_topk is not None:
+        pos_to_token_topk = _positions("pos_to_token_topk", pos_to_token_topk, rows)
+        topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
+    if pos_to_expert is not None:
+        pos_to_expert = _positions("pos_to_expert", pos_to_expert, rows)
+    clamp = math.inf
+    if swiglu_clamp_value is not None:
+        clamp = float(swiglu_clamp_value)
+        if not clamp > 0:  # also refuses NaN
+            raise ValueError(f"swiglu_clamp_value: expected a positive float or None, got {swiglu_clamp_value!r}")
+
+    args = (x, npc, bool(round_sf), pos_to_token_topk, topk_weights, pos_to_expert, clamp)
+    if torch.compiler.is_compiling():
+        return _swiglu_forward_op(*args)
+    return _launch(*args)

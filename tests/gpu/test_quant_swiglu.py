@@ -1,0 +1,427 @@
+"""GPU tests of the fused SwiGLU + FP8 cast ops against tests/reference/quant_swiglu.py.
+
+Tolerances. The kernels compute SwiGLU in fp32 in the reference's order with IEEE expf and
+IEEE division (no fast-math); torch's exp may still round differently in the last ulp on a
+few elements, nvcc contracts the backward's 1 + x * (1 - s) into one FMA where torch rounds
+twice, and a one-ulp change of y can move an FP8 code across a rounding boundary or a scale
+(amax / 448) by one ulp. So (CODE_TOLERANCE, assert_codes_close):
+- scales: bit-identical for all but at most 0.1% of the groups (normally all of them);
+- codes: bit-identical for at least 99.9% of the elements, and where the code differs under
+  a bit-identical scale, at most one code step apart.
+bf16 outputs of the backward (the weighted activation and the gradient): within one bf16 ulp
+(rtol 2^-7). weight_grad (a sum over 2H products whose order differs from torch's):
+|got - exact| <= 1e-5 * sum |g * act| + 1e-6 against a float64 sum.
+Outputs are poisoned (0x7F bytes, NaN) wherever the test calls the launchers directly, so an
+element the kernel fails to write fails the comparison.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from tests.gpu.installed import installed_package
+from tests.reference.quant import per_token_cast_ref
+from tests.reference.quant_swiglu import (
+    expert_major_routing,
+    swiglu_backward_ref,
+    swiglu_forward_and_per_channel_cast_and_transpose_ref,
+    swiglu_forward_and_per_token_cast_ref,
+)
+
+tile_kernels_aot, quant, errors, runtime = installed_package()
+
+pytestmark = pytest.mark.gpu
+
+HIDDEN = (2048, 2560, 4096, 6144, 7168)
+CLAMPS = (None, 0.5)
+POISON_BYTE = 0x7F  # an FP8 NaN
+CODE_TOLERANCE = 1e-3  # fraction of codes (and of scales) that may differ by the rounding of exp
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+def random_x(rows: int, width: int) -> torch.Tensor:
+    """bf16 Gaussian rows times 2 (so a 0.5 clamp bites), no exact zeros."""
+    x = torch.randn(rows, width, device="cuda") * 2
+    return torch.where(x == 0, torch.full_like(x, 1e-3), x).bfloat16()
+
+
+# --- comparisons -----------------------------------------------------------------------------
+
+
+def _ordinal(q: torch.Tensor) -> torch.Tensor:
+    """e4m3 bytes -> signed rank (sign-magnitude): adjacent codes differ by one."""
+    b = q.view(torch.uint8).to(torch.int32)
+    return torch.where(b >= 0x80, -(b & 0x7F), b)
+
+
+def assert_codes_close(q: torch.Tensor, sf_per_element: torch.Tensor, ref_q: torch.Tensor,
+                       ref_sf_per_element: torch.Tensor, sf: torch.Tensor, ref_sf: torch.Tensor) -> None:
+    """The module docstring's tolerance; sf_per_element is each code's scale (q's shape)."""
+    assert q.shape == ref_q.shape and q.dtype == torch.float8_e4m3fn
+    assert sf.shape == ref_sf.shape and sf.dtype == torch.float32
+    wrong_sf = int((sf.view(torch.int32) != ref_sf.view(torch.int32)).sum())
+    assert wrong_sf <= CODE_TOLERANCE * sf.numel(), f"{wrong_sf} of {sf.numel()} scale factors differ"
+    wrong = q.view(torch.uint8) != ref_q.view(torch.uint8)
+    wrong_q = int(wrong.sum())
+    assert wrong_q <= CODE_TOLERANCE * q.numel(), f"{wrong_q} of {q.numel()} codes differ from the reference"
+    same_scale = sf_per_element.view(torch.int32) == ref_sf_per_element.view(torch.int32)
+    steps = (_ordinal(q) - _ordinal(ref_q)).abs()[wrong & same_scale]
+    assert steps.numel() == 0 or int(steps.max()) <= 1, f"codes up to {int(steps.max())} steps apart"
+
+
+def assert_per_token_close(q: torch.Tensor, sf: torch.Tensor, ref_q: torch.Tensor, ref_sf: torch.Tensor,
+                           npc: int) -> None:
+    assert_codes_close(q, sf.repeat_interleave(npc, dim=1), ref_q, ref_sf.repeat_interleave(npc, dim=1), sf, ref_sf)
+
+
+def assert_bf16_close(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape, name
+    torch.testing.assert_close(got.float(), want.float(), rtol=2.0**-7, atol=1e-30, msg=lambda m: f"{name}: {m}")
+
+
+# --- swiglu_forward_and_per_token_cast -------------------------------------------------------
+
+FWD = [(h, npc, r, w, p) for h in HIDDEN for npc in (128, h) for r, w, p in itertools.product((False, True), repeat=3)]
+
+
+def fwd_id(v: tuple[int, int, bool, bool, bool]) -> str:
+    hidden, npc, round_sf, with_weights, with_pos_to_expert = v
+    return (f"H{hidden}-npc{npc}" + ("-round_sf" if round_sf else "") + ("-weights" if with_weights else "")
+            + ("-pos_to_expert" if with_pos_to_expert else ""))
+
+
+def run_forward(v: tuple[int, int, bool, bool, bool], num_tokens: int, num_topk: int, clamp: float | None,
+                poisoned: bool = False) -> None:
+    hidden, npc, round_sf, with_weights, with_pos_to_expert = v
+    pos_to_expert, pos_to_token_topk, _ = expert_major_routing(num_tokens, num_topk)
+    rows = pos_to_expert.shape[0]
+    x = random_x(rows, 2 * hidden)
+    weights = torch.randn(num_tokens, num_topk, device="cuda")
+    p2t = pos_to_token_topk if with_weights else None
+    w = weights if with_weights else None
+    p2e = pos_to_expert if with_pos_to_expert else None
+    if poisoned:
+        q = torch.full((rows, hidden), POISON_BYTE, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+        sf = torch.full((rows, hidden // npc), float("nan"), device="cuda")
+        launch = runtime.get_kernel("swiglu_forward_and_per_token_cast").select(
+            hidden=hidden, npc=npc, with_weights=with_weights, with_pos_to_expert=with_pos_to_expert)
+        placeholder = torch.zeros(1, dtype=torch.int32, device="cuda")
+        launch(x, q, sf, p2t if p2t is not None else placeholder,
+               w if w is not None else torch.zeros(1, 1, device="cuda"),
+               p2e if p2e is not None else placeholder, float("inf") if clamp is None else clamp, int(round_sf))
+    else:
+        q, sf = quant.swiglu_forward_and_per_token_cast(
+            x, "e4m3", npc, pos_to_token_topk=p2t, topk_weights=w, pos_to_expert=p2e, round_sf=round_sf,
+            swiglu_clamp_value=clamp)
+    torch.cuda.synchronize()
+    ref_q, ref_sf = swiglu_forward_and_per_token_cast_ref(x, npc, p2t, w, round_sf, clamp)
+    if p2e is not None:
+        keep = pos_to_expert >= 0
+        if poisoned:  # skipped rows are never written
+            assert bool((q[~keep].view(torch.uint8) == POISON_BYTE).all()) and bool(sf[~keep].isnan().all())
+        q, sf, ref_q, ref_sf = q[keep], sf[keep], ref_q[keep], ref_sf[keep]
+    assert_per_token_close(q, sf, ref_q, ref_sf, npc)
+
+
+@pytest.mark.parametrize("clamp", CLAMPS)
+@pytest.mark.parametrize("v", FWD, ids=fwd_id)
+def test_forward_every_variant(v: tuple[int, int, bool, bool, bool], clamp: float | None) -> None:
+    run_forward(v, num_tokens=257, num_topk=2, clamp=clamp, poisoned=True)
+
+
+@pytest.mark.parametrize(("num_tokens", "num_topk"), [(0, 6), (1, 6), (4001, 6), (8192, 2)])
+@pytest.mark.parametrize("v", [(7168, 128, True, True, True), (7168, 7168, False, True, True),
+                               (2560, 128, False, True, False), (2560, 2560, True, False, True)], ids=fwd_id)
+def test_forward_sizes(v: tuple[int, int, bool, bool, bool], num_tokens: int, num_topk: int) -> None:
+    run_forward(v, num_tokens, num_topk, clamp=10.0)
+    run_forward(v, num_tokens, num_topk, clamp=None, poisoned=True)
+
+
+def test_forward_padding_rows_without_pos_to_expert_are_zero() -> None:
+    # pos_to_token_topk -1 means weight 0: the row quantizes to zero codes (+0 or -0: y * 0 keeps
+    # the sign of y) with the floor scale.
+    x = random_x(3, 4096)
+    q, sf = quant.swiglu_forward_and_per_token_cast(
+        x, "e4m3", 128, pos_to_token_topk=torch.tensor([1, -1, 0], dtype=torch.int32, device="cuda"),
+        topk_weights=torch.tensor([[0.5, 2.0]], device="cuda"))
+    assert bool((q[1].float() == 0).all())
+    assert torch.equal(sf[1], torch.full((16,), 1e-4, device="cuda") / torch.full((16,), 448.0, device="cuda"))
+
+
+# --- swiglu_backward_and_per_token_cast ------------------------------------------------------
+
+BWD = [(h, npc, r) for h in HIDDEN for npc in (32, 128) for r in (False, True)]
+
+
+def bwd_id(v: tuple[int, int, bool]) -> str:
+    return f"H{v[0]}-npc{v[1]}" + ("-round_sf" if v[2] else "")
+
+
+def run_backward(v: tuple[int, int, bool], num_tokens: int, num_topk: int, clamp: float | None,
+                 poisoned: bool = False) -> None:
+    hidden, npc, round_sf = v
+    _, pos_to_token_topk, token_topk_to_pos = expert_major_routing(num_tokens, num_topk, seed=1)
+    rows = pos_to_token_topk.shape[0]
+    xq, x_sf = per_token_cast_ref(torch.randn(rows, 2 * hidden, device="cuda") * 2, "e4m3", npc)
+    grad_out = torch.randn(rows, hidden, device="cuda").bfloat16()
+    weight = torch.rand(num_tokens, num_topk, device="cuda")
+    if poisoned:
+        def poison(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+            size = torch.empty((), dtype=dtype).element_size()
+            raw = torch.full((shape[0], shape[1] * size), POISON_BYTE, dtype=torch.uint8, device="cuda")
+            return raw.view(dtype)
+        out = poison((rows, hidden), torch.bfloat16)
+        q = poison((rows, 2 * hidden), torch.float8_e4m3fn)
+        x_grad = poison((rows, 2 * hidden), torch.bfloat16)
+        q_sf = torch.full((rows, 2 * hidden // npc), float("nan"), device="cuda")
+        weight_grad = torch.full((num_tokens, num_topk), float("nan"), device="cuda")
+        launch = runtime.get_kernel("swiglu_backward_and_per_token_cast").select(hidden=hidden, npc=npc)
+        if rows == 0:
+            weight_grad.zero_()
+        launch(xq, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, out, q, q_sf, x_grad,
+               weight_grad, float("inf") if clamp is None else clamp, int(round_sf))
+    else:
+        out, (q, q_sf), x_grad, weight_grad = quant.swiglu_backward_and_per_token_cast(
+            (xq, x_sf), grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf=round_sf,
+            swiglu_clamp_value=clamp)
+    torch.cuda.synchronize()
+    ref_out, (ref_q, ref_sf), ref_x_grad, _, _ = swiglu_backward_ref(
+        xq, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf, clamp)
+    assert_bf16_close(out, ref_out, "out")
+    assert_bf16_close(x_grad, ref_x_grad, "x_grad")
+    assert_per_token_close(q, q_sf, ref_q, ref_sf, npc)
+    # weight_grad against a float64 sum of the reference's products.
+    full = xq.float() * x_sf.repeat_interleave(npc, dim=1)
+    left, right = full[:, :hidden], full[:, hidden:]
+    if clamp is not None:
+        left, right = left.clamp(max=clamp), right.clamp(-clamp, clamp)
+    products = (grad_out.float() * (left / (1 + torch.exp(-left)) * right)).double()
+    exact = torch.zeros(num_tokens * num_topk, dtype=torch.float64, device="cuda")
+    bound = torch.full_like(exact, 1e-6)
+    valid = pos_to_token_topk >= 0
+    exact[pos_to_token_topk[valid].long()] = products.sum(dim=1)[valid]
+    bound[pos_to_token_topk[valid].long()] += 1e-5 * products.abs().sum(dim=1)[valid]
+    error = (weight_grad.reshape(-1).double() - exact).abs()
+    assert bool((error <= bound).all()), f"weight_grad off by up to {float(error.max()):.3g}"
+
+
+@pytest.mark.parametrize("clamp", CLAMPS)
+@pytest.mark.parametrize("v", BWD, ids=bwd_id)
+def test_backward_every_variant(v: tuple[int, int, bool], clamp: float | None) -> None:
+    run_backward(v, num_tokens=257, num_topk=2, clamp=clamp, poisoned=True)
+
+
+@pytest.mark.parametrize(("num_tokens", "num_topk"), [(0, 6), (1, 6), (4001, 6), (8192, 2)])
+@pytest.mark.parametrize("v", [(7168, 128, True), (2560, 32, False)], ids=bwd_id)
+def test_backward_sizes(v: tuple[int, int, bool], num_tokens: int, num_topk: int) -> None:
+    run_backward(v, num_tokens, num_topk, clamp=10.0)
+    run_backward(v, num_tokens, num_topk, clamp=0.5, poisoned=True)
+
+
+# --- swiglu_forward_and_per_channel_cast_and_transpose ---------------------------------------
+
+PER_CHANNEL = [(h, npt, r, nt) for h in HIDDEN for npt in (32, 128) for r in (False, True) for nt in (False, True)]
+
+
+def pc_id(v: tuple[int, int, bool, bool]) -> str:
+    return f"H{v[0]}-npt{v[1]}" + ("-round_sf" if v[2] else "") + ("-without_transpose" if v[3] else "")
+
+
+def run_per_channel(v: tuple[int, int, bool, bool], num_tokens: int, clamp: float | None,
+                    poisoned: bool = False) -> None:
+    hidden, npt, round_sf, without_transpose = v
+    x = random_x(num_tokens, 2 * hidden)
+    if poisoned and num_tokens > 0:
+        shape = (num_tokens, hidden) if without_transpose else (hidden, num_tokens)
+        q = torch.full(shape, POISON_BYTE, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+        sf = torch.full((num_tokens // npt, hidden), float("nan"), device="cuda")
+        launch = runtime.get_kernel("swiglu_forward_and_per_channel_cast_and_transpose").select(
+            hidden=hidden, npt=npt, without_transpose=without_transpose)
+        launch(x, q, sf, float("inf") if clamp is None else clamp, int(round_sf))
+    else:
+        q, sf = quant.swiglu_forward_and_per_channel_cast_and_transpose(
+            x, "e4m3", npt, round_sf=round_sf, without_transpose=without_transpose, swiglu_clamp_value=clamp)
+    torch.cuda.synchronize()
+    ref_q, ref_sf = swiglu_forward_and_per_channel_cast_and_transpose_ref(x, npt, round_sf, without_transpose, clamp)
+    per_token_layout = sf.repeat_interleave(npt, dim=0)  # (T, H)
+    ref_per_token_layout = ref_sf.repeat_interleave(npt, dim=0)
+    if not without_transpose:
+        per_token_layout, ref_per_token_layout = per_token_layout.t(), ref_per_token_layout.t()
+    assert_codes_close(q, per_token_layout, ref_q, ref_per_token_layout, sf, ref_sf)
+
+
+@pytest.mark.parametrize("clamp", CLAMPS)
+@pytest.mark.parametrize("v", PER_CHANNEL, ids=pc_id)
+def test_per_channel_every_variant(v: tuple[int, int, bool, bool], clamp: float | None) -> None:
+    run_per_channel(v, num_tokens=384, clamp=clamp, poisoned=True)
+
+
+@pytest.mark.parametrize("num_tokens", [0, 128, 8192])
+@pytest.mark.parametrize("v", [(7168, 128, True, False), (2560, 32, False, True), (6144, 32, True, False)],
+                         ids=pc_id)
+def test_per_channel_sizes(v: tuple[int, int, bool, bool], num_tokens: int) -> None:
+    run_per_channel(v, num_tokens, clamp=10.0)
+    run_per_channel(v, num_tokens, clamp=None, poisoned=True)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 4001])
+def test_per_channel_needs_128_token_multiples(num_tokens: int) -> None:
+    with pytest.raises(ValueError, match=r"^x: num_tokens"):
+        quant.swiglu_forward_and_per_channel_cast_and_transpose(random_x(num_tokens, 4096), "e4m3", 128)
+
+
+# --- errors name the argument ----------------------------------------------------------------
+
+
+def _fwd(**kwargs: object) -> None:
+    args: dict[str, object] = {"x": random_x(32, 4096), "fmt": "e4m3", "num_per_channels": 128}
+    args.update(kwargs)
+    quant.swiglu_forward_and_per_token_cast(**args)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "name"), [
+    ({"fmt": "e5m2"}, ValueError, "fmt"),
+    ({"num_per_channels": 64}, ValueError, "num_per_channels"),
+    ({"num_per_channels": 0}, ValueError, "num_per_channels"),
+    ({"x": torch.ones(32, 4096, device="cuda")}, TypeError, "x"),
+    ({"x": torch.ones(32, 4096, dtype=torch.bfloat16)}, Exception, "x"),
+    ({"x": torch.ones(32, 200, dtype=torch.bfloat16, device="cuda")}, ValueError, "x"),
+    ({"topk_weights": torch.ones(4, 2, device="cuda")}, ValueError, "pos_to_token_topk"),
+    ({"pos_to_token_topk": torch.zeros(31, dtype=torch.int32, device="cuda"),
+      "topk_weights": torch.ones(4, 2, device="cuda")}, ValueError, "pos_to_token_topk"),
+    ({"pos_to_expert": torch.zeros(33, dtype=torch.int32, device="cuda")}, ValueError, "pos_to_expert"),
+    ({"pos_to_expert": torch.zeros(32, dtype=torch.int64, device="cuda")}, errors.KernelArgumentError,
+     "pos_to_expert"),
+    ({"swiglu_clamp_value": -1.0}, ValueError, "swiglu_clamp_value"),
+    ({"use_packed_ue8m0": True}, NotImplementedError, "use_packed_ue8m0"),
+    ({"use_tma_aligned_col_major_sf": True}, NotImplementedError, "use_tma_aligned_col_major_sf"),
+    ({"clamped_count": torch.zeros(3, dtype=torch.int64, device="cuda")}, NotImplementedError, "clamped_count"),
+])
+def test_forward_bad_inputs_name_the_argument(kwargs: dict[str, object], error: type[Exception], name: str) -> None:
+    with pytest.raises(error, match=rf"\b{name}\b"):
+        _fwd(**kwargs)
+
+
+def test_forward_uncovered_hidden_names_the_built_variants() -> None:
+    with pytest.raises(errors.VariantNotFoundError, match="hidden=7168"):
+        _fwd(x=random_x(4, 2 * 1536))
+
+
+def _bwd(**kwargs: object) -> None:
+    rows, hidden = 16, 2048
+    xq, x_sf = per_token_cast_ref(torch.randn(rows, 2 * hidden, device="cuda"), "e4m3", 128)
+    args: dict[str, object] = {
+        "x": (xq, x_sf), "grad_out": torch.randn(rows, hidden, device="cuda").bfloat16(),
+        "weight": torch.rand(8, 2, device="cuda"),
+        "pos_to_token_topk": torch.arange(rows, dtype=torch.int32, device="cuda"),
+        "token_topk_to_pos": torch.arange(rows, dtype=torch.int32, device="cuda").reshape(8, 2),
+        "num_per_channels": 128,
+    }
+    args.update(kwargs)
+    quant.swiglu_backward_and_per_token_cast(**args)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "name"), [
+    ({"x": torch.zeros(16, 4096, device="cuda")}, TypeError, "x"),
+    ({"x": (torch.zeros(16, 4096, device="cuda"), torch.zeros(16, 32, device="cuda"))}, TypeError, "x"),
+    ({"x": (torch.zeros(16, 4096, device="cuda").to(torch.float8_e4m3fn), torch.zeros(16, 31, device="cuda"))},
+     ValueError, "x_sf"),
+    ({"num_per_channels": 64}, ValueError, "num_per_channels"),
+    ({"grad_out": torch.zeros(16, 4096, device="cuda").bfloat16()}, ValueError, "grad_out"),
+    ({"grad_out": torch.zeros(16, 2048, device="cuda")}, errors.KernelArgumentError, "grad_out"),
+    ({"pos_to_token_topk": torch.zeros(15, dtype=torch.int32, device="cuda")}, ValueError, "pos_to_token_topk"),
+    ({"token_topk_to_pos": torch.zeros(8, 3, dtype=torch.int32, device="cuda")}, ValueError, "token_topk_to_pos"),
+    ({"weight": torch.zeros(8, 2, dtype=torch.float64, device="cuda")}, errors.KernelArgumentError, "weight"),
+    ({"swiglu_clamp_value": float("nan")}, ValueError, "swiglu_clamp_value"),
+])
+def test_backward_bad_inputs_name_the_argument(kwargs: dict[str, object], error: type[Exception], name: str) -> None:
+    with pytest.raises(error, match=rf"\b{name}\b"):
+        _bwd(**kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "name"), [
+    ({"fmt": "e2m1"}, ValueError, "fmt"),
+    ({"num_per_tokens": 64}, ValueError, "num_per_tokens"),
+    ({"x": torch.ones(128, 4096, device="cuda")}, TypeError, "x"),
+    ({"swiglu_clamp_value": 0.0}, ValueError, "swiglu_clamp_value"),
+])
+def test_per_channel_bad_inputs_name_the_argument(kwargs: dict[str, object], error: type[Exception],
+                                                  name: str) -> None:
+    args: dict[str, object] = {"x": random_x(128, 4096), "fmt": "e4m3", "num_per_tokens": 128}
+    args.update(kwargs)
+    with pytest.raises(error, match=rf"\b{name}\b"):
+        quant.swiglu_forward_and_per_channel_cast_and_transpose(**args)
+
+
+# --- CUDA graphs and torch.compile -----------------------------------------------------------
+
+
+def _graph_cases() -> dict[str, tuple[object, torch.Tensor]]:
+    pos_to_expert, pos_to_token_topk, token_topk_to_pos = expert_major_routing(64, 2)
+    rows = pos_to_expert.shape[0]
+    weights = torch.rand(64, 2, device="cuda")
+    xq, x_sf = per_token_cast_ref(torch.randn(rows, 4096, device="cuda"), "e4m3", 128)
+    return {
+        "forward per-token": (lambda t: quant.swiglu_forward_and_per_token_cast(
+            t, "e4m3", 128, pos_to_token_topk, weights, pos_to_expert, round_sf=True, swiglu_clamp_value=0.5),
+            random_x(rows, 4096)),
+        "backward": (lambda t: _flatten(quant.swiglu_backward_and_per_token_cast(
+            (xq, x_sf), t, weights, pos_to_token_topk, token_topk_to_pos, 128, swiglu_clamp_value=0.5)),
+            torch.randn(rows, 2048, device="cuda").bfloat16()),
+        "forward per-channel": (lambda t: quant.swiglu_forward_and_per_channel_cast_and_transpose(
+            t, "e4m3", 128, round_sf=True), random_x(256, 4096)),
+    }
+
+
+def _flatten(result: tuple) -> tuple[torch.Tensor, ...]:  # type: ignore[type-arg]
+    out, (q, sf), x_grad, weight_grad = result
+    return out, q, sf, x_grad, weight_grad
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _masked(outputs: tuple[torch.Tensor, ...], name: str, rows_kept: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # The forward per-token op leaves rows with pos_to_expert -1 unwritten.
+    return tuple(o[rows_kept] for o in outputs) if name == "forward per-token" else outputs
+
+
+@pytest.mark.parametrize("name", ["forward per-token", "backward", "forward per-channel"])
+def test_cuda_graph_capture_and_replay(name: str) -> None:
+    cases = _graph_cases()
+    fn, x = cases[name]
+    kept = expert_major_routing(64, 2)[0] >= 0
+    static_x = x.clone()
+    fn(static_x)  # warm-up: cubin loads stay out of the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fn(static_x)
+    for _ in range(2):
+        static_x.copy_(torch.randn_like(static_x.float()).to(static_x.dtype))
+        expected = fn(static_x)
+        for o in static_out:
+            o.view(torch.uint8).fill_(POISON_BYTE)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(_masked(static_out, name, kept), _masked(expected, name, kept), strict=True):
+            assert torch.equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("name", ["forward per-token", "backward", "forward per-channel"])
+def test_torch_compile_fullgraph_matches_eager(name: str) -> None:
+    fn, x = _graph_cases()[name]
+    kept = expert_major_routing(64, 2)[0] >= 0
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: fn(t), fullgraph=True)
+    for _ in range(2):
+        x = torch.randn_like(x.float()).to(x.dtype)
+        got_all, want_all = compiled(x), fn(x)
+        for got, want in zip(_masked(got_all, name, kept), _masked(want_all, name, kept), strict=True):
+            assert got.shape == want.shape and got.dtype == want.dtype
+            assert torch.equal(_bits(got), _bits(want))

@@ -138,8 +138,6 @@ def _sf_layout(use_tma_aligned_col_major_sf: bool, round_sf: bool, use_packed_ue
 
 def _check_x(x: object) -> torch.Tensor:
     """x as a 2-D tensor whose row stride keeps every row on a vector boundary (the kernel's loads)."""
-    if isinstance(x, tuple):
-        raise _not_built("x", "re-quantization of a (data, sf) pair (x_block_size)")
     x = matrix("x", x)
     if x.shape[0] > 1 and x.stride(1) == 1 and (x.stride(0) * x.element_size()) % ALIGNMENT != 0:
         raise KernelArgumentError(
@@ -149,16 +147,36 @@ def _check_x(x: object) -> torch.Tensor:
     return x
 
 
+def _dequantized(x: object, x_block_size: object) -> object:
+    """x, or for a quantized (data, sf) pair with x_block_size its fp32 dequantization.
+
+    KERNELS.md: the input is dequantized (decode(data) * sf, one fp32 multiply) first; here by
+    cast_back into an fp32 (T, H) tensor that the fp32 variant then casts, so the result is
+    bit-identical to casting that tensor (two launches and an fp32 round trip through memory,
+    where TileKernels fuses both). Any scale block cast_back is built for is accepted.
+    """
+    if not isinstance(x, (tuple, list)):
+        if x_block_size is not None:
+            raise ValueError("x_block_size: only a quantized (data, sf) pair x has a scale block; pass None")
+        return x
+    if x_block_size is None:
+        raise ValueError("x_block_size: a quantized (data, sf) pair x needs its scale block (num_per_tokens, "
+                         "num_per_channels)")
+    try:
+        from ._per_token_cast_back import cast_back
+    except ImportError:
+        raise _not_built("x_block_size", "re-quantization (it dequantizes with per_token_cast_back)") from None
+    return cast_back(tuple(x), "fp32", x_block_size)  # type: ignore[arg-type]
+
+
 def _check_options(
     x: object, fmt: str, num_per_channels: int, x_block_size: object,
     use_tma_aligned_col_major_sf: bool, round_sf: bool, use_packed_ue8m0: bool,
 ) -> tuple[torch.Tensor, int, str]:
     """(x, npc, sf_layout) after the checks the forms share; errors name the argument."""
-    x = _check_x(x)
     one_of("fmt", fmt, _FORMATS[:2])
     npc = positive_int("num_per_channels", num_per_channels)
-    if x_block_size is not None:
-        raise _not_built("x_block_size", "re-quantization of a (data, sf) pair")
+    x = _check_x(_dequantized(x, x_block_size))
     sf_layout = _sf_layout(bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0))
     if sf_layout != "row_major" and not _HAS_LAYOUTS:
         if sf_layout == "ue8m0":
@@ -192,11 +210,14 @@ def per_token_cast(
 
     Args:
         x: bf16 or fp32 CUDA tensor of shape (num_tokens, hidden), unit column stride; rows may
-            be strided (a row stride that is a multiple of 16 bytes, 32 on sm100).
+            be strided (a row stride that is a multiple of 16 bytes, 32 on sm100); or a
+            quantized (data, sf) pair with x_block_size.
         fmt: ``'e4m3'`` (FP8), ``'e2m1'`` (FP4, two codes per int8), or ``'e5m6'`` (routed to
             ``per_token_cast_e5m6`` when the package holds it).
         num_per_channels: channels sharing one scale factor (npc): 16..128 or hidden.
-        x_block_size: scale block of a quantized (data, sf) input; not built (must be None).
+        x_block_size: for a quantized input x = (data, sf) (fp8 e4m3 or packed e2m1 codes with
+            scales as per_token_cast returns them), its scale block (1, npc_in); the pair is
+            dequantized to fp32 first (KERNELS.md), then cast. None for a plain tensor.
         use_tma_aligned_col_major_sf: return sf column-major with the token dimension padded to
             a multiple of 4 (TMA-aligned), strides (1, align(num_tokens, 4)).
         round_sf: round each scale up to a power of two.
@@ -217,6 +238,8 @@ def per_token_cast(
     """
     one_of("fmt", fmt, _FORMATS)
     if fmt == "e5m6":
+        if x_block_size is not None:
+            raise ValueError("x_block_size: fmt 'e5m6' casts plain bf16 / fp32 tensors only (must be None)")
         return _e5m6(x, num_per_channels, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
                      round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0)
     x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,

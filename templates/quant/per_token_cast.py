@@ -176,12 +176,12 @@ def _check_options(
     """(x, npc, sf_layout) after the checks the forms share; errors name the argument."""
     one_of("fmt", fmt, _FORMATS[:2])
     npc = positive_int("num_per_channels", num_per_channels)
-    x = _check_x(_dequantized(x, x_block_size))
     sf_layout = _sf_layout(bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0))
     if sf_layout != "row_major" and not _HAS_LAYOUTS:
         if sf_layout == "ue8m0":
             raise _not_built("use_packed_ue8m0", "the packed UE8M0 scale layout")
         raise _not_built("use_tma_aligned_col_major_sf", "the column-major TMA-aligned scale layout")
+    x = _check_x(_dequantized(x, x_block_size))  # the options are checked before any launch
     hidden = int(x.shape[1])
     if hidden % npc != 0:
         raise ValueError(f"num_per_channels: hidden ({hidden}) must be a multiple of num_per_channels ({npc})")

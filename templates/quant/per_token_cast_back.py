@@ -33,13 +33,13 @@ def _not_built(argument: str, what: str) -> NotImplementedError:
     return not_built(argument, what, "per_token_cast_back")
 
 
-def _e5m6(x: tuple[torch.Tensor, torch.Tensor], out_fmt: str) -> torch.Tensor:
-    """Route E5M6 codes to the E5M6 op module, when this package was built with it."""
+def _e5m6(x: tuple[torch.Tensor, torch.Tensor], fmt: str | torch.dtype, x_block_size: tuple[int, int]) -> torch.Tensor:
+    """Route E5M6 codes to the E5M6 op module (which checks the block), when the package has it."""
     try:
         from ._e5m6 import cast_back_e5m6  # type: ignore[import-not-found]
     except ImportError:
         raise _not_built("x_special_fmt", "the E5M6 format ('e5m6')") from None
-    return cast_back_e5m6(x, out_fmt)  # type: ignore[no-any-return]
+    return cast_back_e5m6(x, fmt, x_block_size)  # type: ignore[no-any-return]
 
 
 def _out_dtype(fmt: str | torch.dtype) -> torch.dtype:
@@ -147,7 +147,7 @@ def per_token_cast_back(
     out_dtype = _out_dtype(fmt)
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     if x_special_fmt == "e5m6":
-        return _e5m6(x, out_fmt)
+        return _e5m6(x, out_fmt, (1, num_per_channels))
     if x_special_fmt is not None:
         raise ValueError(f"x_special_fmt: expected None or 'e5m6', got {x_special_fmt!r}")
     npc = positive_int("num_per_channels", num_per_channels)
@@ -221,6 +221,8 @@ def cast_back(
         raise TypeError(
             f"x_block_size: expected a (num_per_tokens, num_per_channels) pair, got {x_block_size!r}"
         ) from None
-    if num_per_tokens != 1 and x_special_fmt is None:
+    if x_special_fmt == "e5m6":
+        return _e5m6(x, _out_dtype(fmt), (num_per_tokens, num_per_channels))
+    if num_per_tokens != 1:
         x, num_per_channels = _per_token_scales(x, num_per_tokens, num_per_channels)
     return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt=x_special_fmt)

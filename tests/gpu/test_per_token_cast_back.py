@@ -385,3 +385,23 @@ def test_nan_codes_and_scales_decode_to_nan() -> None:
         assert bool(torch.isnan(y[1, :npc]).all()) and not bool(torch.isnan(y[[0, 2]]).any())
         assert not bool(torch.isnan(y[1, npc:]).any())
         assert torch.equal(y.isnan(), dequant(q, sf, fmt, npc).isnan())
+
+
+def test_e5m6_routes_to_its_module_or_names_x_special_fmt() -> None:
+    """x_special_fmt='e5m6' goes to cast_back_e5m6 when the package holds it (quant/_e5m6.py)."""
+    import importlib
+
+    x = torch.randn(5, 2048, device="cuda", dtype=torch.bfloat16)
+    try:
+        importlib.import_module(f"{tile_kernels_aot.__name__}.quant._e5m6")
+    except ImportError:
+        q = random_codes(5, 2048, "e4m3")
+        for call in (lambda: quant.per_token_cast_back((q, torch.ones(5, 1, device="cuda")), "bf16", 2048, "e5m6"),
+                     lambda: quant.cast_back((q, torch.ones(5, 1, device="cuda")), "bf16", (1, 2048), "e5m6")):
+            with pytest.raises(NotImplementedError, match=r"^x_special_fmt"):
+                call()
+        return
+    pair = quant.per_token_cast(x, "e5m6", 2048)
+    y = quant.cast_back(pair, "fp32", (1, 2048), x_special_fmt="e5m6")
+    assert torch.equal(y, quant.per_token_cast_back(pair, "fp32", 2048, x_special_fmt="e5m6"))
+    assert cast_error(x.float(), y) < 1e-4  # KERNELS.md's E5M6 bound

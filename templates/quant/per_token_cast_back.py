@@ -5,7 +5,10 @@ The public API follows TileKernels' ``tile_kernels.quant.per_token_cast_back`` a
 channels) in the three layouts ``per_token_cast`` produces, told apart by sf's dtype and
 strides: fp32 row-major, fp32 column-major with the token dimension padded
 (``use_tma_aligned_col_major_sf``) and int32 words of packed UE8M0 exponents
-(``use_packed_ue8m0``). The input format comes from the codes' dtype: float8_e4m3fn is e4m3,
+(``use_packed_ue8m0``), with num_per_channels up to hidden (one scale per row, grid npc 0);
+``cast_back`` also takes per-block fp32 scales, blocks (32 | 128) x (32 | 128), spread to
+per-token scales for the same kernel; ``x_special_fmt='e5m6'`` goes to the E5M6 op module.
+The input format comes from the codes' dtype: float8_e4m3fn is e4m3,
 int8 is packed e2m1 (element 2i in the low nibble). The launcher validates the tensors (dtype,
 device, shape, strides, alignment) and names the argument (``q`` the codes, ``sf`` the scales)
 in its errors; this module checks the rest.

@@ -65,7 +65,7 @@ def ops() -> dict[str, tuple[Callable[[], object], Callable[[], object] | None]]
                                                              round_sf=False, sf_layout="row_major")
     q = torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn)
     sf = torch.empty(1, 16, device="cuda")
-    out["per_token_cast launcher only"] = (lambda: launch(x, q, sf), None)
+    out["per_token_cast launcher only"] = (lambda: launch(x, q, sf, 0), None)  # mode 0: cast
     out["torch.empty x2 (the op's outputs)"] = (
         lambda: (torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 16, device="cuda")),
         None)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import REPO, SMALL_SPEC, TEMPLATES
 from tkc.arch import ARCHS
-from tkc.lower import TensorParam, lower, py_expr
+from tkc.lower import ScalarParam, TensorParam, lower, py_expr
 from tkc.render import render
 from tkc.spec import expand, load_specs
 
@@ -24,13 +24,16 @@ def test_per_token_cast_contract(arch: str, tmp_path: Path) -> None:
     rendered = render(_variant("per_token_cast", fmt="e4m3"), ARCHS[arch], TEMPLATES, tmp_path)
     lowered = lower(rendered, ARCHS[arch])
     c = lowered.contract
-    assert [p.name for p in c.params] == ["x", "q", "sf"]
-    x, q, sf = c.params
+    assert [p.name for p in c.params] == ["x", "q", "sf", "mode"]
+    x, q, sf, mode = c.params
     assert isinstance(x, TensorParam) and x.dtype == "bfloat16" and x.shape == ("num_tokens", 2048)
+    # x's row stride is a runtime size read from the tensor (x[:, :H] of a wider tensor).
+    assert x.strides == ("x_row_stride", 1)
     assert isinstance(q, TensorParam) and q.dtype in ("float8_e4m3fn", "float8_e4m3")
     assert isinstance(sf, TensorParam) and sf.shape == ("num_tokens", 2048 // 128) and sf.dtype == "float32"
-    (size,) = c.sizes
-    assert (size.name, size.tensor, size.dim, size.kind) == ("num_tokens", "x", 0, "shape")
+    assert isinstance(mode, ScalarParam) and mode.dtype == "int32"  # cast / sf only / precomputed sf
+    sizes = {(s.name, s.tensor, s.dim, s.kind) for s in c.sizes}
+    assert sizes == {("num_tokens", "x", 0, "shape"), ("x_row_stride", "x", 0, "stride")}
     (launch,) = c.launches
     # Every tensor reaches the kernel, whatever order the lowered host code uses.
     assert {a.name for a in launch.args if a.kind == "tensor"} == {"x", "q", "sf"}

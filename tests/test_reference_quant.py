@@ -22,6 +22,7 @@ from tests.reference.quant import (
     fp4_pack,
     fp4_unpack,
     per_token_cast_ref,
+    precomputed_sf_cast_ref,
     round_sf_up,
     scales,
     tma_aligned_col_major,
@@ -290,3 +291,79 @@ class TestScaleLayouts:
             per_token_cast_ref(torch.ones(1, 128), "e4m3", 128, sf_layout="ue8m0")
         with pytest.raises(ValueError, match="sf_layout"):
             per_token_cast_ref(torch.ones(1, 128), "e4m3", 128, sf_layout="column_major")
+
+
+class TestNonFinite:
+    """A NaN or Inf never passes silently: its group's scale is NaN and the group decodes to NaN."""
+
+    @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+    @pytest.mark.parametrize("round_sf", [False, True])
+    def test_bad_group_gets_nan_scale_and_fixed_codes(self, bad: float, round_sf: bool) -> None:
+        x = random_rows(2, 128, torch.float32)
+        x[1, 37] = bad  # group 1 of row 1 (npc 32)
+        for fmt in ("e4m3", "e2m1"):
+            q, sf = per_token_cast_ref(x, fmt, 32, round_sf)
+            clean_q, clean_sf = per_token_cast_ref(x[:1], fmt, 32, round_sf)
+            assert torch.isnan(sf[1, 1]) and int(torch.isnan(sf).sum()) == 1
+            assert torch.equal(sf[0], clean_sf[0]) and torch.equal(q[0].view(torch.uint8), clean_q[0].view(torch.uint8))
+            if fmt == "e4m3":
+                assert q[1, 32:64].view(torch.uint8).tolist() == [0x7F] * 32
+            else:
+                assert q[1, 16:32].view(torch.uint8).tolist() == [0] * 16
+            assert bool(torch.isnan(dequant(q, sf, fmt, 32)[1, 32:64]).all())
+
+    def test_ue8m0_byte_of_a_nan_scale_is_ff(self) -> None:
+        x = random_rows(3, 512, torch.float32)
+        x[2, 130] = float("nan")  # group 1 of row 2 (npc 128): byte 1 of word 0
+        _, words = per_token_cast_ref(x, "e4m3", 128, True, "ue8m0")
+        assert (int(words[2, 0]) >> 8) & 0xFF == 0xFF
+        assert int(words[2, 0]) & 0xFF != 0xFF
+
+    def test_nan_code_is_positive_for_negative_inputs(self) -> None:
+        x = -random_rows(1, 64, torch.float32).abs()
+        x[0, 0] = float("nan")
+        q, _ = per_token_cast_ref(x, "e4m3", 32)
+        assert q[0, :32].view(torch.uint8).tolist() == [0x7F] * 32
+        assert 0x7F not in q[0, 32:].view(torch.uint8).tolist()
+
+
+class TestPerRowAndStrides:
+    def test_one_scale_per_row(self) -> None:
+        x = torch.tensor([[1.0, -448.0, 2.0, 0.5], [0.0, 0.0, 0.0, 3e-5]])
+        q, sf = per_token_cast_ref(x, "e4m3", 4)
+        assert sf.shape == (2, 1)
+        # Row 0: amax 448, sf 1, codes exact; row 1: amax floor 1e-4 (> 3e-5), scale 448 / 1e-4.
+        assert sf[0, 0].item() == 1.0
+        assert q[0].float().tolist() == [1.0, -448.0, 2.0, 0.5]
+        assert sf[1, 0].item() == torch.tensor(1e-4) .div(torch.tensor(448.0)).item()
+        assert q[1, 3].float().item() == torch.tensor(3e-5 * (448.0 / torch.tensor(1e-4).item())).to(torch.float8_e4m3fn).float().item()
+
+    def test_strided_rows_equal_contiguous(self) -> None:
+        wide = random_rows(5, 384, torch.bfloat16)
+        x = wide[:, :256]
+        assert not x.is_contiguous()
+        for fmt, npc in (("e4m3", 128), ("e2m1", 16), ("e4m3", 256)):
+            q, sf = per_token_cast_ref(x, fmt, npc)
+            q_c, sf_c = per_token_cast_ref(x.contiguous(), fmt, npc)
+            assert torch.equal(q.view(torch.uint8), q_c.view(torch.uint8)) and torch.equal(sf, sf_c)
+
+
+class TestPrecomputedSf:
+    @pytest.mark.parametrize(("fmt", "npc"), FORMATS)
+    def test_power_of_two_scales_reproduce_the_cast(self, fmt: str, npc: int) -> None:
+        """With round_sf, 1 / sf is exact and equals the cast's q_scale: the codes agree."""
+        x = random_rows(7, 256, torch.bfloat16)
+        q, sf = per_token_cast_ref(x, fmt, npc, round_sf=True)
+        assert torch.equal(precomputed_sf_cast_ref(x, fmt, npc, sf).view(torch.uint8), q.view(torch.uint8))
+
+    def test_uses_the_reciprocal_of_sf(self) -> None:
+        """Codes are x * fl(1 / sf) (TileKernels' cast-only form), not x / sf: 2800 / 7 = 400 is the
+        e4m3 tie between 384 and 416 (to even: 384), while 2800 * fl(1/7) lies just above it (416)."""
+        x = torch.tensor([[2800.0] + [0.0] * 31])
+        q = precomputed_sf_cast_ref(x, "e4m3", 32, torch.tensor([[7.0]]))
+        assert q[0, 0].float().item() == 416.0
+        assert (x[0, 0] / torch.tensor(7.0)).to(torch.float8_e4m3fn).float().item() == 384.0
+
+    def test_shape_mismatch_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="sf"):
+            precomputed_sf_cast_ref(torch.ones(2, 64), "e4m3", 32, torch.ones(2, 3))

@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from tests.reference.quant import FP4_VALUES, cast_error, fp4_pack, per_token_cast_ref
-from tests.reference.quant_cast_back import in_format, out_dtype_of, per_token_cast_back_ref
+from tests.reference.quant_cast_back import (
+    in_format,
+    out_dtype_of,
+    per_block_cast_back_ref,
+    per_token_cast_back_ref,
+)
 
 # (fmt, npc) pairs of the spec grid and the round-trip error bounds of KERNELS.md.
 FORMATS = [("e4m3", 32), ("e4m3", 64), ("e4m3", 128), ("e2m1", 16), ("e2m1", 32)]
@@ -174,3 +179,33 @@ class TestArguments:
             per_token_cast_back_ref(q, torch.ones(4, 8, dtype=torch.float64), "fp32", 32)
         with pytest.raises(ValueError, match="sf"):  # UE8M0 words: ceil(8 / 4) per token
             per_token_cast_back_ref(q, torch.ones(4, 8, dtype=torch.int32), "fp32", 32)
+
+
+class TestPerBlock:
+    def test_hand_computed_blocks(self) -> None:
+        """Two token blocks x two channel blocks of 32: each quarter takes its own scale."""
+        q = torch.full((40, 64), 1.5).to(torch.float8_e4m3fn)
+        q[33, 40] = -448.0
+        sf = torch.tensor([[1.0, 2.0], [0.25, 3.0]])
+        out = per_block_cast_back_ref(q, sf, "fp32", (32, 32))
+        assert out[0, 0].item() == 1.5 and out[31, 63].item() == 3.0
+        assert out[32, 0].item() == 0.375 and out[39, 32].item() == 4.5 and out[33, 40].item() == -1344.0
+
+    @pytest.mark.parametrize("block", [(32, 32), (32, 128), (128, 32), (128, 128)])
+    @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+    def test_equals_per_token_scales_spread_over_the_block(self, fmt: str, block: tuple[int, int]) -> None:
+        """What the op does (spread block scales to per-token ones) gives the same bits."""
+        bm, bk = block
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(300, 512, generator=gen)
+        q, _ = per_token_cast_ref(x, fmt, 32)
+        sf = torch.rand(-(-300 // bm), 512 // bk, generator=gen) + 0.1
+        spread = sf.repeat_interleave(bm, dim=0)[:300].repeat_interleave(bk // 32, dim=1)
+        for out in ("bf16", "fp32"):
+            got = per_block_cast_back_ref(q, sf, out, block)
+            assert torch.equal(got, per_token_cast_back_ref(q, spread, out, 32))
+
+    def test_wrong_scale_shape_is_refused(self) -> None:
+        q = torch.zeros(33, 64, dtype=torch.float8_e4m3fn)
+        with pytest.raises(ValueError, match="sf"):
+            per_block_cast_back_ref(q, torch.ones(1, 2), "bf16", (32, 32))  # needs ceil(33 / 32) = 2 rows

@@ -1,7 +1,10 @@
 """Per-token (row-wise) casts to FP8 e4m3 or packed FP4 e2m1 with fp32 or UE8M0 scale factors.
 
-The public API follows TileKernels' ``tile_kernels.quant.per_token_cast``; this build covers
-the plain-tensor input and the three scale layouts of KERNELS.md: (a) row-major fp32,
+The public API follows TileKernels' ``tile_kernels.quant.per_token_cast``,
+``per_token_cast_with_sf_only`` and ``per_token_cast_with_precomputed_sf``; this build covers
+plain-tensor inputs whose rows may be strided (x[:, :hidden] of a wider tensor, row stride a
+multiple of the arch's vector width), npc in {16, 32, 64, 128} or npc = hidden (one scale per
+row, grid value npc = 0), and the three scale layouts of KERNELS.md: (a) row-major fp32,
 (b) ``use_tma_aligned_col_major_sf`` (fp32, column-major, token dimension padded to a multiple
 of 4) and (c) ``use_packed_ue8m0`` (int32 words of four UE8M0 exponents, laid out as (b)). The
 launcher validates the tensors (dtype, device, shape, strides, alignment) and names the argument
@@ -11,16 +14,22 @@ cover.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .._args import matrix, not_built, one_of, positive_int
+from .._build_info import ALIGNMENT
 from .._runtime import custom_op, dtype_name, get_kernel
+from ..errors import KernelArgumentError
 
-__all__ = ["per_token_cast"]
+__all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]
 
 _kernel = get_kernel("per_token_cast")
 
-_FORMATS = ("e4m3", "e2m1")
+_FORMATS = ("e4m3", "e2m1", "e5m6")
+# The kernel's runtime ``mode`` (templates/quant/per_token_cast.py.j2).
+_MODE_CAST, _MODE_SF_ONLY, _MODE_GIVEN_SF = 0, 1, 2
 # Packages built from a spec without the sf_layout grid key hold the row-major layout only.
 _HAS_LAYOUTS = "sf_layout" in _kernel.keys
 
@@ -70,19 +79,49 @@ def _outputs(
     return q, sf
 
 
+def _select(x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str) -> Callable[..., None]:
+    """The launcher of the variant; npc == hidden is the grid's npc = 0 (one scale per row)."""
+    hidden = int(x.shape[1])
+    return _kernel.select(in_dtype=dtype_name(x.dtype), hidden=hidden, fmt=fmt, npc=0 if npc == hidden else npc,
+                          round_sf=round_sf, sf_layout=sf_layout)
+
+
 def _cast(
-    x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str = "row_major"
+    x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str = "row_major", sf_only: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
-    launch = _kernel.select(in_dtype=dtype_name(x.dtype), hidden=int(x.shape[1]), fmt=fmt, npc=npc,
-                            round_sf=round_sf, sf_layout=sf_layout)
+    """Pick the variant and launch it; the launcher checks every tensor and names it in errors.
+
+    With sf_only the kernel writes sf only and q stays uninitialised (it is dropped by the caller).
+    """
+    launch = _select(x, fmt, npc, round_sf, sf_layout)
     q, sf, sf_arg = _allocate(x, fmt, npc, sf_layout)
-    launch(x, q, sf_arg)
+    launch(x, q, sf_arg, _MODE_SF_ONLY if sf_only else _MODE_CAST)
     return q, sf
 
 
+def _cast_outputs(
+    x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str = "row_major", sf_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _outputs(x, fmt, npc, round_sf, sf_layout)
+
+
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_token_cast, with a fixed schema.
-_per_token_cast_op = custom_op("per_token_cast", fake=_outputs)(_cast)
+_per_token_cast_op = custom_op("per_token_cast", fake=_cast_outputs)(_cast)
+
+
+def _cast_given(x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> torch.Tensor:
+    """Launch with the given scales (sf_arg: what the kernel reads, see _given_scales); returns q."""
+    launch = _select(x, fmt, npc, sf_layout == "ue8m0", sf_layout)
+    q, _, _ = _allocate(x, fmt, npc, "row_major")
+    launch(x, q, sf_arg, _MODE_GIVEN_SF)
+    return q
+
+
+def _given_outputs(x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> torch.Tensor:
+    return _allocate(x, fmt, npc, "row_major")[0]
+
+
+_per_token_cast_given_op = custom_op("per_token_cast_with_precomputed_sf", fake=_given_outputs)(_cast_given)
 
 
 def _sf_layout(use_tma_aligned_col_major_sf: bool, round_sf: bool, use_packed_ue8m0: bool) -> str:
@@ -97,6 +136,67 @@ def _sf_layout(use_tma_aligned_col_major_sf: bool, round_sf: bool, use_packed_ue
     return "col_major" if use_tma_aligned_col_major_sf else "row_major"
 
 
+def _check_x(x: object) -> torch.Tensor:
+    """x as a 2-D tensor whose row stride keeps every row on a vector boundary (the kernel's loads)."""
+    x = matrix("x", x)
+    if x.shape[0] > 1 and x.stride(1) == 1 and (x.stride(0) * x.element_size()) % ALIGNMENT != 0:
+        raise KernelArgumentError(
+            f"x: the row stride ({x.stride(0)} elements) must be a multiple of {ALIGNMENT} bytes "
+            f"({ALIGNMENT // x.element_size()} elements) for the kernel's vector loads; pass x.contiguous()"
+        )
+    return x
+
+
+def _dequantized(x: object, x_block_size: object) -> object:
+    """x, or for a quantized (data, sf) pair with x_block_size its fp32 dequantization.
+
+    KERNELS.md: the input is dequantized (decode(data) * sf, one fp32 multiply) first; here by
+    cast_back into an fp32 (T, H) tensor that the fp32 variant then casts, so the result is
+    bit-identical to casting that tensor (two launches and an fp32 round trip through memory,
+    where TileKernels fuses both). Any scale block cast_back is built for is accepted.
+    """
+    if not isinstance(x, (tuple, list)):
+        if x_block_size is not None:
+            raise ValueError("x_block_size: only a quantized (data, sf) pair x has a scale block; pass None")
+        return x
+    if x_block_size is None:
+        raise ValueError("x_block_size: a quantized (data, sf) pair x needs its scale block (num_per_tokens, "
+                         "num_per_channels)")
+    try:
+        from ._per_token_cast_back import cast_back
+    except ImportError:
+        raise _not_built("x_block_size", "re-quantization (it dequantizes with per_token_cast_back)") from None
+    return cast_back(tuple(x), "fp32", x_block_size)  # type: ignore[arg-type]
+
+
+def _check_options(
+    x: object, fmt: str, num_per_channels: int, x_block_size: object,
+    use_tma_aligned_col_major_sf: bool, round_sf: bool, use_packed_ue8m0: bool,
+) -> tuple[torch.Tensor, int, str]:
+    """(x, npc, sf_layout) after the checks the forms share; errors name the argument."""
+    one_of("fmt", fmt, _FORMATS[:2])
+    npc = positive_int("num_per_channels", num_per_channels)
+    sf_layout = _sf_layout(bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0))
+    if sf_layout != "row_major" and not _HAS_LAYOUTS:
+        if sf_layout == "ue8m0":
+            raise _not_built("use_packed_ue8m0", "the packed UE8M0 scale layout")
+        raise _not_built("use_tma_aligned_col_major_sf", "the column-major TMA-aligned scale layout")
+    x = _check_x(_dequantized(x, x_block_size))  # the options are checked before any launch
+    hidden = int(x.shape[1])
+    if hidden % npc != 0:
+        raise ValueError(f"num_per_channels: hidden ({hidden}) must be a multiple of num_per_channels ({npc})")
+    return x, npc, sf_layout
+
+
+def _e5m6(x: torch.Tensor, num_per_channels: int, **flags: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Route fmt 'e5m6' to the E5M6 op module, when this package was built with it."""
+    try:
+        from ._e5m6 import per_token_cast_e5m6  # type: ignore[import-not-found]
+    except ImportError:
+        raise _not_built("fmt", "the E5M6 format ('e5m6')") from None
+    return per_token_cast_e5m6(x, num_per_channels, **flags)  # type: ignore[no-any-return]
+
+
 def per_token_cast(
     x: torch.Tensor,
     fmt: str,
@@ -109,10 +209,15 @@ def per_token_cast(
     """Cast x (num_tokens, hidden) to FP8/FP4 with one scale per token and npc channels.
 
     Args:
-        x: bf16 or fp32 CUDA tensor of shape (num_tokens, hidden), contiguous.
-        fmt: ``'e4m3'`` (FP8) or ``'e2m1'`` (FP4, two codes per int8).
-        num_per_channels: channels sharing one scale factor (npc).
-        x_block_size: scale block of a quantized (data, sf) input; not built (must be None).
+        x: bf16 or fp32 CUDA tensor of shape (num_tokens, hidden), unit column stride; rows may
+            be strided (a row stride that is a multiple of 16 bytes, 32 on sm100); or a
+            quantized (data, sf) pair with x_block_size.
+        fmt: ``'e4m3'`` (FP8), ``'e2m1'`` (FP4, two codes per int8), or ``'e5m6'`` (routed to
+            ``per_token_cast_e5m6`` when the package holds it).
+        num_per_channels: channels sharing one scale factor (npc): 16..128 or hidden.
+        x_block_size: for a quantized input x = (data, sf) (fp8 e4m3 or packed e2m1 codes with
+            scales as per_token_cast returns them), its scale block (1, npc_in); the pair is
+            dequantized to fp32 first (KERNELS.md), then cast. None for a plain tensor.
         use_tma_aligned_col_major_sf: return sf column-major with the token dimension padded to
             a multiple of 4 (TMA-aligned), strides (1, align(num_tokens, 4)).
         round_sf: round each scale up to a power of two.
@@ -128,24 +233,87 @@ def per_token_cast(
         (num_tokens, G / 4), column-major, byte g % 4 of word g / 4 holding the biased exponent
         of group g's scale (scale = float with bits byte << 23). The padding behind the
         column-major views (tokens num_tokens .. align(num_tokens, 4) - 1) is uninitialised.
+        A group holding a NaN or an Inf gets the scale NaN (UE8M0 byte 0xFF) and the codes
+        0x7F (the e4m3 NaN) or 0 (e2m1), so it dequantizes to NaN.
     """
-    if isinstance(x, tuple):
-        raise _not_built("x", "re-quantization of a (data, sf) pair (x_block_size)")
-    x = matrix("x", x)
     one_of("fmt", fmt, _FORMATS)
-    npc = positive_int("num_per_channels", num_per_channels)
-    if x_block_size is not None:
-        raise _not_built("x_block_size", "re-quantization of a (data, sf) pair")
-    sf_layout = _sf_layout(bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0))
-    if sf_layout != "row_major" and not _HAS_LAYOUTS:
-        if sf_layout == "ue8m0":
-            raise _not_built("use_packed_ue8m0", "the packed UE8M0 scale layout")
-        raise _not_built("use_tma_aligned_col_major_sf", "the column-major TMA-aligned scale layout")
-
-    hidden = int(x.shape[1])
-    if hidden % npc != 0:
-        raise ValueError(f"num_per_channels: hidden ({hidden}) must be a multiple of num_per_channels ({npc})")
-
+    if fmt == "e5m6":
+        if x_block_size is not None:
+            raise ValueError("x_block_size: fmt 'e5m6' casts plain bf16 / fp32 tensors only (must be None)")
+        return _e5m6(x, num_per_channels, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
+                     round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0)
+    x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                                       round_sf, use_packed_ue8m0)
     if torch.compiler.is_compiling():
-        return _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout)
+        return _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, False)
     return _cast(x, fmt, npc, bool(round_sf), sf_layout)
+
+
+def per_token_cast_with_sf_only(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    x_block_size: tuple[int, int] | None = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> torch.Tensor:
+    """The scale factors ``per_token_cast`` returns, without writing the codes (same arguments)."""
+    x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                                       round_sf, use_packed_ue8m0)
+    if torch.compiler.is_compiling():
+        return _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, True)[1]
+    return _cast(x, fmt, npc, bool(round_sf), sf_layout, sf_only=True)[1]
+
+
+def _given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torch.Tensor:
+    """The tensor the kernel reads for user scales in ``sf_layout``; errors name sf.
+
+    row_major: float32 (T, G) as given (the launcher checks it is contiguous). col_major: the
+    float32 (T, G) values as the (G, P) storage, read in place when sf is a view with strides
+    (1, P) over whole storage (what per_token_cast returns), else copied. ue8m0: int32 (T, G / 4)
+    words, the same way, seen as bytes (G / 4, P, 4).
+    """
+    if not isinstance(sf, torch.Tensor):
+        raise TypeError(f"sf: expected a torch.Tensor of scale factors, got {type(sf).__name__}")
+    num_tokens, hidden = x.shape
+    groups = hidden // npc
+    width, dtype = ((groups + 3) // 4, torch.int32) if sf_layout == "ue8m0" else (groups, torch.float32)
+    if sf.dtype != dtype or tuple(sf.shape) != (num_tokens, width):
+        raise KernelArgumentError(f"sf: expected {dtype} of shape {(num_tokens, width)} for this layout, "
+                                  f"got {sf.dtype} of shape {tuple(sf.shape)}")
+    if sf_layout == "row_major":
+        return sf
+    padded = sf.stride(1)
+    in_place = num_tokens > 0 and sf.stride(0) == 1 and padded >= num_tokens and \
+        sf.untyped_storage().nbytes() >= (sf.storage_offset() + width * padded) * sf.element_size()
+    if in_place:
+        storage = sf.as_strided((width, padded), (padded, 1))
+    else:
+        storage = sf.new_empty((width, num_tokens)).copy_(sf.t())  # fresh: standard strides
+    if sf_layout == "col_major":
+        return storage
+    return storage.view(torch.uint8).view(storage.shape[0], storage.shape[1], 4)
+
+
+def per_token_cast_with_precomputed_sf(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    sf: torch.Tensor,
+    x_block_size: tuple[int, int] | None = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> torch.Tensor:
+    """The codes of x cast with the given scales: q = cast(x_f32 * (1 / sf)), 1 / sf an IEEE division.
+
+    sf is laid out as the flags say (as ``per_token_cast`` returns it with the same flags);
+    round_sf only matters for use_packed_ue8m0 (which needs it), the scales being given.
+    """
+    x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                                       round_sf, use_packed_ue8m0)
+    sf_arg = _given_scales(sf, x, npc, sf_layout)
+    if torch.compiler.is_compiling():
+        return _per_token_cast_given_op(x, sf_arg, fmt, npc, sf_layout)
+    return _cast_given(x, sf_arg, fmt, npc, sf_layout)

@@ -5,7 +5,10 @@ The public API follows TileKernels' ``tile_kernels.quant.per_token_cast_back`` a
 channels) in the three layouts ``per_token_cast`` produces, told apart by sf's dtype and
 strides: fp32 row-major, fp32 column-major with the token dimension padded
 (``use_tma_aligned_col_major_sf``) and int32 words of packed UE8M0 exponents
-(``use_packed_ue8m0``). The input format comes from the codes' dtype: float8_e4m3fn is e4m3,
+(``use_packed_ue8m0``), with num_per_channels up to hidden (one scale per row, grid npc 0);
+``cast_back`` also takes per-block fp32 scales, blocks (32 | 128) x (32 | 128), spread to
+per-token scales for the same kernel; ``x_special_fmt='e5m6'`` goes to the E5M6 op module.
+The input format comes from the codes' dtype: float8_e4m3fn is e4m3,
 int8 is packed e2m1 (element 2i in the low nibble). The launcher validates the tensors (dtype,
 device, shape, strides, alignment) and names the argument (``q`` the codes, ``sf`` the scales)
 in its errors; this module checks the rest.
@@ -31,6 +34,15 @@ _IN_FORMATS = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
 
 def _not_built(argument: str, what: str) -> NotImplementedError:
     return not_built(argument, what, "per_token_cast_back")
+
+
+def _e5m6(x: tuple[torch.Tensor, torch.Tensor], fmt: str | torch.dtype, x_block_size: tuple[int, int]) -> torch.Tensor:
+    """Route E5M6 codes to the E5M6 op module (which checks the block), when the package has it."""
+    try:
+        from ._e5m6 import cast_back_e5m6  # type: ignore[import-not-found]
+    except ImportError:
+        raise _not_built("x_special_fmt", "the E5M6 format ('e5m6')") from None
+    return cast_back_e5m6(x, fmt, x_block_size)  # type: ignore[no-any-return]
 
 
 def _out_dtype(fmt: str | torch.dtype) -> torch.dtype:
@@ -96,11 +108,12 @@ def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> tor
     """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
     out = _outputs(q, sf, out_fmt, npc)
     sf_layout, sf_arg = _scale_argument(sf)
+    hidden = int(out.shape[1])
     launch = _kernel.select(
         fmt=_IN_FORMATS[q.dtype],
-        npc=npc,
+        npc=0 if npc == hidden else npc,  # the grid spells one scale per row npc = 0
         out_dtype=dtype_name(out.dtype),
-        hidden=int(out.shape[1]),
+        hidden=hidden,
         sf_layout=sf_layout,
     )
     launch(q, sf_arg, out)
@@ -127,7 +140,8 @@ def per_token_cast_back(
             packed UE8M0 exponents (byte g % 4 of word g / 4 is group g's biased exponent).
         fmt: output format, ``'bf16'`` or ``'fp32'`` (or the torch dtype).
         num_per_channels: channels sharing one scale factor (npc).
-        x_special_fmt: ``'e5m6'`` codes; not built (must be None).
+        x_special_fmt: None, or ``'e5m6'`` for E5M6 codes (routed to ``cast_back_e5m6``, which
+            needs a package built with the E5M6 kernels: NotImplementedError naming it otherwise).
 
     Returns:
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
@@ -135,8 +149,10 @@ def per_token_cast_back(
     """
     out_dtype = _out_dtype(fmt)
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
+    if x_special_fmt == "e5m6":
+        return _e5m6(x, out_fmt, (1, num_per_channels))
     if x_special_fmt is not None:
-        raise _not_built("x_special_fmt", f"the special format {x_special_fmt!r}")
+        raise ValueError(f"x_special_fmt: expected None or 'e5m6', got {x_special_fmt!r}")
     npc = positive_int("num_per_channels", num_per_channels)
     q, sf = _pair(x)
     hidden = int(q.shape[1]) * (2 if q.dtype == torch.int8 else 1)
@@ -158,6 +174,37 @@ def per_token_cast_back(
     return _cast_back(q, sf, out_fmt, npc)
 
 
+_BLOCK_SIDES = (32, 128)  # per-block scales: (32 | 128) x (32 | 128) blocks, as per_block_cast makes them
+
+
+def _per_token_scales(
+    x: object, num_per_tokens: int, num_per_channels: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+    """Per-block fp32 scales (ceil(T / bm), H / bk) spread to per-token ones: ((q, sf (T, H / npc)), npc).
+
+    Each block scale is repeated over its bm tokens (and, for FP4 with bk = 128, over four
+    32-channel groups: e2m1 is built for npc 16 and 32), so per_token_cast_back computes the
+    same fp32 product decode(q) * sf per element, bit for bit.
+    """
+    if num_per_tokens not in _BLOCK_SIDES or num_per_channels not in _BLOCK_SIDES:
+        raise _not_built("x_block_size", f"the block size {(num_per_tokens, num_per_channels)!r} (per-token (1, npc) "
+                         "blocks and (32 | 128) x (32 | 128) blocks are)")
+    q, sf = _pair(x)
+    num_tokens, width = q.shape
+    hidden = width * 2 if q.dtype == torch.int8 else width
+    if hidden % num_per_channels != 0:
+        raise ValueError(f"x_block_size: hidden ({hidden}) must be a multiple of num_per_channels ({num_per_channels})")
+    expected = ((num_tokens + num_per_tokens - 1) // num_per_tokens, hidden // num_per_channels)
+    if sf.dtype != torch.float32 or tuple(sf.shape) != expected:
+        raise KernelArgumentError(f"x[1] (sf): expected float32 per-block scales of shape {expected} for codes of "
+                                  f"shape {tuple(q.shape)}, got {sf.dtype} {tuple(sf.shape)}")
+    sf = sf.repeat_interleave(num_per_tokens, dim=0)[:num_tokens]
+    npc = num_per_channels
+    if q.dtype == torch.int8 and npc == 128:
+        sf, npc = sf.repeat_interleave(4, dim=1), 32
+    return (q, sf.contiguous()), npc
+
+
 def cast_back(
     x: tuple[torch.Tensor, torch.Tensor],
     fmt: str | torch.dtype,
@@ -166,8 +213,10 @@ def cast_back(
 ) -> torch.Tensor:
     """Dequantize (q, sf) scaled per ``x_block_size`` = (num_per_tokens, num_per_channels) blocks.
 
-    This build covers per-token blocks (1, num_per_channels), which it forwards to
-    ``per_token_cast_back``; other block shapes raise NotImplementedError.
+    Per-token blocks (1, npc) go to ``per_token_cast_back`` (every scale layout it reads).
+    Per-block scales, blocks (32 | 128) x (32 | 128) as ``per_block_cast`` makes them, are fp32
+    (ceil(T / bm), H / bk), row- or column-major; they are spread to per-token scales (a
+    T x H / bk fp32 tensor) and decoded by the same kernel, so out = decode(q) * sf exactly.
     """
     try:
         num_per_tokens, num_per_channels = x_block_size
@@ -175,6 +224,8 @@ def cast_back(
         raise TypeError(
             f"x_block_size: expected a (num_per_tokens, num_per_channels) pair, got {x_block_size!r}"
         ) from None
+    if x_special_fmt == "e5m6":
+        return _e5m6(x, _out_dtype(fmt), (num_per_tokens, num_per_channels))
     if num_per_tokens != 1:
-        raise _not_built("x_block_size", f"the block size {tuple(x_block_size)!r} (only (1, npc) blocks)")
+        x, num_per_channels = _per_token_scales(x, num_per_tokens, num_per_channels)
     return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt=x_special_fmt)

@@ -20,15 +20,15 @@ import pytest
 import torch
 
 from tests.gpu.installed import installed_package
-from tests.reference.quant import cast_error, per_token_cast_ref
-from tests.reference.quant_cast_back import per_token_cast_back_ref
+from tests.reference.quant import cast_error, dequant, per_token_cast_ref
+from tests.reference.quant_cast_back import per_block_cast_back_ref, per_token_cast_back_ref
 
 tile_kernels_aot, quant, errors, runtime = installed_package()
 
 pytestmark = pytest.mark.gpu
 
 OUT = {"bfloat16": (torch.bfloat16, "bf16"), "float32": (torch.float32, "fp32")}
-HIDDEN = (2048, 4096, 7168)
+HIDDEN = (2048, 2560, 4096, 6144, 7168)
 NPC = {"e4m3": (32, 64, 128), "e2m1": (16, 32)}
 ERROR_BOUND = {"e4m3": 1e-3, "e2m1": 2e-2}  # 1 - 2 sum(xy) / sum(x^2 + y^2), KERNELS.md
 
@@ -308,11 +308,100 @@ def test_uncovered_scale_layout_is_refused() -> None:
     ("flag", "call"),
     [
         ("x_block_size", lambda q, sf: quant.cast_back((q, sf), "bf16", (128, 128))),
-        ("x_special_fmt", lambda q, sf: quant.per_token_cast_back((q, sf), "bf16", 128, x_special_fmt="e5m6")),
     ],
-    ids=["per-block", "e5m6"],
+    ids=["per-block"],
 )
 def test_unbuilt_forms_are_refused(flag: str, call: object) -> None:
     q = random_codes(4, 2048, "e4m3")
     with pytest.raises(NotImplementedError, match=rf"{flag}.*spec"):
         call(q, torch.ones(4, 16, device="cuda"))  # type: ignore[operator]
+
+
+# --- per-block scales, one scale per row, NaN ------------------------------------------------
+
+BLOCKS = [(32, 32), (32, 128), (128, 32), (128, 128)]
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 4001, 8192])
+@pytest.mark.parametrize("block", BLOCKS, ids=str)
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("out", ["bfloat16", "float32"])
+def test_cast_back_per_block_scales(out: str, fmt: str, block: tuple[int, int], num_tokens: int) -> None:
+    """decode(q) * sf[t // bm, c // bk], bit for bit; scales row-major and column-major."""
+    bm, bk = block
+    hidden = 7168 if num_tokens == 8192 else 2560
+    q = random_codes(num_tokens, hidden, fmt)
+    sf = random_scales(-(-num_tokens // bm), hidden // bk)
+    dtype, name = OUT[out]
+    for scales in (sf, sf.t().contiguous().t()):
+        got = quant.cast_back((q, scales), name, block)
+        assert got.dtype == dtype and got.shape == (num_tokens, hidden)
+        want = per_block_cast_back_ref(q, sf, name, block)
+        assert torch.equal(got.view(torch.int16 if out == "bfloat16" else torch.int32),
+                           want.view(torch.int16 if out == "bfloat16" else torch.int32))
+
+
+@pytest.mark.parametrize(("fmt", "block"), [("e4m3", (128, 128)), ("e2m1", (32, 32))])
+def test_per_block_cast_round_trip(fmt: str, block: tuple[int, int]) -> None:
+    if not hasattr(quant, "per_block_cast"):
+        pytest.skip("the package has no per_block_cast")
+    x = torch.randn(4001, 7168, device="cuda", dtype=torch.bfloat16)
+    q, sf = quant.per_block_cast(x, fmt, block)
+    y = quant.cast_back((q, sf), "fp32", block)
+    assert cast_error(x.float(), y) < (1e-3 if fmt == "e4m3" else 2e-2)
+
+
+def test_per_block_scale_errors_name_the_argument() -> None:
+    q = random_codes(40, 2048, "e4m3")
+    with pytest.raises(errors.KernelArgumentError, match=r"x\[1\] \(sf\)"):
+        quant.cast_back((q, torch.ones(1, 16, device="cuda")), "bf16", (32, 128))  # needs 2 token blocks
+    with pytest.raises(NotImplementedError, match=r"x_block_size"):
+        quant.cast_back((q, torch.ones(1, 16, device="cuda")), "bf16", (64, 128))
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 4001, 8192])
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("out", ["bfloat16", "float32"])
+def test_one_scale_per_row(out: str, fmt: str, hidden: int, num_tokens: int) -> None:
+    """num_per_channels == hidden (grid npc 0): scales (T, 1)."""
+    q = random_codes(num_tokens, hidden, fmt)
+    sf = random_scales(num_tokens, 1)
+    _, name = OUT[out]
+    got = quant.per_token_cast_back((q, sf), name, hidden)
+    want = per_token_cast_back_ref(q, sf, name, hidden)
+    bits = torch.int16 if out == "bfloat16" else torch.int32
+    assert torch.equal(got.view(bits), want.view(bits))
+
+
+def test_nan_codes_and_scales_decode_to_nan() -> None:
+    """What per_token_cast writes for a NaN group (codes 0x7F / 0, scale NaN or UE8M0 0xFF) decodes to NaN."""
+    x = torch.randn(3, 2048, device="cuda", dtype=torch.bfloat16)
+    x[1, 7] = float("nan")
+    for fmt, npc, flags in (("e4m3", 128, {}), ("e2m1", 32, {}), ("e4m3", 128, {
+            "round_sf": True, "use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": True})):
+        q, sf = quant.per_token_cast(x, fmt, npc, **flags)
+        y = quant.per_token_cast_back((q, sf), "fp32", npc)
+        assert bool(torch.isnan(y[1, :npc]).all()) and not bool(torch.isnan(y[[0, 2]]).any())
+        assert not bool(torch.isnan(y[1, npc:]).any())
+        assert torch.equal(y.isnan(), dequant(q, sf, fmt, npc).isnan())
+
+
+def test_e5m6_routes_to_its_module_or_names_x_special_fmt() -> None:
+    """x_special_fmt='e5m6' goes to cast_back_e5m6 when the package holds it (quant/_e5m6.py)."""
+    import importlib
+
+    x = torch.randn(5, 2048, device="cuda", dtype=torch.bfloat16)
+    try:
+        importlib.import_module(f"{tile_kernels_aot.__name__}.quant._e5m6")
+    except ImportError:
+        q = random_codes(5, 2048, "e4m3")
+        for call in (lambda: quant.per_token_cast_back((q, torch.ones(5, 1, device="cuda")), "bf16", 2048, "e5m6"),
+                     lambda: quant.cast_back((q, torch.ones(5, 1, device="cuda")), "bf16", (1, 2048), "e5m6")):
+            with pytest.raises(NotImplementedError, match=r"^x_special_fmt"):
+                call()
+        return
+    pair = quant.per_token_cast(x, "e5m6", 2048)
+    y = quant.cast_back(pair, "fp32", (1, 2048), x_special_fmt="e5m6")
+    assert torch.equal(y, quant.per_token_cast_back(pair, "fp32", 2048, x_special_fmt="e5m6"))
+    assert cast_error(x.float(), y) < 1e-4  # KERNELS.md's E5M6 bound

@@ -17,6 +17,12 @@ Scale-factor layouts (KERNELS.md (a), (b), (c)), selected by ``sf_layout``:
   (bits >> 23) of group 4w + k's rounded scale; bytes past the last group are 0.
 The reference fills the padding of its column-major storage with zeros; the kernels leave it
 unwritten, so comparisons look at the logical (T, ...) view only.
+
+Non-finite inputs never pass silently: a group whose amax is NaN or Inf (it holds a NaN or an
+Inf) gets sf = NaN (UE8M0 byte 0xFF) and codes 0x7F (the e4m3 NaN) or 0 (e2m1 has no NaN), so
+it dequantizes to NaN. ``per_token_cast_ref`` also takes npc == H (one scale per row) and
+strided rows (it reads x through its strides), and ``precomputed_sf_cast_ref`` is the
+``per_token_cast_with_precomputed_sf`` form: q = cast(x_f32 * (1 / sf)).
 """
 
 from __future__ import annotations
@@ -60,13 +66,20 @@ def scales(x: torch.Tensor, fmt: str, npc: int, round_sf: bool) -> tuple[torch.T
 
 
 def scales_from_amax(amax: torch.Tensor, fmt: str, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sf, q_scale) of a group amax: clamp it, sf = amax / qmax (IEEE), and the factor that quantizes."""
+    """(sf, q_scale) of a group amax: clamp it, sf = amax / qmax (IEEE), and the factor that quantizes.
+
+    A NaN or Inf amax gives NaN for both (torch.maximum keeps NaN; Inf is set to NaN explicitly).
+    """
+    nonfinite = ~torch.isfinite(amax)
     amax = torch.maximum(amax, _full(amax, AMAX_FLOOR[fmt]))
     sf = amax / _full(amax, QMAX[fmt])
     if round_sf:
-        sf = round_sf_up(sf)
-        return sf, _full(sf, 1.0) / sf
-    return sf, _full(amax, QMAX[fmt]) / amax
+        sf = round_sf_up(torch.where(nonfinite, _full(sf, 1.0), sf))
+        q_scale = _full(sf, 1.0) / sf
+    else:
+        q_scale = _full(amax, QMAX[fmt]) / amax
+    nan = _full(sf, float("nan"))
+    return torch.where(nonfinite, nan, sf), torch.where(nonfinite, nan, q_scale)
 
 
 def fp4_encode(v: torch.Tensor) -> torch.Tensor:
@@ -145,9 +158,11 @@ def ue8m0_pack(sf: torch.Tensor) -> torch.Tensor:
     """
     if sf.dtype != torch.float32 or sf.dim() != 2:
         raise ValueError(f"expected float32 (T, G) scales, got {sf.dtype} of shape {tuple(sf.shape)}")
-    bits = sf.contiguous().view(torch.int32).to(torch.int64)
+    nan = torch.isnan(sf)
+    bits = torch.where(nan, torch.full_like(sf, 2.0**127), sf).contiguous().view(torch.int32).to(torch.int64)
     if bool(((bits & 0x807FFFFF) != 0).any()) or bool((bits == 0).any()):
         raise ValueError("UE8M0 holds positive powers of two only: round the scales first (round_sf)")
+    bits = torch.where(nan, torch.full_like(bits, 0xFF << 23), bits)  # NaN is the byte 0xFF
     num_tokens, groups = sf.shape
     words = align(groups, 4) // 4
     exponents = torch.zeros((num_tokens, words * 4), dtype=torch.int64, device=sf.device)
@@ -159,7 +174,11 @@ def ue8m0_pack(sf: torch.Tensor) -> torch.Tensor:
 
 
 def ue8m0_unpack(words: torch.Tensor, groups: int) -> torch.Tensor:
-    """int32 words (T, ceil(G/4)) -> float32 scales (T, G): byte b decodes to the float of bits b << 23."""
+    """int32 words (T, ceil(G/4)) -> float32 scales (T, G): byte b decodes to the float of bits b << 23.
+
+    (The byte 0xFF, a NaN scale, decodes to +Inf, as the kernels decode it; any code times it
+    is then Inf or NaN.)
+    """
     if words.dtype != torch.int32:
         raise TypeError(f"UE8M0 words must be int32, got {words.dtype}")
     w = words.to(torch.int64) & 0xFFFFFFFF
@@ -185,20 +204,36 @@ def per_token_cast_ref(
         raise ValueError("sf_layout 'ue8m0' (use_packed_ue8m0) needs round_sf: UE8M0 holds powers of two")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (num_tokens, hidden), got shape {tuple(x.shape)}")
-    num_tokens, hidden = x.shape
     sf, q_scale = scales(x, fmt, npc, round_sf)
-    scaled = x.float().reshape(num_tokens, hidden // npc, npc) * q_scale.unsqueeze(-1)
-    scaled = scaled.reshape(num_tokens, hidden)
-    if fmt == "e4m3":
-        qmax = QMAX[fmt]
-        q = torch.clamp(scaled, -qmax, qmax).to(torch.float8_e4m3fn)
-    else:
-        q = fp4_pack(fp4_encode(scaled))
+    q = _encode(x, q_scale, fmt, npc)
     if sf_layout == "col_major":
         sf = tma_aligned_col_major(sf)
     elif sf_layout == "ue8m0":
         sf = tma_aligned_col_major(ue8m0_pack(sf))
     return q, sf
+
+
+def _encode(x: torch.Tensor, q_scale: torch.Tensor, fmt: str, npc: int) -> torch.Tensor:
+    """Codes of x_f32 * q_scale (per group): e4m3 clamped to +-448, NaN -> 0x7F; e2m1 packed, NaN -> 0."""
+    num_tokens, hidden = x.shape
+    scaled = x.float().reshape(num_tokens, hidden // npc, npc) * q_scale.unsqueeze(-1)
+    scaled = scaled.reshape(num_tokens, hidden)
+    nan = torch.isnan(scaled)
+    if fmt == "e4m3":
+        qmax = QMAX[fmt]
+        q = torch.clamp(scaled, -qmax, qmax).to(torch.float8_e4m3fn)
+        q.view(torch.uint8)[nan] = 0x7F  # the positive e4m3 NaN, whatever sign torch gave it
+        return q
+    return fp4_pack(torch.where(nan, 0, fp4_encode(scaled)))
+
+
+def precomputed_sf_cast_ref(x: torch.Tensor, fmt: str, npc: int, sf: torch.Tensor) -> torch.Tensor:
+    """Codes of x (T, H) cast with given fp32 scales sf (T, H / npc), any strides: x_f32 * (1 / sf)."""
+    _check_fmt(fmt)
+    num_tokens, hidden = x.shape
+    if hidden % npc != 0 or tuple(sf.shape) != (num_tokens, hidden // npc) or sf.dtype != torch.float32:
+        raise ValueError(f"sf must be float32 ({num_tokens}, {hidden} / {npc}), got {sf.dtype} {tuple(sf.shape)}")
+    return _encode(x, _full(sf, 1.0) / sf, fmt, npc)
 
 
 def dequant(q: torch.Tensor, sf: torch.Tensor, fmt: str, npc: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.reference.quant import dequant
+from tests.reference.quant import dequant, fp4_decode
 
 # The input format follows from the codes' dtype, as in the op.
 IN_FORMATS: dict[torch.dtype, str] = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
@@ -54,3 +54,23 @@ def per_token_cast_back_ref(q: torch.Tensor, sf: torch.Tensor, fmt: str | torch.
     if tuple(sf.shape) != (q.shape[0], width):
         raise ValueError(f"sf must have shape ({q.shape[0]}, {width}), got {tuple(sf.shape)}")
     return dequant(q, sf, code_fmt, npc).to(out_dtype_of(fmt))
+
+
+def per_block_cast_back_ref(
+    q: torch.Tensor, sf: torch.Tensor, fmt: str | torch.dtype, block: tuple[int, int]
+) -> torch.Tensor:
+    """Reference cast back with per-block scales: out[t, c] = decode(q)[t, c] * sf[t // bm, c // bk].
+
+    q as in per_token_cast_back_ref; sf float32 (ceil(T / bm), ceil(H / bk)) in any strides.
+    Written independently of the per-token path: the block index of every element, then one
+    fp32 multiply and the cast.
+    """
+    bm, bk = block
+    code_fmt = in_format(q)
+    values = q.float() if code_fmt == "e4m3" else fp4_decode(q)
+    num_tokens, hidden = values.shape
+    if sf.dtype != torch.float32 or tuple(sf.shape) != (-(-num_tokens // bm), -(-hidden // bk)):
+        raise ValueError(f"sf must be float32 of shape (ceil(T / {bm}), ceil(H / {bk})), got {sf.dtype} {tuple(sf.shape)}")
+    rows = torch.arange(num_tokens, device=q.device) // bm
+    cols = torch.arange(hidden, device=q.device) // bk
+    return (values * sf[rows[:, None], cols[None, :]]).to(out_dtype_of(fmt))

@@ -1,0 +1,218 @@
+"""The per_token_cast op modules on CPU, in the small test package (tests/data/specs/small.yaml).
+
+Argument errors fire in the op's own checks, before any launch. The forms' Python paths (output
+allocation, scale layouts handed to the kernel, the mode argument, per-row variant keys,
+re-quantization, per-block cast back) run against fake launchers that compute with the
+reference, so the GPU tests only have the kernels left to find wrong.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import TEMPLATES
+from tests.reference.quant import dequant, per_token_cast_ref, precomputed_sf_cast_ref, ue8m0_unpack
+from tests.reference.quant_cast_back import per_block_cast_back_ref, per_token_cast_back_ref
+from tkc.build import ArchSummary, BuildOptions
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def quant(small_build: tuple[BuildOptions, list[ArchSummary]]) -> Iterator[ModuleType]:
+    options, _ = small_build
+    root = options.build_dir / "pkg" / "tkc_small_kernels" / "sm90"
+    sys.path.insert(0, str(root))
+    try:
+        yield importlib.import_module("tkc_small_kernels.quant")
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m.startswith("tkc_small_kernels")]:
+            del sys.modules[name]
+
+
+def test_public_forms_are_exported(quant: ModuleType) -> None:
+    for name in ("per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf"):
+        assert callable(getattr(quant, name)), name
+
+
+def test_misaligned_row_stride_names_x(quant: ModuleType) -> None:
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    x = torch.ones(4, 2049, dtype=torch.bfloat16)[:, :2048]  # 4098-byte rows
+    with pytest.raises(errors.KernelArgumentError, match=r"^x: the row stride \(2049 elements\)"):
+        quant.per_token_cast(x, "e4m3", 128, round_sf=True)
+    with pytest.raises(errors.KernelArgumentError, match=r"^x: the row stride"):
+        quant.per_token_cast_with_sf_only(x, "e4m3", 128, round_sf=True)
+
+
+def test_precomputed_sf_is_checked_by_name(quant: ModuleType) -> None:
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    x = torch.ones(4, 2048, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"^sf: "):
+        quant.per_token_cast_with_precomputed_sf(x, "e4m3", 128, None)
+    with pytest.raises(errors.KernelArgumentError, match=r"^sf: .*\(4, 16\)"):
+        quant.per_token_cast_with_precomputed_sf(x, "e4m3", 128, torch.ones(4, 15))
+    with pytest.raises(errors.KernelArgumentError, match=r"^sf: .*torch.float32"):
+        quant.per_token_cast_with_precomputed_sf(x, "e4m3", 128, torch.ones(4, 16, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("call", "argument", "error"),
+    [
+        (lambda q, x: q.per_token_cast_with_sf_only(x, "e5m6", 128), "fmt", ValueError),
+        (lambda q, x: q.per_token_cast_with_sf_only(x, "e4m3", 0), "num_per_channels", ValueError),
+        (lambda q, x: q.per_token_cast_with_sf_only(x, "e4m3", 96), "num_per_channels", ValueError),
+        (lambda q, x: q.per_token_cast_with_sf_only(x, "e4m3", 128, x_block_size=(1, 128)), "x_block_size",
+         ValueError),  # a plain tensor has no scale block
+        (lambda q, x: q.per_token_cast((x, x), "e4m3", 128), "x_block_size", ValueError),  # a pair needs one
+        (lambda q, x: q.per_token_cast((x, x), "e4m3", 128, x_block_size=(1, 128)), "x_block_size",
+         NotImplementedError),  # the small package has no per_token_cast_back to dequantize with
+        (lambda q, x: q.per_token_cast(x, "e5m6", 2048, x_block_size=(1, 128)), "x_block_size", ValueError),
+        (lambda q, x: q.per_token_cast(x, "e5m6", 2048), "fmt", NotImplementedError),  # no _e5m6 module here
+        (lambda q, x: q.per_token_cast_with_sf_only(x, "e4m3", 128, use_tma_aligned_col_major_sf=True),
+         "use_tma_aligned_col_major_sf", NotImplementedError),  # the small spec builds row_major only
+        (lambda q, x: q.per_token_cast_with_precomputed_sf(x[0], "e4m3", 128, x), "x", ValueError),
+    ],
+    ids=["fmt", "npc-zero", "npc-divides", "x_block_size", "pair-without-block", "pair-unbuilt", "e5m6-block", "e5m6-module", "layout", "x-rank"],
+)
+def test_option_errors_name_the_argument(quant: ModuleType, call: object, argument: str, error: type) -> None:
+    x = torch.ones(4, 2048, dtype=torch.bfloat16)
+    with pytest.raises(error, match=rf"^{argument}: "):
+        call(quant, x)  # type: ignore[operator]
+
+
+# --- the forms' Python paths, on fake launchers ----------------------------------------------
+
+
+def _fake_cast(v: dict[str, Any], x: torch.Tensor, q: torch.Tensor, sf_arg: torch.Tensor, mode: int) -> None:
+    """What the per_token_cast kernel writes, from the reference, through the tensors it is handed."""
+    npc, layout, num_tokens = v["npc"] or v["hidden"], v["sf_layout"], x.shape[0]
+    words = sf_arg.reshape(sf_arg.shape[0], -1).view(torch.int32) if layout == "ue8m0" else None
+    if mode == 2:  # precomputed scales: read them from the storage the op passes
+        if words is not None:
+            sf = ue8m0_unpack(words.T[:num_tokens].contiguous(), v["hidden"] // npc)
+        else:
+            sf = sf_arg.T[:num_tokens] if layout == "col_major" else sf_arg
+        q.copy_(precomputed_sf_cast_ref(x, v["fmt"], npc, sf))
+        return
+    ref_q, ref_sf = per_token_cast_ref(x, v["fmt"], npc, v["round_sf"], layout)
+    if mode == 0:
+        q.copy_(ref_q)
+    target = sf_arg if layout == "row_major" else (words if words is not None else sf_arg)[:, :num_tokens].T
+    target.copy_(ref_sf)
+
+
+def _fake_back(v: dict[str, Any], q: torch.Tensor, sf_arg: torch.Tensor, out: torch.Tensor) -> None:
+    num_tokens = q.shape[0]
+    if v["sf_layout"] == "ue8m0":
+        sf = sf_arg.reshape(sf_arg.shape[0], -1).view(torch.int32).T[:num_tokens]
+    else:
+        sf = sf_arg.T[:num_tokens] if v["sf_layout"] == "col_major" else sf_arg
+    out.copy_(per_token_cast_back_ref(q, sf, out.dtype, v["npc"] or v["hidden"]))
+
+
+class _FakeKernel:
+    def __init__(self, launch: Callable[..., None]) -> None:
+        self.launch, self.selected = launch, []  # type: list[dict[str, Any]]
+
+    def select(self, **values: Any) -> Callable[..., None]:
+        self.selected.append(values)
+        # As the real launchers: an empty grid (no tokens) launches nothing.
+        return lambda *args: None if args[0].shape[0] == 0 else self.launch(values, *args)
+
+
+@pytest.fixture(scope="module")
+def ops(small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[tuple[ModuleType, ModuleType]]:
+    """(per_token_cast op module, per_token_cast_back op module) of a copy of the small package
+    with the cast-back op added (a stub kernel module) and every launcher faked."""
+    options, _ = small_build
+    root = tmp_path_factory.mktemp("ops")
+    package = root / "tkc_small_kernels"
+    shutil.copytree(options.build_dir / "pkg" / "tkc_small_kernels" / "sm90" / "tkc_small_kernels", package)
+    (package / "_kernels" / "per_token_cast_back.py").write_text("KERNEL = None\n")
+    shutil.copy(Path(TEMPLATES) / "quant" / "per_token_cast_back.py", package / "quant" / "_per_token_cast_back.py")
+    # The package under the same name may be imported already (the quant fixture): set it aside.
+    saved = {m: sys.modules.pop(m) for m in [m for m in sys.modules if m.startswith("tkc_small_kernels")]}
+    sys.path.insert(0, str(root))
+    try:
+        cast = importlib.import_module("tkc_small_kernels.quant._per_token_cast")
+        back = importlib.import_module("tkc_small_kernels.quant._per_token_cast_back")
+        cast._kernel, cast._HAS_LAYOUTS = _FakeKernel(_fake_cast), True  # type: ignore[attr-defined]
+        back._kernel = _FakeKernel(_fake_back)  # type: ignore[attr-defined]
+        yield cast, back
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m.startswith("tkc_small_kernels")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    assert torch.equal(a.view(bits), b.view(bits))
+
+
+LAYOUT_CASES = [
+    ("e4m3", 128, False, {}),
+    ("e2m1", 32, False, {"use_tma_aligned_col_major_sf": True}),
+    ("e4m3", 128, True, {"use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": True}),
+    ("e2m1", 2560, True, {}),  # one scale per row: grid npc 0
+]
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 9])
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=["row_major", "col_major", "ue8m0", "per_row"])
+def test_forms_hand_the_kernel_the_right_tensors(ops: tuple[ModuleType, ModuleType], case: tuple[Any, ...],
+                                                 num_tokens: int) -> None:
+    cast, back = ops
+    fmt, npc, round_sf, flags = case
+    layout = "ue8m0" if flags.get("use_packed_ue8m0") else "col_major" if flags else "row_major"
+    x = torch.randn(num_tokens, 2560 + 64).bfloat16()[:, :2560]  # strided rows
+    q, sf = cast.per_token_cast(x, fmt, npc, round_sf=round_sf, **flags)
+    ref_q, ref_sf = per_token_cast_ref(x, fmt, npc, round_sf, layout)
+    _same(q, ref_q)
+    _same(sf, ref_sf)
+    assert cast._kernel.selected[-1]["npc"] == (0 if npc == 2560 else npc)
+    _same(cast.per_token_cast_with_sf_only(x, fmt, npc, round_sf=round_sf, **flags), ref_sf)
+    values = ue8m0_unpack(sf, 2560 // npc) if layout == "ue8m0" else sf
+    expected = precomputed_sf_cast_ref(x, fmt, npc, values)
+    _same(cast.per_token_cast_with_precomputed_sf(x, fmt, npc, sf, round_sf=round_sf, **flags), expected)
+    if layout == "col_major":  # a column-major view that is not the cast's own storage is copied
+        fresh = sf.t().contiguous().t()
+        _same(cast.per_token_cast_with_precomputed_sf(x, fmt, npc, fresh, **flags), expected)
+    _same(back.per_token_cast_back((q, sf), "fp32", npc), dequant(q, sf, fmt, npc))
+
+
+def test_requantization_dequantizes_first(ops: tuple[ModuleType, ModuleType]) -> None:
+    cast, _ = ops
+    x = torch.randn(9, 2560).bfloat16()
+    for flags in ({}, {"round_sf": True, "use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": True}):
+        pair = cast.per_token_cast(x, "e4m3", 128, **flags)
+        q, sf = cast.per_token_cast(pair, "e2m1", 32, x_block_size=(1, 128))
+        ref_q, ref_sf = per_token_cast_ref(dequant(*pair, "e4m3", 128), "e2m1", 32)
+        _same(q, ref_q)
+        _same(sf, ref_sf)
+        assert cast._kernel.selected[-1]["in_dtype"] == "float32"  # the dequantized fp32 tensor
+
+
+@pytest.mark.parametrize("block", [(32, 32), (32, 128), (128, 32), (128, 128)], ids=str)
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_cast_back_per_block_scales(ops: tuple[ModuleType, ModuleType], fmt: str, block: tuple[int, int]) -> None:
+    _, back = ops
+    q, _ = per_token_cast_ref(torch.randn(300, 2560), fmt, 32)
+    sf = torch.rand(-(-300 // block[0]), 2560 // block[1]) + 0.5
+    for scales in (sf, sf.t().contiguous().t()):
+        _same(back.cast_back((q, scales), "bf16", block), per_block_cast_back_ref(q, sf, "bf16", block))
+    # FP4 is built for npc 16 and 32: 128-wide blocks are read as four 32-channel groups
+    assert back._kernel.selected[-1]["npc"] == (32 if fmt == "e2m1" else block[1])

@@ -155,7 +155,8 @@ def _dequantized(x: object, x_block_size: object) -> object:
     bit-identical to casting that tensor (two launches and an fp32 round trip through memory,
     where TileKernels fuses both). Any scale block cast_back is built for is accepted.
     """
-    if not isinstance(x, (tuple, list)):
+    is_pair = isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, torch.Tensor) for t in x)
+    if not is_pair:  # a tensor, or anything else, which the tensor check refuses naming x
         if x_block_size is not None:
             raise ValueError("x_block_size: only a quantized (data, sf) pair x has a scale block; pass None")
         return x

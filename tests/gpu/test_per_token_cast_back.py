@@ -304,17 +304,10 @@ def test_uncovered_scale_layout_is_refused() -> None:
         quant.per_token_cast_back((q, col_major), "bf16", 64)
 
 
-@pytest.mark.parametrize(
-    ("flag", "call"),
-    [
-        ("x_block_size", lambda q, sf: quant.cast_back((q, sf), "bf16", (128, 128))),
-    ],
-    ids=["per-block"],
-)
-def test_unbuilt_forms_are_refused(flag: str, call: object) -> None:
-    q = random_codes(4, 2048, "e4m3")
-    with pytest.raises(NotImplementedError, match=rf"{flag}.*spec"):
-        call(q, torch.ones(4, 16, device="cuda"))  # type: ignore[operator]
+def test_per_block_scales_of_the_wrong_shape_are_refused() -> None:
+    q = random_codes(4, 2048, "e4m3")  # (128, 128) blocks: sf must be (ceil(4 / 128), 2048 / 128) = (1, 16)
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[1\] \(sf\).*\(1, 16\)"):
+        quant.cast_back((q, torch.ones(4, 16, device="cuda")), "bf16", (128, 128))
 
 
 # --- per-block scales, one scale per row, NaN ------------------------------------------------

@@ -266,8 +266,8 @@ def transpose_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
     return rows
 
 
-def case_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
-    """Rows of every ``benchmarks/cases/*.py`` module: each defines ``rows(timer, copy_gb_s, tk)``.
+def case_sections() -> list[Callable[[Timer, float, Any], list[Row]]]:
+    """One section per ``benchmarks/cases/*.py`` module: each defines ``rows(timer, copy_gb_s, tk)``.
 
     Case modules import their helpers with ``from bench import ...``; registering this module
     under that name first makes them share its classes even when it runs as a script.
@@ -276,16 +276,19 @@ def case_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
 
     sys.modules.setdefault("bench", sys.modules[__name__])
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    rows: list[Row] = []
+    sections: list[Callable[[Timer, float, Any], list[Row]]] = []
     for path in sorted((Path(__file__).resolve().parent / "cases").glob("*.py")):
         if path.name.startswith("_"):
             continue
-        try:
-            module = importlib.import_module(f"cases.{path.stem}")
-            rows += module.rows(timer, copy_gb_s, tk)
-        except Exception as exc:  # one broken case file is a row that says so, not a lost run
-            rows.append(Row(f"cases/{path.name}", "-", None, None, None, None, None, f"n/a: {reason(exc)}"))
-    return rows
+
+        def section(timer: Timer, copy_gb_s: float, tk: Any, path: Path = path) -> list[Row]:
+            try:
+                return list(importlib.import_module(f"cases.{path.stem}").rows(timer, copy_gb_s, tk))
+            except Exception as exc:  # one broken case file is a row that says so, not a lost run
+                return [Row(f"cases/{path.name}", "-", None, None, None, None, None, f"n/a: {reason(exc)}")]
+
+        sections.append(section)  # type: ignore[arg-type]  # path is bound by its default
+    return sections
 
 
 def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
@@ -330,8 +333,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings(reps=20, warmup=3) if args.quick else Settings(reps=200, warmup=10)
     timer = Timer(settings)
     copy_gb_s = copy_bandwidth(timer)
-    rows = (quant_rows(timer, copy_gb_s, tk) + block_and_back_rows(timer, copy_gb_s, tk)
-            + transpose_rows(timer, copy_gb_s, tk) + case_rows(timer, copy_gb_s, tk))
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": torch.cuda.get_device_name(),
@@ -342,11 +343,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reps": settings.reps,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {"meta": meta, "rows": [asdict(r) | {"vs_eager": r.vs_eager, "vs_compiled": r.vs_compiled}
-                                      for r in rows]}
-    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = markdown(meta, rows)
-    (args.out / "results.md").write_text(table)
+    rows: list[Row] = []
+    # Results are rewritten after every section, so a run cut short keeps what it measured.
+    for section in [quant_rows, block_and_back_rows, transpose_rows, *case_sections()]:
+        rows += section(timer, copy_gb_s, tk)
+        results = {"meta": meta, "rows": [asdict(r) | {"vs_eager": r.vs_eager, "vs_compiled": r.vs_compiled}
+                                          for r in rows]}
+        (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        table = markdown(meta, rows)
+        (args.out / "results.md").write_text(table)
     try:
         from plot import plot  # benchmarks/plot.py, next to this script
 

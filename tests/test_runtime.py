@@ -55,6 +55,14 @@ def test_select_names_the_grid_keys_and_the_built_variants(package: ModuleType) 
         runtime.get_kernel("nope")
 
 
+def test_select_takes_the_keys_in_any_order(package: ModuleType) -> None:
+    kernel = importlib.import_module("tkc_small_kernels._runtime").get_kernel("per_token_cast")
+    values = dict(zip(kernel.keys, next(iter(kernel.variants))))
+    in_order = kernel.select(**values)  # the one-lookup path
+    assert in_order is next(iter(kernel.variants.values()))
+    assert kernel.select(**dict(reversed(values.items()))) is in_order
+
+
 def test_launch_args_are_packed_into_slots_built_once(package: ModuleType) -> None:
     runtime = importlib.import_module("tkc_small_kernels._runtime")
     args = runtime.LaunchArgs("pointer", "int32", "float32", "tensormap")

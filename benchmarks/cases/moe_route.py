@@ -1,10 +1,12 @@
 """MoE routing: get_fused_mapping, expand_to_fused, reduce_fused and the whole gate -> mapping ->
 expand -> reduce chain, against plain-torch equivalents (eager and torch.compile).
 
-Shape: T = 16384 tokens, K = 8, H = 7168 bf16, E = 32 local experts (the largest built; the
-production E = 256 would be split over ranks), alignment 128. The gate step is
-``tk.moe.topk_gate`` when the wheel has it, else torch.topk (the row note says which). The
-host time per call (enqueue only, with the GPU kept busy) goes in the note.
+Shape: T = 16384 tokens, K = 8, H = 7168 bf16, E = 32 local experts (the largest built),
+alignment 128. The chain is expert parallelism as deployed: the gate picks K of E_GLOBAL = 256
+experts per token, and this rank (rank 0 of 8) maps, expands and reduces the pairs routed to
+its 32 local experts (ids outside [0, 32) are dropped by the mapping). The gate step is
+``tk.moe.topk_gate`` when the wheel has it, else torch.topk (the row note says which). Host
+overhead per call is measured separately, at tiny sizes, by benchmarks/runtime_overhead.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from bench import Row, Timer, bench_case
 
 T, K, H, E, ALIGN = 16384, 8, 7168, 32, 128
+E_GLOBAL = 256  # experts the gate chooses from; this rank owns ids 0 .. E - 1
 N = (T * K + (ALIGN - 1) * E + ALIGN - 1) // ALIGN * ALIGN  # the no-sync worst-case buffer
 
 
@@ -84,7 +87,7 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
         return torch.randn((N, H), device="cuda", dtype=torch.bfloat16), torch.rand((T, K), device="cuda"), tk2p
 
     def make_chain() -> tuple[torch.Tensor, ...]:
-        return torch.rand((T, E), device="cuda"), torch.randn((T, H), device="cuda", dtype=torch.bfloat16), \
+        return torch.rand((T, E_GLOBAL), device="cuda"), torch.randn((T, H), device="cuda", dtype=torch.bfloat16), \
             torch.rand((T, K), device="cuda")
 
     def ours_chain(scores: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -102,18 +105,13 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
         ("expand_to_fused", f"T={T} K={K} H={H} bf16", make_expand, moe.expand_to_fused if has else None,
          torch_expand),
         ("reduce_fused", f"T={T} K={K} H={H} bf16", make_reduce, moe.reduce_fused if has else None, torch_reduce),
-        ("gate -> mapping -> expand -> reduce", f"T={T} K={K} H={H} E={E}", make_chain,
+        ("gate -> mapping -> expand -> reduce", f"T={T} K={K} H={H} E={E_GLOBAL} (local {E})", make_chain,
          ours_chain if has else None, torch_chain),
     ]
     out = []
     for op, shape, make, ours, eager in cases:
         row = bench_case(timer, copy_gb_s, op, shape, make, ours, eager, missing)
         notes = [row.note] if row.note else []
-        if ours is not None:
-            try:
-                notes.append(f"host {timer._host_us(ours, [make() for _ in range(2)]):.1f} us/call")
-            except Exception as exc:  # reported in the table, never hidden
-                notes.append(f"host n/a: {type(exc).__name__}")
         if op.startswith("gate"):
             notes.append(f"gate: {gate_name} (torch chain: torch.topk)")
         out.append(Row(row.op, row.shape, row.us, row.gb_s, row.pct_copy, row.eager_us, row.compiled_us,

@@ -278,8 +278,8 @@ def transpose_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
     return rows
 
 
-def case_sections() -> list[Callable[[Timer, float, Any], list[Row]]]:
-    """One section per ``benchmarks/cases/*.py`` module: each defines ``rows(timer, copy_gb_s, tk)``.
+def case_sections() -> dict[str, Callable[[Timer, float, Any], list[Row]]]:
+    """Module name -> section, one per ``benchmarks/cases/*.py``: each defines ``rows(timer, copy_gb_s, tk)``.
 
     Case modules import their helpers with ``from bench import ...``; registering this module
     under that name first makes them share its classes even when it runs as a script.
@@ -288,7 +288,7 @@ def case_sections() -> list[Callable[[Timer, float, Any], list[Row]]]:
 
     sys.modules.setdefault("bench", sys.modules[__name__])
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    sections: list[Callable[[Timer, float, Any], list[Row]]] = []
+    sections: dict[str, Callable[[Timer, float, Any], list[Row]]] = {}
     for path in sorted((Path(__file__).resolve().parent / "cases").glob("*.py")):
         if path.name.startswith("_"):
             continue
@@ -299,7 +299,7 @@ def case_sections() -> list[Callable[[Timer, float, Any], list[Row]]]:
             except Exception as exc:  # one broken case file is a row that says so, not a lost run
                 return [Row(f"cases/{path.name}", "-", None, None, None, None, None, f"n/a: {reason(exc)}")]
 
-        sections.append(section)  # type: ignore[arg-type]  # path is bound by its default
+        sections[path.stem] = section  # type: ignore[assignment]  # path is bound by its default
     return sections
 
 
@@ -332,6 +332,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="folder for results.json and results.md")
     parser.add_argument("--commit", default="unknown", help="package commit to record in the header")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    parser.add_argument("--only", default="", help="comma-separated sections to run (quant, block_and_back, "
+                        "transpose, or a benchmarks/cases module name); default: all")
     return parser.parse_args(argv)
 
 
@@ -357,7 +359,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     # Results are rewritten after every section, so a run cut short keeps what it measured.
-    for section in [quant_rows, block_and_back_rows, transpose_rows, *case_sections()]:
+    sections = {"quant": quant_rows, "block_and_back": block_and_back_rows, "transpose": transpose_rows,
+                **case_sections()}
+    wanted = [name for name in args.only.split(",") if name] or list(sections)
+    unknown = [name for name in wanted if name not in sections]
+    if unknown:
+        print(f"--only: unknown sections {', '.join(unknown)}; choose from {', '.join(sections)}", file=sys.stderr)
+        return 2
+    for section in (sections[name] for name in wanted):
         rows += section(timer, copy_gb_s, tk)
         results = {"meta": meta, "rows": [asdict(r) | {"vs_eager": r.vs_eager, "vs_compiled": r.vs_compiled}
                                           for r in rows]}

@@ -27,7 +27,17 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         pair = quant.per_token_cast(torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda"), fmt, npc)
         return lambda: quant.per_token_cast_back(pair, "bf16", npc)
 
+    def lossless() -> Callable[[], object]:
+        pair = quant.per_token_cast(torch.randn(TOKENS, HIDDEN, device="cuda"), "e2m1", 32, round_sf=True)
+        return lambda: quant.per_block_cast_lossless(pair, "e4m3", (1, 32), (1, 128))
+
+    def swiglu_per_channel() -> Callable[[], object]:
+        x = torch.randn(TOKENS, 2 * HIDDEN, dtype=torch.bfloat16, device="cuda")
+        return lambda: quant.swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", 128, round_sf=True)
+
     return {
+        "per_block_cast_lossless_e": lossless,
+        "swiglu_forward_and_per_channel_cast_and_transpose_e": swiglu_per_channel,
         "per_token_cast_e4m3": lambda: cast("e4m3", 128),
         "per_token_cast_e2m1": lambda: cast("e2m1", 32),
         "per_token_cast_back_e4m3": lambda: cast_back("e4m3", 128),

@@ -7,9 +7,6 @@ and the launch instead of running anything. No build and no GPU is needed.
 
 from __future__ import annotations
 
-import importlib
-import shutil
-import sys
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -17,60 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.op_stub import stub_package
 
 OPS = ("topk_gate", "topk_group", "gate_top2_sum", "normalize_weight", "mask_indices_by_tp", "unique_group_indices")
 
-_RUNTIME = '''
-import torch
-
-launches = []
-
-
-class Kernel:
-    def __init__(self, name):
-        self.name = name
-        self.keys = ()
-
-    def select(self, **values):
-        def launch(*args):
-            launches.append((self.name, values, args))
-        return launch
-
-
-def get_kernel(name):
-    return Kernel(name)
-
-
-def custom_op(name, fake):
-    return lambda fn: fn
-
-
-def dtype_name(dtype):
-    return str(dtype).removeprefix("torch.")
-'''
-
-
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
-    root = tmp_path_factory.mktemp("moe_ops")
-    package = root / "moe_ops_pkg"
-    (package / "moe").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "moe" / "__init__.py").write_text("")
-    shutil.copy(REPO / "tkc" / "runtime" / "_args.py", package / "_args.py")
-    shutil.copy(REPO / "tkc" / "runtime" / "errors.py", package / "errors.py")
-    (package / "_runtime.py").write_text(_RUNTIME)
-    for op in OPS:
-        shutil.copy(REPO / "templates" / "moe" / f"{op}.py", package / "moe" / f"_{op}.py")
-    sys.path.insert(0, str(root))
-    try:
-        modules = {op: importlib.import_module(f"moe_ops_pkg.moe._{op}") for op in OPS}
-        yield modules, importlib.import_module("moe_ops_pkg._runtime")
-    finally:
-        sys.path.remove(str(root))
-        for name in [n for n in sys.modules if n.startswith("moe_ops_pkg")]:
-            del sys.modules[name]
+    with stub_package(tmp_path_factory.mktemp("moe_ops"), "moe_ops_pkg", "moe", OPS) as stubbed:
+        yield stubbed
 
 
 def f32(*shape: int) -> torch.Tensor:
@@ -144,17 +95,17 @@ BAD: dict[str, tuple[str, Callable[[Any], Any], type[Exception], str]] = {
 def test_bad_arguments_raise_before_any_launch(ops: tuple[dict[str, ModuleType], Any], name: str) -> None:
     modules, runtime = ops
     op, call, error, argument = BAD[name]
-    runtime.launches.clear()
+    runtime.LAUNCHES.clear()
     with pytest.raises(error, match=rf"\b{argument}\b"):
         call(modules[op])
-    assert runtime.launches == []
+    assert runtime.LAUNCHES == []
 
 
 def test_gate_selects_the_ungrouped_variant_when_every_group_is_kept(ops: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = ops
-    runtime.launches.clear()
+    runtime.LAUNCHES.clear()
     modules["gate_top2_sum"].top2_sum_gate(**gate_args(num_groups=8, num_topk_groups=8))
-    ((name, values, args),) = runtime.launches
+    ((name, values, args),) = runtime.LAUNCHES
     assert name == "top2_sum_gate" and values["num_groups"] == 0 and values["num_topk_groups"] == 0
     # logits, bias, topk_idx, topk_weights, then the scalars: scale, ep_rank, experts per rank, tp_rank, tp ranks.
     assert args[2].shape == (4, 8) and args[2].dtype == torch.int64 and args[3].dtype == torch.float32
@@ -163,13 +114,13 @@ def test_gate_selects_the_ungrouped_variant_when_every_group_is_kept(ops: tuple[
 
 def test_gate_with_map_and_shared_experts(ops: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = ops
-    runtime.launches.clear()
+    runtime.LAUNCHES.clear()
     to_physical = torch.zeros(258, 3, dtype=torch.int32)
     count = torch.ones(258, dtype=torch.int32)
     idx, weights = modules["gate_top2_sum"].top2_sum_gate(**gate_args(
         use_shared_as_routed=True, num_shared_experts=2, to_physical_map=to_physical, logical_count=count,
         ep_rank=1, num_ep_ranks=2))
-    ((_, values, args),) = runtime.launches
+    ((_, values, args),) = runtime.LAUNCHES
     assert values["physical_map"] is True and idx.shape == weights.shape == (4, 10)
     assert args[2] is to_physical and args[3] is count
     assert args[6:] == (1.0, 1, (256 + 2) // 2, 0, 1)  # two extra experts count towards the EP split

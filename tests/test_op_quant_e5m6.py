@@ -1,8 +1,8 @@
 """CPU tests of the E5M6 op module (templates/quant/e5m6.py) on a stub runtime, no GPU, no build.
 
-The module is imported inside a throwaway package next to the real ``_args`` and ``errors``
+The module is imported inside a throwaway package (tests/op_stub.py) next to the real ``_args`` and ``errors``
 modules and a ``_runtime`` whose kernels record what they are asked for instead of launching.
-That pins what the GPU never shows directly: argument errors fire before any select or launch,
+That pins what the GPU never shows directly: argument errors fire before any launch,
 the kernels receive q as int32 words and sf as the (num_tokens,) view of the right storage,
 and the outputs have TileKernels' shapes and strides.
 """
@@ -10,9 +10,6 @@ and the outputs have TileKernels' shapes and strides.
 from __future__ import annotations
 
 import importlib
-import shutil
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -21,62 +18,15 @@ from typing import Any
 import pytest
 import torch
 
+from tests.op_stub import stub_package
+
 ROOT = Path(__file__).resolve().parents[1]
-
-_STUB_RUNTIME = textwrap.dedent('''
-    import torch
-
-    CALLS = []
-
-
-    class _Kernel:
-        def __init__(self, name):
-            self.name = name
-            self.keys = ()
-
-        def select(self, **values):
-            CALLS.append((self.name, "select", values))
-
-            def launch(*tensors):
-                CALLS.append((self.name, "launch", tensors))
-
-            return launch
-
-
-    def get_kernel(name):
-        return _Kernel(name)
-
-
-    def dtype_name(dtype):
-        return str(dtype).removeprefix("torch.")
-
-
-    def custom_op(name, fake):
-        return lambda fn: fn
-''')
-
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType, list[Any]]]:
-    root = tmp_path_factory.mktemp("stubpkg")
-    package = root / "e5m6_stub_pkg"
-    (package / "quant").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "quant" / "__init__.py").write_text("")
-    shutil.copy(ROOT / "tkc" / "runtime" / "_args.py", package / "_args.py")
-    shutil.copy(ROOT / "tkc" / "runtime" / "errors.py", package / "errors.py")
-    (package / "_runtime.py").write_text(_STUB_RUNTIME)
-    shutil.copy(ROOT / "templates" / "quant" / "e5m6.py", package / "quant" / "_e5m6.py")
-    sys.path.insert(0, str(root))
-    try:
-        module = importlib.import_module("e5m6_stub_pkg.quant._e5m6")
-        runtime = importlib.import_module("e5m6_stub_pkg._runtime")
-        errors = importlib.import_module("e5m6_stub_pkg.errors")
-        yield module, errors, runtime.CALLS
-    finally:
-        sys.path.remove(str(root))
-        for name in [n for n in sys.modules if n.startswith("e5m6_stub_pkg")]:
-            del sys.modules[name]
+    """(the op module, the package's errors module, the recorded launches)."""
+    with stub_package(tmp_path_factory.mktemp("stubpkg"), "e5m6_stub_pkg", "quant", ["e5m6"]) as (modules, runtime):
+        yield modules["e5m6"], importlib.import_module("e5m6_stub_pkg.errors"), runtime.LAUNCHES
 
 
 def test_exports(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
@@ -93,7 +43,7 @@ def test_cast_passes_word_and_token_views(ops: tuple[ModuleType, ModuleType, lis
     assert q.dtype == torch.uint8 and q.shape == (5, 3072)
     assert sf.dtype == torch.float32 and sf.shape == (5, 1)
     assert sf.stride() == ((1, 8) if col_major else (1, 1))
-    (_, _, values), (_, _, (x_arg, q_arg, sf_arg)) = calls
+    ((_, values, (x_arg, q_arg, sf_arg)),) = calls
     assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": True}
     assert x_arg is x
     assert q_arg.dtype == torch.int32 and q_arg.shape == (5, 768) and q_arg.data_ptr() == q.data_ptr()
@@ -127,7 +77,7 @@ def test_cast_back_passes_word_and_token_views(ops: tuple[ModuleType, ModuleType
     sf = storage.as_strided((6, 1), (1, 8))  # column-major, as use_tma_aligned_col_major_sf returns it
     out = module.cast_back_e5m6((q, sf), torch.bfloat16)
     assert out.dtype == torch.bfloat16 and out.shape == (6, 2560)
-    (_, _, values), (_, _, (q_arg, sf_arg, out_arg)) = calls
+    ((_, values, (q_arg, sf_arg, out_arg)),) = calls
     assert values == {"out_dtype": "bfloat16", "hidden": 2560}
     assert q_arg.dtype == torch.int32 and q_arg.shape == (6, 960)
     assert sf_arg.shape == (6,) and sf_arg.stride() == (1,) and sf_arg.data_ptr() == storage.data_ptr()
@@ -181,7 +131,7 @@ def test_cast_back_block_size(ops: tuple[ModuleType, ModuleType, list[Any]]) -> 
     q, sf = torch.zeros(2, 3072, dtype=torch.uint8), torch.ones(2, 1)
     calls.clear()
     module.cast_back_e5m6((q, sf), "fp32", (1, 2048))
-    assert calls[0][2] == {"out_dtype": "float32", "hidden": 2048}
+    assert calls[0][1] == {"out_dtype": "float32", "hidden": 2048}
     calls.clear()
     with pytest.raises(NotImplementedError, match=r"^x_block_size: .*\(1, 2048\)"):
         module.cast_back_e5m6((q, sf), "fp32", (1, 128))

@@ -10,9 +10,6 @@ with the tensors in prim_func order and outputs of the documented shapes.
 
 from __future__ import annotations
 
-import importlib
-import shutil
-import sys
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -20,59 +17,15 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.op_stub import stub_package
 
 MODULES = ("per_channel_cast", "per_channel_cast_and_transpose", "per_block_cast_lossless")
 PACKAGE = "per_channel_ops_stub"
-STUB_RUNTIME = '''
-LAUNCHES = []
-
-
-class _Kernel:
-    keys = ()
-
-    def __init__(self, name):
-        self.name = name
-
-    def select(self, **values):
-        def launch(*args):
-            LAUNCHES.append((self.name, values, args))
-        return launch
-
-
-def get_kernel(name):
-    return _Kernel(name)
-
-
-def custom_op(name, fake):
-    return lambda fn: fn
-
-
-def dtype_name(dtype):
-    return str(dtype).removeprefix("torch.")
-'''
-
-
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], ModuleType]]:
     """(op modules by file stem, the stub _runtime)."""
-    root = tmp_path_factory.mktemp("stub")
-    package = root / PACKAGE
-    (package / "quant").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "quant" / "__init__.py").write_text("")
-    (package / "_runtime.py").write_text(STUB_RUNTIME)
-    shutil.copy(REPO / "tkc" / "runtime" / "_args.py", package / "_args.py")
-    for name in MODULES:
-        shutil.copy(REPO / "templates" / "quant" / f"{name}.py", package / "quant" / f"_{name}.py")
-    sys.path.insert(0, str(root))
-    try:
-        runtime = importlib.import_module(f"{PACKAGE}._runtime")
-        yield {name: importlib.import_module(f"{PACKAGE}.quant._{name}") for name in MODULES}, runtime
-    finally:
-        sys.path.remove(str(root))
-        for name in [n for n in sys.modules if n.startswith(PACKAGE)]:
-            del sys.modules[name]
+    with stub_package(tmp_path_factory.mktemp("stub"), PACKAGE, "quant", MODULES) as stubbed:
+        yield stubbed
 
 
 @pytest.fixture()

@@ -8,10 +8,7 @@ every bad input must raise an error naming its argument before anything is launc
 
 from __future__ import annotations
 
-import importlib
 import math
-import shutil
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -19,56 +16,15 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.op_stub import stub_package
 
 OPS = ("swiglu_forward_and_per_token_cast", "swiglu_backward_and_per_token_cast",
        "swiglu_forward_and_per_channel_cast_and_transpose")
-STUB_RUNTIME = '''
-LAUNCHES = []
-
-
-class _Kernel:
-    keys = ()
-
-    def __init__(self, name):
-        self.name = name
-
-    def select(self, **values):
-        def launch(*args):
-            LAUNCHES.append((self.name, values, args))
-        return launch
-
-
-def get_kernel(name):
-    return _Kernel(name)
-
-
-def custom_op(name, fake):
-    return lambda fn: fn
-'''
-
-
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType]]:
     """(the quant package of op modules, the stub _runtime)."""
-    root = tmp_path_factory.mktemp("stub")
-    package = root / "swiglu_ops_stub"
-    (package / "quant").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "quant" / "__init__.py").write_text("")
-    (package / "_runtime.py").write_text(STUB_RUNTIME)
-    shutil.copy(REPO / "tkc" / "runtime" / "_args.py", package / "_args.py")
-    for op in OPS:
-        shutil.copy(REPO / "templates" / "quant" / f"{op}.py", package / "quant" / f"_{op}.py")
-    sys.path.insert(0, str(root))
-    try:
-        runtime = importlib.import_module("swiglu_ops_stub._runtime")
-        modules = {op: importlib.import_module(f"swiglu_ops_stub.quant._{op}") for op in OPS}
+    with stub_package(tmp_path_factory.mktemp("stub"), "swiglu_ops_stub", "quant", OPS) as (modules, runtime):
         yield _Namespace(modules), runtime
-    finally:
-        sys.path.remove(str(root))
-        for name in [n for n in sys.modules if n.startswith("swiglu_ops_stub")]:
-            del sys.modules[name]
 
 
 class _Namespace(ModuleType):

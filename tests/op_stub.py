@@ -1,0 +1,74 @@
+"""A stub package for CPU tests of op modules: no build, no GPU, no cubins.
+
+The op files are copied as tkc installs them (``templates/<family>/<op>.py`` ->
+``<package>/<family>/_<op>.py``, next to the real ``_args.py`` and ``errors.py``) over a
+``_runtime`` whose kernels record each launch as ``(kernel name, selected grid values, launch
+arguments)`` in ``LAUNCHES`` instead of launching. Tests call the ops and read what they would
+have launched, or check that a bad argument raised before anything was.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+from tests.conftest import REPO
+
+STUB_RUNTIME = '''
+LAUNCHES = []
+
+
+class _Kernel:
+    keys = ()
+
+    def __init__(self, name):
+        self.name = name
+
+    def select(self, **values):
+        def launch(*args):
+            LAUNCHES.append((self.name, values, args))
+        return launch
+
+
+def get_kernel(name):
+    return _Kernel(name)
+
+
+def custom_op(name, fake):
+    return lambda fn: fn
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+'''
+
+
+@contextmanager
+def stub_package(root: Path, package: str, family: str,
+                 ops: Sequence[str]) -> Iterator[tuple[dict[str, ModuleType], ModuleType]]:
+    """(op modules by file stem, the stub ``_runtime``) of ``package`` written under ``root``.
+
+    The package is importable inside the ``with`` block only; its modules are dropped after it.
+    """
+    base = root / package
+    (base / family).mkdir(parents=True)
+    (base / "__init__.py").write_text("")
+    (base / family / "__init__.py").write_text("")
+    (base / "_runtime.py").write_text(STUB_RUNTIME)
+    for shared in ("_args.py", "errors.py"):
+        shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)
+    for op in ops:
+        shutil.copy(REPO / "templates" / family / f"{op}.py", base / family / f"_{op}.py")
+    sys.path.insert(0, str(root))
+    try:
+        runtime = importlib.import_module(f"{package}._runtime")
+        yield {op: importlib.import_module(f"{package}.{family}._{op}") for op in ops}, runtime
+    finally:
+        sys.path.remove(str(root))
+        for name in [n for n in sys.modules if n == package or n.startswith(f"{package}.")]:
+            del sys.modules[name]

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.gpu.installed import installed_package
+from tests.gpu.poison import poison_allocator
 from tests.reference.moe_route import (
     aux_fi_ref,
     expand_to_fused_ref,
@@ -39,13 +40,6 @@ TOPK = [1, 2, 6, 8]
 HIDDEN = [2048, 4096, 7168]
 TOKENS = [0, 1, 4001, 16384]
 FP8 = torch.float8_e4m3fn
-
-
-def poison_allocator(nbytes: int = 1 << 30) -> None:
-    """Fill a large freed block with 0x7F so the next outputs start as garbage, not zeros."""
-    block = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    block.fill_(0x7F)
-    del block
 
 
 def routing(num_tokens: int, num_topk: int, num_experts: int, seed: int, masked: float = 0.1) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 
 from tests.gpu.compare import assert_same_codes_and_scales
 from tests.gpu.installed import installed_package
+from tests.gpu.poison import poison_allocator
 from tests.reference.quant import per_token_cast_ref
 from tests.reference.quant_per_channel import fp4_dequant, lossless_dequant, per_block_cast_lossless_ref
 
@@ -41,11 +42,6 @@ def fp4_pair(num_tokens: int, hidden: int, max_ratio: float = 2.0**9) -> tuple[t
         floor = x.abs().max() / max_ratio
         x = torch.sign(x) * torch.maximum(x.abs(), floor)
     return per_token_cast_ref(x, "e2m1", 32, round_sf=True)
-
-
-def poison_allocator(nbytes: int) -> None:
-    torch.cuda.synchronize()
-    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(POISON_BYTE)
 
 
 @pytest.mark.parametrize("num_tokens", [0, 1, 4001, PRODUCTION_TOKENS])

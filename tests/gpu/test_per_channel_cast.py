@@ -17,6 +17,7 @@ import torch
 
 from tests.gpu.compare import assert_same_codes_and_scales
 from tests.gpu.installed import installed_package
+from tests.gpu.poison import poison_allocator
 from tests.reference.quant import cast_error, per_token_cast_ref
 from tests.reference.quant_per_channel import (
     per_channel_cast_and_transpose_ref,
@@ -46,12 +47,6 @@ TRANSPOSE = list(itertools.product(HIDDEN, (32, 128), (False, True)))
 
 def fused_id(v: tuple[str, int, bool, bool]) -> str:
     return f"{v[0]}-H{v[1]}" + ("-expand" if v[2] else "") + ("-round_sf" if v[3] else "")
-
-
-def poison_allocator(nbytes: int) -> None:
-    """Leave nbytes of 0x7F in the caching allocator's free blocks, which the next outputs reuse."""
-    torch.cuda.synchronize()
-    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(POISON_BYTE)
 
 
 def random_columns(num_tokens: int, hidden: int, dtype: torch.dtype = torch.bfloat16, spread: float = 3.0) -> torch.Tensor:

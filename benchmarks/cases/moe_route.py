@@ -11,6 +11,7 @@ overhead per call is measured separately, at tiny sizes, by benchmarks/runtime_o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,7 +61,7 @@ def torch_reduce(x: torch.Tensor, w: torch.Tensor, token_topk_to_pos: torch.Tens
 
 
 def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
-    moe = getattr(tk, "moe", None)
+    moe: Any = getattr(tk, "moe", None)
     has = moe is not None and hasattr(moe, "get_fused_mapping")
     missing = "" if has else "ours n/a: the wheel has no moe routing ops"
     gate_name = "tk.moe.topk_gate" if has and hasattr(moe, "topk_gate") else "torch.topk"
@@ -98,7 +99,7 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
         tk2p, p2e = torch_mapping(scores.topk(K, dim=1).indices)
         return torch_reduce(torch_expand(x, tk2p, p2e), w, tk2p)
 
-    cases = [
+    cases: list[tuple[str, str, Callable[[], tuple[torch.Tensor, ...]], Any, Any]] = [
         ("get_fused_mapping", f"T={T} K={K} E={E} align={ALIGN}", make_ids,
          (lambda ids: moe.get_fused_mapping(ids, E, N, ALIGN)[:7]) if has else None,  # type: ignore[union-attr]
          lambda ids: torch_mapping(ids)),

@@ -26,7 +26,7 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
     except Exception as exc:  # the references are optional here: the row says they are missing
         return [Row("per_token_cast forms", "-", None, None, None, None, None,
                     f"n/a: references not importable ({reason(exc)})")]
-    quant = getattr(tk, "quant", None)
+    quant: Any = getattr(tk, "quant", None)
     sf_only = getattr(quant, "per_token_cast_with_sf_only", None)
     given = getattr(quant, "per_token_cast_with_precomputed_sf", None)
     missing = "" if given else "ours n/a: the wheel has no per_token_cast_with_precomputed_sf"

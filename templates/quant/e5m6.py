@@ -17,7 +17,7 @@ import operator
 
 import torch
 
-from .._args import matrix, not_built, positive_int
+from .._args import OUT_DTYPES, matrix, not_built, output_dtype, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
@@ -26,8 +26,6 @@ __all__ = ["cast_back_e5m6", "per_token_cast_e5m6"]
 _cast_kernel = get_kernel("per_token_cast_e5m6")
 _cast_back_kernel = get_kernel("cast_back_e5m6")
 
-# fmt of cast_back_e5m6 (the output format) -> dtype; TileKernels spells them 'bf16' / 'fp32'
-_OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 _GROUP_BYTES = 12  # eight 12-bit codes in three 4-byte words
 
 
@@ -113,19 +111,10 @@ def per_token_cast_e5m6(
     return _cast(x, bool(round_sf), bool(use_tma_aligned_col_major_sf))
 
 
-def _out_dtype(fmt: str | torch.dtype) -> torch.dtype:
-    if isinstance(fmt, torch.dtype):
-        if fmt in _OUT_DTYPES.values():
-            return fmt
-    elif isinstance(fmt, str) and fmt in _OUT_DTYPES:
-        return _OUT_DTYPES[fmt]
-    raise ValueError(f"fmt: expected 'bf16', 'fp32', torch.bfloat16 or torch.float32, got {fmt!r}")
-
-
 def _back_outputs(q: torch.Tensor, sf: torch.Tensor, out_fmt: str) -> torch.Tensor:
     """Uninitialised out for (q, sf); also the fake (meta) kernel that torch.compile traces with."""
     num_tokens, width = q.shape
-    return q.new_empty((num_tokens, width // _GROUP_BYTES * 8), dtype=_OUT_DTYPES[out_fmt])
+    return q.new_empty((num_tokens, width // _GROUP_BYTES * 8), dtype=OUT_DTYPES[out_fmt])
 
 
 def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str) -> torch.Tensor:
@@ -193,7 +182,7 @@ def cast_back_e5m6(
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product of the code's fp16 value and
         sf, rounded to nearest even when the output is bf16.
     """
-    out_dtype = _out_dtype(fmt)
+    out_dtype = output_dtype(fmt)
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     q, sf = _pair(x)
     if x_block_size is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import matrix, not_built, positive_int
+from .._args import OUT_DTYPES, matrix, not_built, output_dtype, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
@@ -26,8 +26,6 @@ __all__ = ["cast_back", "per_token_cast_back"]
 
 _kernel = get_kernel("per_token_cast_back")
 
-# fmt (the output format) -> dtype; TileKernels spells them 'bf16' / 'fp32'
-_OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # dtype of the codes -> input format
 _IN_FORMATS = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
 
@@ -43,15 +41,6 @@ def _e5m6(x: tuple[torch.Tensor, torch.Tensor], fmt: str | torch.dtype, x_block_
     except ImportError:
         raise _not_built("x_special_fmt", "the E5M6 format ('e5m6')") from None
     return cast_back_e5m6(x, fmt, x_block_size)  # type: ignore[no-any-return]
-
-
-def _out_dtype(fmt: str | torch.dtype) -> torch.dtype:
-    if isinstance(fmt, torch.dtype):
-        if fmt in _OUT_DTYPES.values():
-            return fmt
-    elif isinstance(fmt, str) and fmt in _OUT_DTYPES:
-        return _OUT_DTYPES[fmt]
-    raise ValueError(f"fmt: expected 'bf16', 'fp32', torch.bfloat16 or torch.float32, got {fmt!r}")
 
 
 def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +62,7 @@ def _outputs(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> torch
     """Uninitialised out for (q, sf); also the fake (meta) kernel that torch.compile traces with."""
     num_tokens, width = q.shape
     hidden = width * 2 if q.dtype == torch.int8 else width
-    return q.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[out_fmt])
+    return q.new_empty((num_tokens, hidden), dtype=OUT_DTYPES[out_fmt])
 
 
 def _column_storage(sf: torch.Tensor) -> torch.Tensor:
@@ -147,7 +136,7 @@ def per_token_cast_back(
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
         nearest even when the output is bf16.
     """
-    out_dtype = _out_dtype(fmt)
+    out_dtype = output_dtype(fmt)
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     if x_special_fmt == "e5m6":
         return _e5m6(x, out_fmt, (1, num_per_channels))
@@ -225,7 +214,7 @@ def cast_back(
             f"x_block_size: expected a (num_per_tokens, num_per_channels) pair, got {x_block_size!r}"
         ) from None
     if x_special_fmt == "e5m6":
-        return _e5m6(x, _out_dtype(fmt), (num_per_tokens, num_per_channels))
+        return _e5m6(x, output_dtype(fmt), (num_per_tokens, num_per_channels))
     if num_per_tokens != 1:
         x, num_per_channels = _per_token_scales(x, num_per_tokens, num_per_channels)
     return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt=x_special_fmt)

@@ -44,3 +44,17 @@ def positive_int(name: str, value: object) -> int:
     if number <= 0 or isinstance(value, bool):
         raise ValueError(f"{name}: expected a positive int, got {value!r}")
     return number
+
+
+# The output formats of the cast-back ops; TileKernels spells them 'bf16' / 'fp32'.
+OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def output_dtype(fmt: str | torch.dtype) -> torch.dtype:
+    """The output dtype a cast-back ``fmt`` names ('bf16', 'fp32' or the dtype), or a ValueError naming fmt."""
+    if isinstance(fmt, torch.dtype):
+        if fmt in OUT_DTYPES.values():
+            return fmt
+    elif isinstance(fmt, str) and fmt in OUT_DTYPES:
+        return OUT_DTYPES[fmt]
+    raise ValueError(f"fmt: expected 'bf16', 'fp32', torch.bfloat16 or torch.float32, got {fmt!r}")

@@ -6,7 +6,11 @@ same ``pytest`` command runs on CI machines without a GPU.
 
 from __future__ import annotations
 
+import importlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
@@ -55,3 +59,17 @@ def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[BuildOptions,
 
     options = small_options(tmp_path_factory.mktemp("small"))
     return options, build(options)
+
+
+@pytest.fixture(scope="module")
+def small_package(small_build: tuple[BuildOptions, list[ArchSummary]]) -> Iterator[ModuleType]:
+    """The small build's sm90 package (tkc_small_kernels) imported from build/pkg, dropped afterwards."""
+    options, _ = small_build
+    root = options.build_dir / "pkg" / "tkc_small_kernels" / "sm90"
+    sys.path.insert(0, str(root))
+    try:
+        yield importlib.import_module("tkc_small_kernels")
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m.startswith("tkc_small_kernels")]:
+            del sys.modules[name]

@@ -28,16 +28,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def quant(small_build: tuple[BuildOptions, list[ArchSummary]]) -> Iterator[ModuleType]:
-    options, _ = small_build
-    root = options.build_dir / "pkg" / "tkc_small_kernels" / "sm90"
-    sys.path.insert(0, str(root))
-    try:
-        yield importlib.import_module("tkc_small_kernels.quant")
-    finally:
-        sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m.startswith("tkc_small_kernels")]:
-            del sys.modules[name]
+def quant(small_package: ModuleType) -> ModuleType:
+    return importlib.import_module("tkc_small_kernels.quant")
 
 
 def test_public_forms_are_exported(quant: ModuleType) -> None:

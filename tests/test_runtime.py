@@ -6,28 +6,17 @@ from __future__ import annotations
 import ctypes
 import importlib
 import sys
-from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
 import torch
 
-from tkc.build import ArchSummary, BuildOptions
-
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def package(small_build: tuple[BuildOptions, list[ArchSummary]]) -> Iterator[ModuleType]:
-    options, _ = small_build
-    root = options.build_dir / "pkg" / "tkc_small_kernels" / "sm90"
-    sys.path.insert(0, str(root))
-    try:
-        yield importlib.import_module("tkc_small_kernels")
-    finally:
-        sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m.startswith("tkc_small_kernels")]:
-            del sys.modules[name]
+def package(small_package: ModuleType) -> ModuleType:
+    return small_package
 
 
 def test_op_modules_load_on_first_use(package: ModuleType) -> None:

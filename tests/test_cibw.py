@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -62,23 +63,37 @@ def test_cibuildwheel_selects_exactly_one_build(small_build: tuple[BuildOptions,
     assert proc.stdout.split() == list(BUILD_IDENTIFIERS)
 
 
-@pytest.mark.slow
-def test_platform_tag_only_when_cibuildwheel_asks(small_build: tuple[BuildOptions, list[ArchSummary]],
-                                                  tmp_path: Path) -> None:
-    # cibuildwheel refuses pure wheels; its config sets TKC_WHEEL_PLATFORM, which the generated
-    # hatch_build.py turns into a platform tag. tkc build itself keeps the pure wheel.
-    options, summaries = small_build
-    assert all(s.wheel.name.endswith("-py3-none-any.whl") for s in summaries)
-    project = options.build_dir / "pkg" / options.specs.package.name / "sm90"
-    env = dict(os.environ, TKC_WHEEL_PLATFORM="manylinux_2_17_x86_64", SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
-    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path),
-                           "."], cwd=project, capture_output=True, text=True, env=env)
+def _wheel_of(project: Path, out: Path, platform: str) -> Path:
+    env = dict(os.environ, TKC_WHEEL_PLATFORM=platform, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), "."],
+                          cwd=project, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (wheel,) = tmp_path.glob("*.whl")
-    assert wheel.name == "tkc_small_kernels-0.0.1+sm90-py3-none-manylinux_2_17_x86_64.whl"
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_wheel_tags_follow_the_launch_module_and_cibuildwheel(small_build: tuple[BuildOptions, list[ArchSummary]],
+                                                             tmp_path: Path) -> None:
+    # tkc build compiles the stable-ABI launch module, so its wheel is cp310-abi3 for this host;
+    # cibuildwheel's config sets TKC_WHEEL_PLATFORM, which the generated hatch_build.py turns into
+    # the manylinux platform tag. Without the module the wheel is pure, or py3-none-<platform> for
+    # cibuildwheel, which refuses pure wheels.
+    options, summaries = small_build
+    assert all(s.wheel.name.endswith("-cp310-abi3-linux_x86_64.whl") for s in summaries), summaries
+    project = options.build_dir / "pkg" / options.specs.package.name / "sm90"
+    wheel = _wheel_of(project, tmp_path / "native", "manylinux_2_17_x86_64")
+    assert wheel.name == "tkc_small_kernels-0.0.1+sm90-cp310-abi3-manylinux_2_17_x86_64.whl"
     with zipfile.ZipFile(wheel) as z:
         assert "Root-Is-Purelib: false" in z.read("tkc_small_kernels-0.0.1+sm90.dist-info/WHEEL").decode()
         assert not [n for n in z.namelist() if n.endswith("hatch_build.py")]
+        assert "tkc_small_kernels/_launch.abi3.so" in z.namelist()
+
+    pure = tmp_path / "pure"
+    shutil.copytree(project, pure)
+    (pure / "tkc_small_kernels" / "_launch.abi3.so").unlink()
+    wheel = _wheel_of(pure, tmp_path / "pure-wheel", "manylinux_2_17_x86_64")
+    assert wheel.name == "tkc_small_kernels-0.0.1+sm90-py3-none-manylinux_2_17_x86_64.whl"
 
 
 def test_test_command_imports_the_package_and_checks_its_arch(tmp_path: Path) -> None:

@@ -82,9 +82,12 @@ def test_cooperative_and_cluster_launches_are_recorded(tmp_path: Path, cluster: 
     contract = lower(render(variant, ARCHS["sm90"], templates, tmp_path), ARCHS["sm90"]).contract
     (launch,) = contract.launches
     assert launch.cooperative is cooperative and launch.cluster == expected_cluster
-    body = "\n".join(launcher_source(func="f", doc="", cubin="f.cubin", key="()", contract=contract).body)
-    assert ("cooperative=True" in body) is cooperative
-    assert ("cluster=(2, 1, 1)" in body) is (expected_cluster is not None)
+    source = launcher_source(func="f", doc="", cubin="f.cubin", key="()", contract=contract)
+    (function,) = (expr for _, expr in source.functions)  # the Function(...) of the one launch
+    assert ("cooperative=True" in function) is cooperative
+    assert ("cluster=(2, 1, 1)" in function) is (expected_cluster is not None)
+    if expected_cluster is not None:  # the grid is checked against the cluster before the launch
+        assert "must be a multiple of the thread-block cluster" in "\n".join(source.body)
 
 
 def test_unknown_pass_config_names_the_spec_key(tmp_path: Path) -> None:

@@ -24,9 +24,11 @@ def _wheel(summaries: list[ArchSummary], arch: str) -> Path:
 
 
 def test_wheel_names_carry_the_arch(small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
+    # cp310-abi3: the wheel holds the stable-ABI launch module (tkc/native.py), built on this host.
     _, summaries = small_build
-    assert _wheel(summaries, "sm90").name == "tkc_small_kernels-0.0.1+sm90-py3-none-any.whl"
-    assert _wheel(summaries, "sm100").name == "tkc_small_kernels-0.0.1+sm100-py3-none-any.whl"
+    assert _wheel(summaries, "sm90").name == "tkc_small_kernels-0.0.1+sm90-cp310-abi3-linux_x86_64.whl"
+    assert _wheel(summaries, "sm100").name == "tkc_small_kernels-0.0.1+sm100-cp310-abi3-linux_x86_64.whl"
+    assert all(s.native_launch_missing == "" for s in summaries)
 
 
 @pytest.mark.parametrize(("arch", "target"), [("sm90", "sm_90a"), ("sm100", "sm_100a")])
@@ -36,8 +38,8 @@ def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, lis
     with zipfile.ZipFile(_wheel(summaries, arch)) as wheel:
         names = set(wheel.namelist())
         assert names == set(sorted(names))
-        for required in ("__init__.py", "_runtime.py", "_args.py", "_build_info.py", "errors.py", "manifest.json",
-                         "_kernels/per_token_cast.py", "_kernels/batched_transpose.py", "quant/__init__.py",
+        for required in ("__init__.py", "_runtime.py", "_launch.abi3.so", "_launch.c", "_args.py", "_build_info.py",
+                         "errors.py", "manifest.json", "_kernels/per_token_cast.py", "_kernels/batched_transpose.py", "quant/__init__.py",
                          "quant/_per_token_cast.py", "transpose/__init__.py", "transpose/_batched_transpose.py"):
             assert f"tkc_small_kernels/{required}" in names
         # Nothing of the build machine travels: no TileLang sources, no CUDA sources.

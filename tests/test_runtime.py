@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import subprocess
 import sys
 from types import ModuleType
 
@@ -52,12 +53,108 @@ def test_select_takes_the_keys_in_any_order(package: ModuleType) -> None:
     assert kernel.select(**dict(reversed(values.items()))) is in_order
 
 
-def test_launch_args_are_packed_into_slots_built_once(package: ModuleType) -> None:
+# A stand-in for libcuda's two launch entry points that records what it was given.
+_STUB_DRIVER = r"""
+#include <stdint.h>
+#include <string.h>
+unsigned long long seen_kernel, seen_stream, seen_slots[8], seen_params[8];
+unsigned seen_dims[7];
+int current_device, next_result, param_count;  /* param_count: how many params to record */
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned smem, void *stream, void **params, void **extra) {
+    unsigned dims[7] = {gx, gy, gz, bx, by, bz, smem};
+    memcpy(seen_dims, dims, sizeof dims);
+    seen_kernel = (unsigned long long)f;
+    seen_stream = (unsigned long long)stream;
+    for (int i = 0; i < param_count; i++) {
+        seen_params[i] = (unsigned long long)params[i];
+        memcpy(&seen_slots[i], params[i], 8);
+    }
+    return next_result;
+}
+int cuCtxGetDevice(int *device) { *device = current_device; return 0; }
+"""
+# One value of every argument kind, as the generated launchers pass them.
+_KINDS = b"QqiIfdTQ"
+
+
+@pytest.fixture(scope="module")
+def stub_driver(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    folder = tmp_path_factory.mktemp("stub_driver")
+    (folder / "stub.c").write_text(_STUB_DRIVER)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "stub.c", "-o", "libstub.so"], cwd=folder, check=True)
+    return ctypes.CDLL(str(folder / "libstub.so"))
+
+
+def _seen(lib: ctypes.CDLL) -> tuple[object, ...]:
+    slots = (ctypes.c_uint64 * 8).in_dll(lib, "seen_slots")
+    params = (ctypes.c_uint64 * 8).in_dll(lib, "seen_params")
+    values = (slots[0], ctypes.c_int64.from_buffer_copy(bytes(slots)[8:16]).value,
+              ctypes.c_int32.from_buffer_copy(bytes(slots)[16:20]).value, slots[3] & 0xFFFFFFFF,
+              ctypes.c_float.from_buffer_copy(bytes(slots)[32:36]).value,
+              ctypes.c_double.from_buffer_copy(bytes(slots)[40:48]).value, params[6], slots[7])
+    return (ctypes.c_uint64.in_dll(lib, "seen_kernel").value, ctypes.c_uint64.in_dll(lib, "seen_stream").value,
+            tuple((ctypes.c_uint * 7).in_dll(lib, "seen_dims")), values)
+
+
+def test_both_launch_paths_hand_the_driver_the_same_arguments(package: ModuleType, stub_driver: ctypes.CDLL,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     runtime = importlib.import_module("tkc_small_kernels._runtime")
-    args = runtime.LaunchArgs("pointer", "int32", "float32", "tensormap")
+    native = importlib.import_module("tkc_small_kernels._launch")  # compiled by tkc build on this host
+    assert runtime.NATIVE_LAUNCH and runtime._launch is native.launch
+    native.bind(ctypes.cast(stub_driver.cuLaunchKernel, ctypes.c_void_p).value,
+                ctypes.cast(stub_driver.cuCtxGetDevice, ctypes.c_void_p).value)
+    monkeypatch.setattr(runtime, "_DRIVER_LIB", [stub_driver])
+    monkeypatch.setattr(runtime, "_current_device", lambda: 0)
+    keep, tensormap = runtime._aligned_tensor_map()
+    address = ctypes.addressof(tensormap)
+    values = (0xDEAD_BEEF_0000, -(2**40), -7, 2**32 - 1, 1.5, -2.25, address, 2**64 - 1)
+    expected = (0x1234, 0x5678, (70000, 2, 3, 128, 1, 1, 512), (*values[:6], address, values[7]))
+    for launch in (native.launch, runtime._ctypes_launch):
+        ctypes.c_int.in_dll(stub_driver, "param_count").value = len(values)
+        ctypes.c_int.in_dll(stub_driver, "next_result").value = 0
+        ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value = 0
+        assert launch(0x1234, 0, (70000, 2, 3), (128, 1, 1), 512, 0x5678, _KINDS, *values) == 0
+        assert _seen(stub_driver) == expected, launch
+        ctypes.c_int.in_dll(stub_driver, "param_count").value = 1
+        ctypes.c_int.in_dll(stub_driver, "next_result").value = 719  # a driver error comes back as is
+        assert launch(0x1234, 0, (1, 1, 1), (32, 1, 1), 0, 0, b"Q", 16) == 719
+    del keep
+    # Another device's context is current: no launch, the caller switches devices and retries.
+    ctypes.c_int.in_dll(stub_driver, "param_count").value = 0
+    ctypes.c_int.in_dll(stub_driver, "current_device").value = 1
+    ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value = 0
+    assert native.launch(0x1234, 0, (1, 1, 1), (32, 1, 1), 0, 0, b"Q", 16) == runtime._WRONG_DEVICE
+    assert ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value == 0
+    ctypes.c_int.in_dll(stub_driver, "current_device").value = 0
+
+
+@pytest.mark.parametrize(("kinds", "values", "error"), [
+    (b"i", (2**31,), OverflowError), (b"I", (-1,), OverflowError), (b"Q", (-1,), OverflowError),
+    (b"i", ("7",), TypeError), (b"ii", (1,), TypeError), (b"x", (1,), ValueError),
+])
+def test_native_launch_refuses_values_that_do_not_fit(package: ModuleType, stub_driver: ctypes.CDLL,
+                                                      kinds: bytes, values: tuple[object, ...],
+                                                      error: type[Exception]) -> None:
+    native = importlib.import_module("tkc_small_kernels._launch")
+    native.bind(ctypes.cast(stub_driver.cuLaunchKernel, ctypes.c_void_p).value,
+                ctypes.cast(stub_driver.cuCtxGetDevice, ctypes.c_void_p).value)
+    ctypes.c_int.in_dll(stub_driver, "param_count").value = 0
+    ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value = 0
+    with pytest.raises(error):
+        native.launch(0x1234, 0, (1, 1, 1), (32, 1, 1), 0, 0, kinds, *values)
+    assert ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value == 0  # nothing was launched
+    with pytest.raises(OverflowError, match="grid dimension 0"):
+        native.launch(0x1234, 0, (2**32, 1, 1), (32, 1, 1), 0, 0, b"")
+
+
+def test_slots_are_built_once_per_thread(package: ModuleType) -> None:
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    slots = runtime._Slots.of(b"QifT")
+    assert runtime._Slots.of(b"QifT") is slots
     keep, desc = runtime._aligned_tensor_map()
-    params = args.pack(0x1000, -7, 1.5, desc)
-    assert args.pack(0x2000, 3, 2.5, desc) is params  # the same array, new values
+    params = slots.pack((0x1000, -7, 1.5, ctypes.addressof(desc)))
+    assert slots.pack((0x2000, 3, 2.5, ctypes.addressof(desc))) is params  # the same array, new values
     assert ctypes.c_void_p.from_address(params[0]).value == 0x2000
     assert ctypes.c_int32.from_address(params[1]).value == 3
     assert ctypes.c_float.from_address(params[2]).value == 2.5

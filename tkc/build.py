@@ -42,6 +42,7 @@ from tkc.lower import (
     TmaDescriptor,
     lower,
 )
+from tkc.native import build_launch_module
 from tkc.package import BuiltVariant, PackageResult, write_package
 from tkc.render import RenderedKernel, render
 from tkc.spec import SpecSet, Variant, expand
@@ -71,6 +72,7 @@ class ArchSummary:
     seconds: float  # TileLang + nvcc time spent on this arch's variants (summed over workers)
     wheel: Path
     wheel_bytes: int
+    native_launch_missing: str = ""  # why the package has no compiled launch module (it launches through ctypes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,6 +253,9 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
     work = plan(options)
     compiled = _compile(options, work, toolchain, progress, cached_only=cached_only)
     toolchain_info = {"nvcc": toolchain.version, "tilelang": tilelang_version(), "nvcc_flags": " ".join(NVCC_FLAGS)}
+    launch_module = build_launch_module(options.build_dir / "cache")
+    if launch_module.data is not None:
+        toolchain_info["host_cc"] = launch_module.compiler
     summaries = []
     for arch in options.archs:
         built = []
@@ -264,11 +269,11 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
                                       resources=resources, cached=compiled.hits[(variant.id, arch.name)]))
         project = options.build_dir / "pkg" / options.specs.package.name / arch.name
         result: PackageResult = write_package(options.specs, arch, built, options.templates, project,
-                                              options.dist_dir, toolchain_info)
+                                              options.dist_dir, toolchain_info, launch_module)
         summaries.append(ArchSummary(
             arch=arch, variants=len(built), compiled=sum(not b.cached for b in built),
             cached=sum(b.cached for b in built), seconds=compiled.seconds[arch.name],
-            wheel=result.wheel, wheel_bytes=result.wheel.stat().st_size,
+            wheel=result.wheel, wheel_bytes=result.wheel.stat().st_size, native_launch_missing=launch_module.reason,
         ))
     return summaries
 

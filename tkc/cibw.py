@@ -3,12 +3,15 @@
 ``cibuildwheel_config(arch)`` is the ``[tool.cibuildwheel]`` text the generated
 ``pyproject.toml`` should carry; the wheels workflow also writes it to a file and
 passes it with ``--config-file``, so it applies whether or not the project has it.
-It builds one identifier, ``cp311-manylinux_x86_64``: the wheel holds Python
-and cubins, no host machine code, so one interpreter stands for all of them.
+It builds one identifier, ``cp311-manylinux_x86_64``: the wheel holds Python,
+cubins and one small host module (the loader's launch path, ``tkc/runtime/_launch.c``)
+built against CPython's stable ABI, so one interpreter stands for all of them
+(the wheel is tagged ``cp310-abi3``).
 
 Why the generated project has a build hook
 ------------------------------------------
-``tkc build`` makes pure wheels (``py3-none-any``). On Linux cibuildwheel checks
+Where tkc could compile the launch module its wheels are ``cp310-abi3-linux_x86_64``;
+without it they are pure (``py3-none-any``). On Linux cibuildwheel checks
 the name of the wheel the backend produced, *before* the repair step, and stops
 with ``NonPlatformWheelError`` (exit code 5) when it ends in ``none-any.whl``
 (``cibuildwheel/platforms/linux.py``); a ``repair-wheel-command`` that retags the
@@ -18,7 +21,8 @@ wheel comes too late. So the backend itself must write a platform tag, and tkc d
   (``hatch_build.py`` next to the pyproject, enabled by an empty
   ``[tool.hatch.build.targets.wheel.hooks.custom]`` table) whose ``initialize``
   sets ``build_data["pure_python"] = False`` and ``build_data["tag"] =
-  "py3-none-<TKC_WHEEL_PLATFORM>"`` when that variable is set (only this config sets it). Tried on
+  "cp310-abi3-<TKC_WHEEL_PLATFORM>"`` (``py3-none-<TKC_WHEEL_PLATFORM>`` for a package
+  without the launch module) when that variable is set (only this config sets it). Tried on
   ``build/pkg/tile_kernels_aot/sm90``: the wheel is ``tile_kernels_aot-0.1.0+sm90-py3-none-
   manylinux_2_17_x86_64.whl`` with ``Root-Is-Purelib: false``, the hook file is
   not in it, two builds with ``SOURCE_DATE_EPOCH`` set are byte-identical, and
@@ -30,11 +34,11 @@ wheel comes too late. So the backend itself must write a platform tag, and tkc d
   ``*.egg-info`` in the project folder, which ``sync_tree`` then deletes, so each
   ``tkc build`` would rebuild the wheel.
 
-The tag is honest about the OS (the loader opens ``libcuda.so.1``) and about the
-policy (no host ELF, so nothing to audit), but not about the CPU: the cubins run
-under any host CPU, and GH200/GB200 hosts are aarch64. Serving them takes an
-``aarch64`` wheel with the same content (``archs = ["aarch64"]`` on an arm
-runner). auditwheel cannot repair such a wheel either: a cubin is an ELF file of
+The tag is honest about the OS (the loader opens ``libcuda.so.1``), the CPU (the
+launch module is x86_64 code) and the policy: the module links against nothing
+but the Python API, so it has no library to graft. GH200/GB200 hosts are aarch64;
+serving them takes an ``aarch64`` wheel (``archs = ["aarch64"]`` on an arm
+runner). auditwheel cannot repair these wheels: a cubin is an ELF file of
 machine ``EM_CUDA``, which auditwheel ignores ("unknown architecture") and then
 fails with "no ELF ... with a 'x86_64' architecture found" (checked here with
 auditwheel on a retagged sm90 wheel), hence ``repair-wheel-command = ""``.
@@ -71,13 +75,13 @@ def cibuildwheel_config(arch_name: str) -> str:
     identifiers = ", ".join(f'"{i}"' for i in BUILD_IDENTIFIERS)
     return (
         "[tool.cibuildwheel]\n"
-        "# The wheel carries Python and cubins, no host machine code: one CPython builds it for all.\n"
+        "# Python, cubins and a stable-ABI (cp310-abi3) launch module: one CPython builds it for all.\n"
         f"build = [{identifiers}]\n"
         '# Explicit so that the build (and --print-build-identifiers) is the same on any host.\n'
         'archs = ["x86_64"]\n'
         '# No before-build: the backend is fetched from PyPI into an isolated build environment.\n'
         'build-frontend = "build"\n'
-        "# The generated hatch_build.py turns the pure wheel into a platform wheel, which cibuildwheel needs.\n"
+        "# The generated hatch_build.py tags the wheel for this platform, which cibuildwheel needs.\n"
         f'environment = {{ SOURCE_DATE_EPOCH = "{SOURCE_DATE_EPOCH}", '
         'TKC_WHEEL_PLATFORM = "manylinux_2_17_$(uname -m)" }\n'
         f'before-test = "pip install torch --index-url {CPU_TORCH_INDEX}"\n'

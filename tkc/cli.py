@@ -165,6 +165,10 @@ def _print_summary(summaries: list[ArchSummary], seconds: float, dist: Path) -> 
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
             click.echo("  ".join("-" * w for w in widths))
+    missing = {s.native_launch_missing for s in summaries} - {""}
+    for reason in sorted(missing):
+        click.secho(f"warning: the wheels launch through ctypes (about 2 µs more per call): {reason}", fg="yellow",
+                    err=True)
     click.echo(f"done in {seconds:.1f} s; wheels in {dist}")
 
 

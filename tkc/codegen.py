@@ -27,7 +27,8 @@ _TORCH_DTYPES = {
     "int64": "torch.int64",
     "bool": "torch.bool",
 }
-_CTYPES = ("int32", "int64", "uint32", "uint64", "float32", "float64")  # scalar types the loader passes
+# scalar type -> the loader's argument kind (a struct letter, see _runtime.Function)
+_KINDS = {"int32": "i", "int64": "q", "uint32": "I", "uint64": "Q", "float32": "f", "float64": "d"}
 _INT_LIMITS = {"int32": 2**31, "uint32": 2**32}
 
 
@@ -38,9 +39,8 @@ class LauncherSource:
     doc: str
     body: tuple[str, ...]
     cubin: str
-    smem: dict[str, int]
     key: str
-    arg_slots: tuple[tuple[str, tuple[str, ...]], ...]  # (LaunchArgs variable, slot kinds) per launch
+    functions: tuple[tuple[str, str], ...]  # (variable, Function(...) expression) per launch, host order
 
 
 def torch_dtype(name: str) -> str:
@@ -75,42 +75,90 @@ def _tensor_checks(params: tuple[TensorParam | ScalarParam, ...], contract: Laun
     for p in params:
         if isinstance(p, TensorParam) and p.strides:
             lines.append(f'check_strides("{p.name}", {p.name}, {_shape_tuple([str(s) for s in p.strides])})')
+    tensors = [p.name for p in params if isinstance(p, TensorParam)]
+    if tensors:
+        lines.append(_pointer_reads(tensors))
     return lines
 
 
+def _pointer_reads(tensors: list[str]) -> str:
+    """Each data pointer is read once: for the alignment test, TMA descriptors and the launch."""
+    return f"{', '.join(f'{t}_ptr' for t in tensors)} = {', '.join(f'{t}.data_ptr()' for t in tensors)}"
+
+
+def _factors(value: int | str) -> tuple[int, list[str]]:
+    """A size or stride as (numeric factor, sorted symbolic factors): ``"N * M"`` -> (1, ["M", "N"])."""
+    if isinstance(value, int):
+        return value, []
+    number, names = 1, list[str]()
+    for part in value.split("*"):
+        part = part.strip().strip("()")
+        if part.isdigit():
+            number *= int(part)
+        else:
+            names.append(part)
+    return number, sorted(names)
+
+
+def _contiguous(shape: tuple[int | str, ...], strides: tuple[int | str, ...]) -> bool:
+    """Whether ``strides`` are the row-major strides of ``shape``, so ``is_contiguous()`` tests them.
+
+    torch's is_contiguous() skips dimensions of size 1 and accepts any empty tensor, exactly as
+    the detailed stride check does; it is one call instead of building and comparing a tuple.
+    Symbolic strides are compared as products of names (``N * M`` is the stride after (M, N)).
+    """
+    number, names = 1, list[str]()  # the row-major stride of the current dimension
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if _factors(stride) != (number, sorted(names)):
+            return False
+        size_number, size_names = _factors(size)
+        if any(c in name for name in size_names for c in "+-/%() "):
+            return False  # not a plain product: leave it to the explicit comparison
+        number *= size_number
+        names += size_names
+    return True
+
+
 def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
-    """One boolean expression that accepts well-formed arguments in about a microsecond.
+    """One boolean expression that accepts well-formed arguments in a few attribute reads per tensor.
 
     It is conservative: anything it does not accept (a wrong type, dtype, shape, stride or
     device, but also a legal size-1 dimension with an unusual stride) goes through the
-    detailed checks, which accept or raise an error naming the argument.
+    detailed checks, which accept or raise an error naming the argument. The reads are the
+    cheapest torch offers: ``get_device()`` (an int) rather than ``device`` objects,
+    ``is_contiguous()`` rather than stride tuples where the layout is row-major.
     """
     tensors = [p for p in contract.params if isinstance(p, TensorParam)]
     if not tensors:
         return ["fast = True"]
     reads = []
     for size in contract.sizes:
-        read = f"{size.tensor}.shape[{size.dim}]" if size.kind == "shape" else f"{size.tensor}.stride({size.dim})"
+        read = f"{size.tensor}.shape[{size.dim}]" if size.kind == "shape" else f"{size.tensor}.stride()[{size.dim}]"
         reads.append(f"    {size.name} = {read}")
     first = tensors[0].name
     terms = [f"{p.name}.dtype is {torch_dtype(p.dtype)}" for p in tensors]
-    terms.append(f"{first}.is_cuda")
+    terms += [f"{p.name}.is_cuda" for p in tensors]
+    terms += [f"{p.name}.get_device() == device" for p in tensors[1:]]
     terms += [f"{p.name}.shape == {_shape_tuple([str(d) if isinstance(d, int) else d for d in p.shape])}"
               for p in tensors]
-    terms += [f"{p.name}.stride() == {_shape_tuple([str(d) for d in p.strides])}" for p in tensors if p.strides]
-    terms += [f"{p.name}.device == device" for p in tensors[1:]]
-    terms.append(f"not ({' | '.join(f'{p.name}.data_ptr()' for p in tensors)}) & {alignment - 1}")
+    for p in tensors:
+        if p.strides and _contiguous(p.shape, p.strides):
+            terms.append(f"{p.name}.is_contiguous()")
+        elif p.strides:
+            terms.append(f"{p.name}.stride() == {_shape_tuple([str(d) for d in p.strides])}")
+    terms.append(f"not ({' | '.join(f'{p.name}_ptr' for p in tensors)}) & {alignment - 1}")
     ctypes_of = {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
     terms += [f"{s.name} < {_INT_LIMITS[ctypes_of[s.name]]}" for s in contract.sizes
               if ctypes_of.get(s.name) in _INT_LIMITS]
     return [
         "try:",
         *reads,
-        f"    device = {first}.device",
+        f"    device = {first}.get_device()",
+        f"    {_pointer_reads([p.name for p in tensors])}",
         "    fast = (",
         *(f"        {'and ' if i else ''}{t}" for i, t in enumerate(terms)),
         "    )",
-        "except (AttributeError, IndexError, TypeError):",
+        "except (AttributeError, IndexError, TypeError, RuntimeError):",
         "    fast = False",
     ]
 
@@ -133,7 +181,7 @@ def _tma_lines(desc: TmaDescriptor) -> list[str]:
     strides = _shape_tuple(list(desc.global_strides[1:])) if desc.rank > 1 else "()"
     return [
         f"_{desc.name}_buffer, {desc.name} = tensor_map(",
-        f'    "{desc.tensor}", {desc.dtype_code}, {desc.tensor}.data_ptr(), {dims}, {strides},',
+        f'    "{desc.tensor}", {desc.dtype_code}, {desc.tensor}_ptr, {dims}, {strides},',
         f"    {_shape_tuple([str(b) for b in desc.box_dims])}, "
         f"{_shape_tuple([str(e) for e in desc.element_strides])},",
         f"    interleave={desc.interleave}, swizzle={desc.swizzle}, l2_promotion={desc.l2_promotion}, "
@@ -142,25 +190,36 @@ def _tma_lines(desc: TmaDescriptor) -> list[str]:
     ]
 
 
-def _launch_lines(launch: Launch, cubin_var: str, args_var: str) -> list[str]:
+def _launch_values(launch: Launch) -> list[str]:
     values = []
     for a in launch.args:
         if a.kind == "tensor":
-            values.append(f"{a.expr}.data_ptr()")
+            values.append(f"{a.expr}_ptr")
         elif a.kind == "tma":
             values.append(a.expr)
-        elif a.ctype not in _CTYPES:
+        elif a.ctype not in _KINDS:
             raise LowerError(f"kernel {launch.symbol} takes argument {a.name or a.expr} of type {a.ctype}, "
                              "which the loader cannot pass")
         elif a.kind == "scalar":
             values.append(f"{'float' if a.ctype.startswith('float') else 'int'}({a.expr})")
         else:
             values.append(a.expr)
-    kind = []
+    return values
+
+
+def _function(launch: Launch, cubin_var: str) -> str:
+    """The ``Function(...)`` of one launch: symbol, block, shared memory and argument kinds."""
+    kinds = "".join("Q" if a.kind == "tensor" else "T" if a.kind == "tma" else _KINDS.get(a.ctype, "?")
+                    for a in launch.args)
+    extra = ""
     if launch.cooperative:
-        kind.append("cooperative=True")  # a grid-wide barrier: all blocks must be resident at once
+        extra += ", cooperative=True"  # a grid-wide barrier: all blocks must be resident at once
     if launch.cluster is not None:
-        kind.append(f"cluster={launch.cluster}")
+        extra += f", cluster={launch.cluster}"
+    return f'Function({cubin_var}, "{launch.symbol}", {launch.block}, {launch.dynamic_smem}, "{kinds}"{extra})'
+
+
+def _launch_lines(launch: Launch, function_var: str) -> list[str]:
     lines = []
     if launch.cluster is not None:
         # The driver refuses a grid that is not a whole number of clusters with a bare error.
@@ -169,26 +228,18 @@ def _launch_lines(launch: Launch, cubin_var: str, args_var: str) -> list[str]:
             f'    raise KernelArgumentError(f"{launch.symbol}: the grid {{grid}} (from the tensors\' sizes) must be '
             f'a multiple of the thread-block cluster {launch.cluster}")',
         ]
-    return [
-        *lines,
-        f"{cubin_var}.launch(",
-        f'    "{launch.symbol}", device, grid, {launch.block}, {launch.dynamic_smem},',
-        f"    {args_var}.pack({', '.join(values)}),",
-        *([f"    {', '.join(kind)},"] if kind else []),
-        ")",
-    ]
-
-
-def _slot_kinds(launch: Launch) -> tuple[str, ...]:
-    return tuple("pointer" if a.kind == "tensor" else "tensormap" if a.kind == "tma" else a.ctype
-                 for a in launch.args)
+    return [*lines, f"{function_var}.launch(device, grid, {', '.join(_launch_values(launch))})"]
 
 
 def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract,
                     alignment: int = 16) -> LauncherSource:
     """The launcher function of one variant."""
     cubin_var = f"_{func.upper()}"
-    args_vars = [f"{cubin_var}_ARGS{i if i else ''}" for i in range(len(contract.launches))]
+    function_vars = [f"{cubin_var}_{launch.symbol.upper()}" for launch in contract.launches]
+    if len(contract.launches) == 1:
+        function_vars = [f"{cubin_var}_KERNEL"]
+    elif len(set(function_vars)) != len(function_vars):  # one kernel launched twice: number them
+        function_vars = [f"{cubin_var}_LAUNCH{i}" for i in range(len(contract.launches))]
     slow = _tensor_checks(contract.params, contract) + _size_limits(contract)
     body = [*_fast_checks(contract, alignment), "if not fast:", *(f"    {line}" for line in slow)]
     for i, launch in enumerate(contract.launches):
@@ -199,14 +250,13 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
             body.append("    return  # empty input: nothing to launch")
             for desc in contract.tma:
                 body.extend(_tma_lines(desc))
-        body.extend(_launch_lines(launch, cubin_var, args_vars[i]))
+        body.extend(_launch_lines(launch, function_vars[i]))
     return LauncherSource(
         func=func,
         signature=", ".join(p.name for p in contract.params),
         doc=doc,
         body=tuple(body),
         cubin=cubin,
-        smem={launch.symbol: launch.dynamic_smem for launch in contract.launches},
         key=key,
-        arg_slots=tuple((var, _slot_kinds(launch)) for var, launch in zip(args_vars, contract.launches)),
+        functions=tuple((var, _function(launch, cubin_var)) for var, launch in zip(function_vars, contract.launches)),
     )

@@ -21,7 +21,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -96,6 +96,10 @@ def driver() -> _Driver:
             if _driver_instance is None:
                 _driver_instance = _Driver()
                 _DRIVER_LIB.append(_driver_instance.lib)
+                if _native is not None:  # the compiled launch calls the driver through these addresses
+                    lib = _driver_instance.lib
+                    _native.bind(ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value,
+                                 ctypes.cast(lib.cuCtxGetDevice, ctypes.c_void_p).value)
     return _driver_instance
 
 
@@ -123,17 +127,21 @@ def _no_gpu(name: str, t: torch.Tensor) -> Exception:
     return KernelArgumentError(f"{name}: expected a CUDA tensor, got one on {t.device}; move it with .cuda()")
 
 
-def check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Sequence[int | None],
-                 device: torch.device | None) -> torch.device:
-    """Validate one tensor argument; ``None`` in ``shape`` is a size read from this tensor."""
+def check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Sequence[int | None], device: int | None) -> int:
+    """Validate one tensor argument and return its CUDA device index.
+
+    ``None`` in ``shape`` is a size read from this tensor; ``device`` is the index the other
+    tensors are on (``None`` for the first).
+    """
     if not isinstance(t, torch.Tensor):
         raise KernelArgumentError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
         raise KernelArgumentError(f"{name}: expected dtype {dtype}, got {t.dtype}")
     if t.device.type != "cuda":
         raise _no_gpu(name, t)
-    if device is not None and t.device != device:
-        raise KernelArgumentError(f"{name}: is on {t.device} but the other arguments are on {device}")
+    index = t.get_device()
+    if device is not None and index != device:
+        raise KernelArgumentError(f"{name}: is on {t.device} but the other arguments are on cuda:{device}")
     if t.dim() != len(shape):
         raise KernelArgumentError(f"{name}: expected {len(shape)} dimensions, got shape {tuple(t.shape)}")
     for dim, (want, got) in enumerate(zip(shape, t.shape)):
@@ -145,7 +153,7 @@ def check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Sequence[int | No
         raise KernelArgumentError(f"{name}: data pointer {t.data_ptr():#x} is not {info.ALIGNMENT}-byte aligned; "
                                   f"the {info.TARGET} kernels use vector accesses that need it (pass a fresh or "
                                   ".clone()d tensor)")
-    return t.device
+    return index
 
 
 def check_strides(name: str, t: torch.Tensor, strides: Sequence[int]) -> None:
@@ -170,15 +178,27 @@ def _aligned_tensor_map() -> tuple[Any, TensorMap]:
     return raw, TensorMap.from_address(address)
 
 
+_tensor_maps: dict[tuple[Any, ...], tuple[Any, int]] = {}
+_TENSOR_MAP_CACHE_SIZE = 256  # descriptors kept; the cache is emptied when full
+
+
 def tensor_map(name: str, dtype_code: int, address: int, dims: Sequence[int], strides: Sequence[int],
                box: Sequence[int], element_strides: Sequence[int], interleave: int, swizzle: int,
-               l2_promotion: int, oob_fill: int) -> tuple[Any, TensorMap]:
-    """Encode a tiled TMA descriptor for tensor ``name``; ``strides`` in bytes, without the element-size entry.
+               l2_promotion: int, oob_fill: int) -> tuple[Any, int]:
+    """A tiled TMA descriptor for tensor ``name``: (its buffer, the aligned address to pass).
 
-    The driver refuses strides that are not multiples of 16 bytes (or reach 2^40) and dimensions
-    above 2^32 with a bare CUDA_ERROR_INVALID_VALUE; they are checked here first so the error
-    names the tensor and the fix.
+    ``strides`` are in bytes, without the element-size entry. A descriptor depends on nothing
+    but these arguments, so encoded ones are kept by them: a tensor launched again with the
+    same pointer and layout skips cuTensorMapEncodeTiled. The driver refuses strides that are
+    not multiples of 16 bytes (or reach 2^40) and dimensions above 2^32 with a bare
+    CUDA_ERROR_INVALID_VALUE; they are checked here first so the error names the tensor and
+    the fix.
     """
+    key = (dtype_code, address, *dims, -1, *strides, -1, *box, -1, *element_strides, interleave, swizzle,
+           l2_promotion, oob_fill)
+    cached = _tensor_maps.get(key)
+    if cached is not None:
+        return cached
     bad_stride = [s for s in strides if s % 16 or s >= 2**40]
     if bad_stride or any(not 0 < d <= 2**32 for d in dims):
         raise KernelArgumentError(
@@ -197,7 +217,10 @@ def tensor_map(name: str, dtype_code: int, address: int, dims: Sequence[int], st
     )
     driver().check(result, f"cuTensorMapEncodeTiled({name}: dims={tuple(dims)}, strides={tuple(strides)}, "
                            f"box={tuple(box)})")
-    return keep, desc
+    if len(_tensor_maps) >= _TENSOR_MAP_CACHE_SIZE:
+        _tensor_maps.clear()
+    entry = _tensor_maps[key] = (keep, ctypes.addressof(desc))
+    return entry
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -239,65 +262,83 @@ def sm_count(device: torch.device | int) -> int:
     return count
 
 
-# Each argument slot is 8 bytes of one buffer (every kernel parameter kind fits), written by
-# one struct.pack_into per launch: a single C call instead of a ctypes object per argument.
-_SLOT_FORMATS: dict[str, str | None] = {
-    "pointer": "Q",
-    "int32": "i4x",
-    "int64": "q",
-    "uint32": "I4x",
-    "uint64": "Q",
-    "float32": "f4x",
-    "float64": "d",
-    "tensormap": None,  # passed by the address of its (aligned) descriptor, not through a slot
-}
+class _Slots:
+    """The kernel-argument buffer and ``void**`` array of one argument-kind string, per thread.
 
-
-class LaunchArgs:
-    """The kernel's argument slots and the ``void**`` array cuLaunchKernel reads, built once per thread.
-
-    A call writes the new values into the slots with one ``struct.pack_into`` instead of
-    building ctypes objects and an array per launch. The driver copies the values during
-    cuLaunchKernel, so reusing the slots right after it returns is safe; each thread has
-    its own set. A value that does not fit its slot (a pointer below zero, an int32 out of
-    range) raises ``struct.error``; the launchers check sizes before packing.
+    The ctypes launch paths (``cuLaunchKernelEx``, and plain launches where the package has
+    no compiled ``_launch`` module) write a call's values into 8-byte slots with one
+    ``struct.pack_into`` instead of building a ctypes object per argument. The driver copies
+    the values during the launch call, so the slots can be reused as soon as it returns.
     """
 
-    def __init__(self, *kinds: str) -> None:
-        self.kinds = kinds
-        self._tensormaps = tuple(i for i, k in enumerate(kinds) if _SLOT_FORMATS[k] is None)
-        self._struct = struct.Struct("<" + "".join(_SLOT_FORMATS[k] or "8x" for k in kinds))
-        self._local = threading.local()
+    # struct letter -> the slot's format (every kernel parameter kind fits 8 bytes)
+    _FORMATS: ClassVar[dict[str, str]] = {"Q": "Q", "q": "q", "i": "i4x", "I": "I4x", "f": "f4x", "d": "d",
+                                          "T": "8x"}
+    _by_kinds: ClassVar[dict[bytes, _Slots]] = {}
 
-    def _make(self) -> tuple[Any, Any]:
-        slots = (ctypes.c_uint64 * max(1, len(self.kinds)))()
-        base = ctypes.addressof(slots)
-        params = (ctypes.c_void_p * max(1, len(self.kinds)))(*(base + 8 * i for i in range(len(self.kinds))))
-        self._local.state = (slots, params)
-        return slots, params
+    def __init__(self, kinds: bytes) -> None:
+        text = kinds.decode()
+        self.tensormaps = tuple(i for i, k in enumerate(text) if k == "T")
+        self.struct = struct.Struct("<" + "".join(self._FORMATS[k] for k in text))
+        self.count = len(text)
+        self.local = threading.local()
 
-    def pack(self, *values: Any) -> Any:
-        state = getattr(self._local, "state", None)
-        slots, params = state if state is not None else self._make()
-        if not self._tensormaps:
-            self._struct.pack_into(slots, 0, *values)
+    @classmethod
+    def of(cls, kinds: bytes) -> _Slots:
+        slots = cls._by_kinds.get(kinds)
+        if slots is None:
+            slots = cls._by_kinds.setdefault(kinds, cls(kinds))
+        return slots
+
+    def pack(self, values: Sequence[Any]) -> Any:
+        """The ``void**`` array holding ``values``; a value out of its slot's range raises struct.error."""
+        state = getattr(self.local, "state", None)
+        if state is None:
+            slots = (ctypes.c_uint64 * max(1, self.count))()
+            base = ctypes.addressof(slots)
+            params = (ctypes.c_void_p * max(1, self.count))(*(base + 8 * i for i in range(self.count)))
+            state = self.local.state = (slots, params)
+        slots, params = state
+        if not self.tensormaps:
+            self.struct.pack_into(slots, 0, *values)
             return params
-        for i in self._tensormaps:
-            params[i] = ctypes.addressof(values[i])
-        self._struct.pack_into(slots, 0, *(v for i, v in enumerate(values) if i not in self._tensormaps))
+        for i in self.tensormaps:  # a tensor map is passed by the address of its descriptor
+            params[i] = values[i]
+        self.struct.pack_into(slots, 0, *(v for i, v in enumerate(values) if i not in self.tensormaps))
         return params
+
+
+_WRONG_DEVICE = -1  # what launch() returns when the current context is another device's
+
+
+def _ctypes_launch(kernel: int, device: int, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+                   stream: int, kinds: bytes, *values: Any) -> int:
+    """``_launch.launch`` through ctypes, for a package built without its compiled module."""
+    if _current_device() != device:
+        return _WRONG_DEVICE
+    params = _Slots.of(kinds).pack(values)
+    result: int = _DRIVER_LIB[0].cuLaunchKernel(ctypes.c_void_p(kernel), *grid, *block, smem,
+                                                ctypes.c_void_p(stream), params, None)
+    return result
+
+
+try:
+    # Compiled by tkc next to this module where it could (source: _launch.c, shipped with it).
+    from . import _launch as _native  # type: ignore[attr-defined]
+except ImportError:  # a pure build: the same launch through ctypes, about 2 µs slower per call
+    _native = None
+_launch: Callable[..., int] = _native.launch if _native is not None else _ctypes_launch
+NATIVE_LAUNCH = _native is not None  # for benchmarks and bug reports: which launch path this package takes
 
 
 class Cubin:
     """One cubin of the package, loaded lazily as a context-independent library."""
 
-    def __init__(self, filename: str, smem: dict[str, int]) -> None:
+    def __init__(self, filename: str) -> None:
         self.filename = filename
-        self.smem = smem  # dynamic shared memory per kernel symbol
         self._lock = threading.Lock()
         self._library: ctypes.c_void_p | None = None
         self._kernels: dict[str, ctypes.c_void_p] = {}
-        self._ready: set[tuple[int, str]] = set()  # (device, symbol) with attributes set
 
     def _load(self) -> ctypes.c_void_p:
         with self._lock:
@@ -310,9 +351,9 @@ class Cubin:
                 self._library = library
             return self._library
 
-    def kernel(self, symbol: str, device: int) -> ctypes.c_void_p:
-        if (device, symbol) in self._ready:
-            return self._kernels[symbol]
+    def kernel(self, symbol: str, device: int, smem: int) -> int:
+        """The ``CUkernel`` handle of ``symbol``, ready to launch on ``device`` with ``smem`` bytes of dynamic
+        shared memory (arch checked, the opt-in above 48 KiB set)."""
         check_device(device)
         drv = driver()
         if symbol not in self._kernels:
@@ -320,81 +361,91 @@ class Cubin:
             drv.check(drv.lib.cuLibraryGetKernel(ctypes.byref(handle), self._load(), symbol.encode()),
                       f"cuLibraryGetKernel({self.filename}, {symbol})")
             self._kernels[symbol] = handle
-        smem = self.smem.get(symbol, 0)
         if smem > _DYNAMIC_SMEM_DEFAULT_LIMIT:
             cu_device = ctypes.c_int()
             drv.check(drv.lib.cuDeviceGet(ctypes.byref(cu_device), device), "cuDeviceGet")
             drv.check(drv.lib.cuKernelSetAttribute(_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem,
                                                    self._kernels[symbol], cu_device),
                       f"cuKernelSetAttribute({symbol}, max dynamic shared memory = {smem})")
-        self._ready.add((device, symbol))
-        return self._kernels[symbol]
+        return int(self._kernels[symbol].value or 0)
 
-    def launch(self, symbol: str, device: torch.device, grid: tuple[int, int, int], block: tuple[int, int, int],
-               smem: int, params: Any, *, cooperative: bool = False,
-               cluster: tuple[int, int, int] | None = None) -> None:
-        """Launch ``symbol`` on torch's current stream of ``device``; ``params`` from ``LaunchArgs.pack``.
 
-        A kernel with a grid-wide barrier launches cooperatively (all blocks co-resident), a
-        kernel with thread-block clusters with its cluster shape: both through cuLaunchKernelEx.
-        """
-        current = _current_device()
-        index = current if device.index is None else device.index
-        kernel = self._kernels[symbol] if (index, symbol) in self._ready else self.kernel(symbol, index)
-        if index == current and not cooperative and cluster is None:
-            # The common case, kept to one ctypes call: untyped arguments convert fastest.
-            # (self.kernel loaded the driver, so _DRIVER_LIB holds it.)
-            result = _DRIVER_LIB[0].cuLaunchKernel(kernel, *grid, *block, smem,
-                                                   ctypes.c_void_p(_current_stream(index)), params, None)
-            if result == _CUDA_ERROR_INVALID_CONTEXT:
-                result = self._launch(kernel, index, grid, block, smem, params)  # binds torch's context, retries
-        else:
-            launch = self._launch if not (cooperative or cluster) else self._launch_ex
-            extra = () if launch == self._launch else (cooperative, cluster)
-            if index == current:
-                result = launch(kernel, index, grid, block, smem, params, *extra)
-            else:
-                with torch.cuda.device(index):  # the launch goes to the current context: make it the tensors'
-                    result = launch(kernel, index, grid, block, smem, params, *extra)
+class Function:
+    """One kernel of a cubin with the launch configuration recorded at build time.
+
+    ``kinds`` has one ``struct`` letter per kernel argument in the cubin's order: ``Q`` a
+    device pointer (or uint64), ``i``/``I``/``q`` int32/uint32/int64, ``f``/``d`` float32/64,
+    ``T`` the address of a TMA descriptor. ``launch`` is the hot path of every op: after the
+    first call on a device it is a dict lookup, torch's raw stream getter and one call of the
+    compiled ``_launch`` module; everything rare (loading the cubin, another device's
+    context, a thread without one, errors) is in ``_launch_slow``.
+    """
+
+    def __init__(self, cubin: Cubin, symbol: str, block: tuple[int, int, int], smem: int, kinds: str, *,
+                 cooperative: bool = False, cluster: tuple[int, int, int] | None = None) -> None:
+        self.cubin = cubin
+        self.symbol = symbol
+        self.block = block
+        self.smem = smem
+        self.kinds = kinds.encode()
+        self.cooperative = cooperative  # a grid-wide barrier: every block must be resident at once
+        self.cluster = cluster  # thread-block cluster shape
+        self.handles: dict[int, int] = {}  # device index -> CUkernel, once launched there (plain launches)
+        self._extended: dict[int, int] = {}  # the same for launches with attributes, which never take the fast path
+
+    def launch(self, device: int, grid: tuple[int, int, int], *values: Any) -> None:
+        """Launch on torch's current stream of cuda:``device``; ``values`` in the cubin's argument order."""
+        kernel = self.handles.get(device)
+        if kernel is not None:
+            result = _launch(kernel, device, grid, self.block, self.smem, _current_stream(device), self.kinds,
+                             *values)
+            if not result:
+                return
+        self._launch_slow(device, grid, values)
+
+    def _launch_slow(self, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> None:
+        extended = self.cooperative or self.cluster is not None
+        kernel = (self._extended if extended else self.handles).get(device)
+        if kernel is None:
+            kernel = self.cubin.kernel(self.symbol, device, self.smem)
+        launch = self._launch_ex if extended else self._launch_plain
+        result = launch(kernel, device, grid, values)
+        if result in (_WRONG_DEVICE, _CUDA_ERROR_INVALID_CONTEXT):
+            # The launch goes to the thread's current context: make it the tensors' device
+            # (torch binds its context to a thread that never made a CUDA call) and retry.
+            with torch.cuda.device(device):
+                torch.cuda.synchronize(device)  # a CUDA runtime call: binds the device's context to this thread
+                result = launch(kernel, device, grid, values)
         if result == _CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE:
             raise KernelArgumentError(
-                f"{symbol}: a grid of {grid} blocks cannot all be resident on cuda:{index} at once, which its "
-                f"grid-wide barrier needs; size the grid from sm_count(device) ({sm_count(index)} SMs here)")
+                f"{self.symbol}: a grid of {grid} blocks cannot all be resident on cuda:{device} at once, which "
+                f"its grid-wide barrier needs; size the grid from sm_count(device) ({sm_count(device)} SMs here)")
         if result:
-            driver().check(result, f"cuLaunchKernel({symbol}, grid={grid}, block={block}, smem={smem})")
+            driver().check(result, f"cuLaunchKernel({self.symbol}, grid={grid}, block={self.block}, "
+                                   f"smem={self.smem})")
+        (self._extended if extended else self.handles)[device] = kernel  # plain ones now take the fast path
 
-    @staticmethod
-    def _launch(kernel: ctypes.c_void_p, index: int, grid: tuple[int, int, int], block: tuple[int, int, int],
-                smem: int, params: Any) -> int:
-        stream = _current_stream(index)
-        lib = driver().lib
-        result: int = lib.cuLaunchKernel(kernel, *grid, *block, smem, ctypes.c_void_p(stream), params, None)
-        if result == _CUDA_ERROR_INVALID_CONTEXT:
-            # A thread torch never made a CUDA call on has no current context yet: let torch bind it.
-            torch.cuda.synchronize(index)
-            result = lib.cuLaunchKernel(kernel, *grid, *block, smem, ctypes.c_void_p(stream), params, None)
-        return result
+    def _launch_plain(self, kernel: int, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> int:
+        return _launch(kernel, device, grid, self.block, self.smem, _current_stream(device), self.kinds, *values)
 
-    @staticmethod
-    def _launch_ex(kernel: ctypes.c_void_p, index: int, grid: tuple[int, int, int], block: tuple[int, int, int],
-                   smem: int, params: Any, cooperative: bool, cluster: tuple[int, int, int] | None) -> int:
+    def _launch_ex(self, kernel: int, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> int:
+        """cuLaunchKernelEx with the cooperative and cluster attributes."""
+        if _current_device() != device:
+            return _WRONG_DEVICE
         attrs = (_LaunchAttribute * 2)()
         count = 0
-        if cooperative:
+        if self.cooperative:
             attrs[count].id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE
             attrs[count].value[0] = 1
             count += 1
-        if cluster is not None:
+        if self.cluster is not None:
             attrs[count].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            attrs[count].value[0], attrs[count].value[1], attrs[count].value[2] = cluster
+            attrs[count].value[0], attrs[count].value[1], attrs[count].value[2] = self.cluster
             count += 1
-        config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem,
-                               ctypes.c_void_p(_current_stream(index)), attrs, count)
-        lib = driver().lib
-        result: int = lib.cuLaunchKernelEx(ctypes.byref(config), kernel, params, None)
-        if result == _CUDA_ERROR_INVALID_CONTEXT:
-            torch.cuda.synchronize(index)
-            result = lib.cuLaunchKernelEx(ctypes.byref(config), kernel, params, None)
+        config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*self.block), self.smem,
+                               ctypes.c_void_p(_current_stream(device)), attrs, count)
+        result: int = driver().lib.cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(kernel),
+                                                    _Slots.of(self.kinds).pack(values), None)
         return result
 
 

@@ -1,47 +1,85 @@
-"""Where the launcher's host time goes: cProfile over many calls of one variant (needs the installed wheel)."""
+"""Where one launch's host time goes, layer by layer (needs torch and the installed wheel).
+
+One per_token_cast variant (H = 2048, one token) is called through each layer of the
+loader, from the op down to the bare driver call, each timed as ``runtime_overhead.py``
+times ops (median over batches, after warm-up). The differences between rows are the
+cost of each layer; ``torch.add(a, b, out=c)`` in the same run is the yardstick.
+
+    python benchmarks/profile_launch.py [--out DIR]
+"""
 
 from __future__ import annotations
 
-import cProfile
-import pstats
-import time
+import argparse
+import ctypes
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
-import tile_kernels_aot as tk
-import tile_kernels_aot._runtime  # a submodule that op modules load lazily
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from runtime_overhead import host_us
 
-def main() -> None:
+
+def layers() -> dict[str, Callable[[], object]]:
+    import tile_kernels_aot as tk
+    import tile_kernels_aot._runtime as rt
+
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
     q = torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn)
     sf = torch.empty(1, 16, device="cuda")
-    launch = tk._runtime.get_kernel("per_token_cast").select(in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128,
-                                                             round_sf=False, sf_layout="row_major")
-    for _ in range(1000):
-        launch(x, q, sf)
-    torch.cuda.synchronize()
-    print("raw stream getter:", hasattr(torch._C, "_cuda_getCurrentRawStream"),
-          "device getter:", hasattr(torch._C, "_cuda_getDevice"))
-    for name, fn in [
-        ("launcher", lambda: launch(x, q, sf)),
-        ("current_stream", lambda: tk._runtime._current_stream(0)),
-        ("current_device", lambda: tk._runtime._current_device()),
-        ("check_tensor", lambda: tk._runtime.check_tensor("x", x, torch.bfloat16, (None, 2048), None)),
-        ("x.device", lambda: x.device),
-        ("empty", lambda: torch.empty(1, 2048, device="cuda")),
-    ]:
-        start = time.perf_counter_ns()
-        for _ in range(2000):
-            fn()
-        print(f"{name}: {(time.perf_counter_ns() - start) / 2000 / 1e3:.2f} us")
-        torch.cuda.synchronize()
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(5000):
-        launch(x, q, sf)
-    profile.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    a, b, c = (torch.randn(1, device="cuda") for _ in range(3))
+    launcher = rt.get_kernel("per_token_cast").select(in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128,
+                                                      round_sf=False, sf_layout="row_major")
+    launcher(x, q, sf, 0)  # loads the cubin: the Function below is ready on this device
+    module = sys.modules[launcher.__module__]
+    function = getattr(module, f"_{launcher.__name__.upper()}_KERNEL")
+    kernel = function.handles[0]
+    values = (q.data_ptr(), sf.data_ptr(), x.data_ptr(), 0, 1, 2048)
+    stream = rt._current_stream(0)
+    params = rt._Slots.of(function.kinds).pack(values)
+    lib = rt.driver().lib
+    block, smem, kinds = function.block, function.smem, function.kinds
+
+    def ctypes_launcher() -> None:
+        native, rt._launch = rt._launch, rt._ctypes_launch
+        try:
+            launcher(x, q, sf, 0)
+        finally:
+            rt._launch = native
+
+    out: dict[str, Callable[[], object]] = {
+        "torch.add(a, b, out=c)": lambda: torch.add(a, b, out=c),
+        "torch.empty (1, 2048) fp8": lambda: torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn),
+        "op quant.per_token_cast": lambda: tk.quant.per_token_cast(x, "e4m3", 128),
+        "launcher (checks + launch)": lambda: launcher(x, q, sf, 0),
+        "launcher through the ctypes fallback": ctypes_launcher,
+        "Function.launch (values given)": lambda: function.launch(0, (1, 1, 1), *values),
+        "_launch + stream getter": lambda: rt._launch(kernel, 0, (1, 1, 1), block, smem, rt._current_stream(0),
+                                                      kinds, *values),
+        "_launch (everything given)": lambda: rt._launch(kernel, 0, (1, 1, 1), block, smem, stream, kinds, *values),
+        "ctypes cuLaunchKernel (arguments packed)": lambda: lib.cuLaunchKernel(
+            ctypes.c_void_p(kernel), 1, 1, 1, *block, smem, ctypes.c_void_p(stream), params, None),
+        "torch._C._cuda_getCurrentRawStream": lambda: rt._current_stream(0),
+        "3 x Tensor.data_ptr()": lambda: (x.data_ptr(), q.data_ptr(), sf.data_ptr()),
+    }
+    print("native launch module:", rt.NATIVE_LAUNCH)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    rows = {name: host_us(fn) for name, fn in layers().items()}
+    width = max(map(len, rows))
+    for name, us in rows.items():
+        print(f"{name:{width}}  {us:6.2f} us")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile_launch.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,17 @@ def ops() -> dict[str, Callable[[], object]]:
     q = torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn)
     sf = torch.empty(1, 16, device="cuda")
     out["per_token_cast launcher only"] = lambda: launch(x, q, sf, 0)  # mode 0: cast
+    runtime = tk._runtime
+
+    def through_ctypes() -> None:  # the launch path of a package built without the compiled module
+        native, runtime._launch = runtime._launch, runtime._ctypes_launch
+        try:
+            launch(x, q, sf, 0)
+        finally:
+            runtime._launch = native
+
+    if runtime.NATIVE_LAUNCH:
+        out["per_token_cast launcher only, ctypes fallback"] = through_ctypes
     out["torch.empty x2 (the op's outputs)"] = lambda: (
         torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 16, device="cuda"))
     out["batched_transpose bf16"] = lambda: transpose.batched_transpose(xt)
@@ -147,8 +158,12 @@ def main() -> None:
         rows.append({"op": name, "direct_us": d, "custom_op_us": k, "torch_add_us": add_us,
                      "direct_over_add": d / add_us})
     cold = cold_start()
-    (args.out / "runtime_overhead.json").write_text(json.dumps({"host": rows, "cold_start": cold}, indent=1))
-    lines = [f"torch.add(a, b, out=c): {add_us:.2f} us per call", "",
+    import tile_kernels_aot._runtime as runtime
+
+    native = runtime.NATIVE_LAUNCH
+    (args.out / "runtime_overhead.json").write_text(json.dumps({"host": rows, "cold_start": cold,
+                                                                "native_launch": native}, indent=1))
+    lines = [f"torch.add(a, b, out=c): {add_us:.2f} us per call; compiled launch module: {native}", "",
              "| op | direct µs | custom-op µs | direct / torch.add |", "| --- | ---: | ---: | ---: |"]
     lines += [f"| {r['op']} | {r['direct_us']:.2f} | {r['custom_op_us']:.2f} | {r['direct_over_add']:.2f} |"
               for r in rows]

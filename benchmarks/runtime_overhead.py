@@ -63,12 +63,15 @@ def ops() -> dict[str, Callable[[], object]]:
     out["per_token_cast launcher only"] = lambda: launch(x, q, sf, 0)  # mode 0: cast
     runtime = tk._runtime
 
+    launcher_globals = vars(sys.modules[launch.__module__])
+
     def through_ctypes() -> None:  # the launch path of a package built without the compiled module
-        native, runtime._launch = runtime._launch, runtime._ctypes_launch
+        native = launcher_globals["launch"]
+        launcher_globals["launch"] = runtime._ctypes_launch
         try:
             launch(x, q, sf, 0)
         finally:
-            runtime._launch = native
+            launcher_globals["launch"] = native
 
     if runtime.NATIVE_LAUNCH:
         out["per_token_cast launcher only, ctypes fallback"] = through_ctypes

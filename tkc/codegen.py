@@ -228,7 +228,22 @@ def _launch_lines(launch: Launch, function_var: str) -> list[str]:
             f'    raise KernelArgumentError(f"{launch.symbol}: the grid {{grid}} (from the tensors\' sizes) must be '
             f'a multiple of the thread-block cluster {launch.cluster}")',
         ]
-    return [*lines, f"{function_var}.launch(device, grid, {', '.join(_launch_values(launch))})"]
+    values = ", ".join(_launch_values(launch))
+    if launch.cooperative or launch.cluster is not None:  # cuLaunchKernelEx with attributes: the slow path
+        return [*lines, f"{function_var}.launch(device, grid, {values})"]
+    # The launch call is spelled out (what the driver gets, in the cubin's order) rather than
+    # hidden in Function.launch: that saves a Python call per launch. Anything but a kernel
+    # ready on this device and a successful launch (first call, another device's context,
+    # an error) goes to launch_slow, which loads, retries or raises.
+    kinds = "".join("Q" if a.kind == "tensor" else "T" if a.kind == "tma" else _KINDS[a.ctype] for a in launch.args)
+    return [
+        *lines,
+        f"values = ({values}{',' if len(launch.args) == 1 else ''})",
+        f"kernel = {function_var}.handles.get(device)",
+        f"if kernel is None or launch(kernel, device, grid, {launch.block}, {launch.dynamic_smem}, "
+        f'current_stream(device), b"{kinds}", *values):',
+        f"    {function_var}.launch_slow(device, grid, values)",
+    ]
 
 
 def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract,

@@ -329,6 +329,9 @@ except ImportError:  # a pure build: the same launch through ctypes, about 2 µs
     _native = None
 _launch: Callable[..., int] = _native.launch if _native is not None else _ctypes_launch
 NATIVE_LAUNCH = _native is not None  # for benchmarks and bug reports: which launch path this package takes
+# What the generated launchers call: launch(kernel, device, grid, block, smem, stream, kinds, *values)
+# returns the CUresult (0: launched), or -1 when the current context is another device's.
+launch = _launch
 
 
 class Cubin:
@@ -378,7 +381,7 @@ class Function:
     ``T`` the address of a TMA descriptor. ``launch`` is the hot path of every op: after the
     first call on a device it is a dict lookup, torch's raw stream getter and one call of the
     compiled ``_launch`` module; everything rare (loading the cubin, another device's
-    context, a thread without one, errors) is in ``_launch_slow``.
+    context, a thread without one, errors) is in ``launch_slow``.
     """
 
     def __init__(self, cubin: Cubin, symbol: str, block: tuple[int, int, int], smem: int, kinds: str, *,
@@ -394,16 +397,21 @@ class Function:
         self._extended: dict[int, int] = {}  # the same for launches with attributes, which never take the fast path
 
     def launch(self, device: int, grid: tuple[int, int, int], *values: Any) -> None:
-        """Launch on torch's current stream of cuda:``device``; ``values`` in the cubin's argument order."""
-        kernel = self.handles.get(device)
-        if kernel is not None:
-            result = _launch(kernel, device, grid, self.block, self.smem, _current_stream(device), self.kinds,
-                             *values)
-            if not result:
-                return
-        self._launch_slow(device, grid, values)
+        """Launch on torch's current stream of cuda:``device``; ``values`` in the cubin's argument order.
 
-    def _launch_slow(self, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> None:
+        The generated launchers spell this method's fast path out inline (one Python call less).
+        """
+        kernel = self.handles.get(device)
+        if kernel is None or _launch(kernel, device, grid, self.block, self.smem, _current_stream(device),
+                                     self.kinds, *values):
+            self.launch_slow(device, grid, values)
+
+    def launch_slow(self, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> None:
+        """The first launch on a device, a launch from another device's context, and errors.
+
+        Called after the fast path found no kernel handle for ``device`` or the driver refused
+        the launch: a failed launch never ran, so launching again here is safe.
+        """
         extended = self.cooperative or self.cluster is not None
         kernel = (self._extended if extended else self.handles).get(device)
         if kernel is None:
@@ -457,6 +465,7 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):
 else:  # pragma: no cover - older torch
     def _current_stream(index: int) -> int:
         return int(torch.cuda.current_stream(index).cuda_stream)
+current_stream = _current_stream  # for the generated launchers
 
 
 class Kernel:

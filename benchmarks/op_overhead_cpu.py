@@ -71,7 +71,8 @@ def stubbed_ops(root: Path) -> Iterator[tuple[dict[str, ModuleType], list[Any]]]
 def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
     """name -> one call of an op on tiny inputs (the shapes of benchmarks/runtime_overhead.py)."""
     cast, back = m["quant/per_token_cast"], m["quant/per_token_cast_back"]
-    cast._HAS_LAYOUTS = True  # type: ignore[attr-defined]  # the stub kernel has no grid keys; the shipped spec builds every scale layout
+    # The stub kernel has no grid keys; the shipped spec builds every scale layout.
+    cast._HAS_LAYOUTS = True  # type: ignore[attr-defined]
     moe_gate, moe_top2, moe_norm = m["moe/topk_gate"], m["moe/gate_top2_sum"], m["moe/normalize_weight"]
     moe_expand, moe_reduce, moe_map = m["moe/expand"], m["moe/reduce"], m["moe/fused_mapping"]
     x = torch.randn(1, 7168).bfloat16()

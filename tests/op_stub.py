@@ -47,6 +47,9 @@ def dtype_name(dtype):
     return str(dtype).removeprefix("torch.")
 '''
 
+# The build constants op modules read (an sm90 package's values).
+STUB_BUILD_INFO = "ARCH = 'sm90'\nALIGNMENT = 16\n"
+
 
 @contextmanager
 def stub_package(root: Path, package: str, family: str,
@@ -60,6 +63,7 @@ def stub_package(root: Path, package: str, family: str,
     (base / "__init__.py").write_text("")
     (base / family / "__init__.py").write_text("")
     (base / "_runtime.py").write_text(STUB_RUNTIME)
+    (base / "_build_info.py").write_text(STUB_BUILD_INFO)
     for shared in ("_args.py", "errors.py"):
         shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)
     for op in ops:

@@ -113,13 +113,18 @@ def _fake_back(v: dict[str, Any], q: torch.Tensor, sf_arg: torch.Tensor, out: to
 
 
 class _FakeKernel:
+    """Launchers that compute with ``launch``; ``selected`` holds the grid values of each call of
+    one, in order (recorded at the call, not at select: the ops keep the launchers they selected)."""
+
     def __init__(self, launch: Callable[..., None]) -> None:
         self.launch, self.selected = launch, []  # type: list[dict[str, Any]]
 
     def select(self, **values: Any) -> Callable[..., None]:
-        self.selected.append(values)
-        # As the real launchers: an empty grid (no tokens) launches nothing.
-        return lambda *args: None if args[0].shape[0] == 0 else self.launch(values, *args)
+        def launcher(*args: Any) -> None:
+            self.selected.append(values)
+            if args[0].shape[0]:  # as the real launchers: an empty grid (no tokens) launches nothing
+                self.launch(values, *args)
+        return launcher
 
 
 @pytest.fixture(scope="module")

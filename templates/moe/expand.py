@@ -10,6 +10,8 @@ compile-time (2048, 4096, 7168 in the default spec).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .._args import matrix, not_built
@@ -19,6 +21,18 @@ __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
 
 _kernel = get_kernel("moe_expand")
 SF_CHANNELS = 128  # channels per scale factor of the built _with_sf variants (1 x 128 groups)
+# (hidden, x.dtype, with_sf, col_major) -> launcher: a hit skips select's keyword handling.
+_launchers: dict[tuple[int, torch.dtype, bool, bool], Callable[..., None]] = {}
+
+
+def _launcher(x: torch.Tensor, with_sf: bool, col_major: bool) -> Callable[..., None]:
+    hidden, dtype = int(x.shape[1]), x.dtype
+    launch = _launchers.get((hidden, dtype, with_sf, col_major))
+    if launch is None:  # select raises VariantNotFoundError for an unbuilt variant: nothing is stored
+        layout = "col_major" if col_major else "row_major"
+        launch = _launchers[hidden, dtype, with_sf, col_major] = _kernel.select(
+            hidden=hidden, dtype=dtype_name(dtype), with_sf=with_sf, sf_layout=layout)
+    return launch
 
 
 def _check_mapping(num_tokens: int, token_topk_to_pos: object,
@@ -34,8 +48,7 @@ def _check_mapping(num_tokens: int, token_topk_to_pos: object,
 
 
 def _expand(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
-    launch = _kernel.select(hidden=int(x.shape[1]), dtype=dtype_name(x.dtype), with_sf=False,
-                            sf_layout="row_major")
+    launch = _launcher(x, False, False)
     out = x.new_empty((pos_to_expert.shape[0], x.shape[1]))
     launch(x, token_topk_to_pos.view(-1), pos_to_expert, out, int(token_topk_to_pos.shape[1]))
     return out
@@ -84,8 +97,7 @@ def _sf_outputs(x: torch.Tensor, x_sf: torch.Tensor, token_topk_to_pos: torch.Te
 
 def _expand_with_sf(x: torch.Tensor, x_sf: torch.Tensor, token_topk_to_pos: torch.Tensor,
                     pos_to_expert: torch.Tensor, col_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    launch = _kernel.select(hidden=int(x.shape[1]), dtype=dtype_name(x.dtype), with_sf=True,
-                            sf_layout="col_major" if col_major else "row_major")
+    launch = _launcher(x, True, col_major)
     out, out_sf, sf_arg = _sf_outputs(x, x_sf, token_topk_to_pos, pos_to_expert, col_major)
     launch(x, x_sf, token_topk_to_pos.view(-1), pos_to_expert, out, sf_arg, int(token_topk_to_pos.shape[1]))
     return out, out_sf

@@ -15,6 +15,8 @@ mapping is the same on every device and equal to tests/reference/moe_route.py bi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .._args import matrix, positive_int
@@ -27,6 +29,8 @@ CHUNK = 2048  # flattened entries per block of the count and assign kernels (the
 _count = get_kernel("moe_fused_mapping_count")
 _scan = get_kernel("moe_fused_mapping_scan")
 _assign = get_kernel("moe_fused_mapping_assign")
+# num_experts -> the (count, scan, assign) launchers: one dictionary lookup instead of three selects.
+_launchers: dict[int, tuple[Callable[..., None], Callable[..., None], Callable[..., None]]] = {}
 
 Mapping = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -50,9 +54,12 @@ def _outputs(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int,
 
 def _mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
     """Launch the three kernels; no host synchronization."""
-    count = _count.select(num_experts=num_experts)
-    scan = _scan.select(num_experts=num_experts)
-    assign = _assign.select(num_experts=num_experts)
+    launchers = _launchers.get(num_experts)
+    if launchers is None:  # select raises VariantNotFoundError for an unbuilt E: nothing is stored
+        launchers = _launchers[num_experts] = (_count.select(num_experts=num_experts),
+                                               _scan.select(num_experts=num_experts),
+                                               _assign.select(num_experts=num_experts))
+    count, scan, assign = launchers
     num_tokens, num_topk = topk_idx.shape
     flat = topk_idx.contiguous().view(-1)
     device = topk_idx.device

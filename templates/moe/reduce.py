@@ -16,6 +16,7 @@ The weighted expand is computed in torch from expand_to_fused and pos_to_token_t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,19 +29,31 @@ __all__ = ["ExpandToFused", "ReduceFused", "expand_to_fused_autograd", "reduce_f
 
 _kernel = get_kernel("moe_reduce")
 HIDDEN_MULTIPLE = 256
+# (hidden, x.dtype, fp8 output, weighted) -> launcher: a hit skips select's keyword handling.
+_launchers: dict[tuple[int, torch.dtype, bool, bool], Callable[..., None]] = {}
+# device -> a float32 tensor of no elements, passed for the parameters a variant does not read.
+# It has no memory to write or read, so one per device serves every call (one allocation less
+# per call; it also lives across CUDA graph captures, which never touch it).
+_nothing: dict[torch.device, torch.Tensor] = {}
 
 
 def _reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
             token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None) -> torch.Tensor:
     out_fp8 = fp8_format == "e4m3"
-    launch = _kernel.select(hidden=int(x.shape[1]), in_dtype=dtype_name(x.dtype),
-                            out_dtype="float8_e4m3fn" if out_fp8 else "bfloat16", with_weights=topk_weights is not None)
+    hidden, weighted = int(x.shape[1]), topk_weights is not None
+    launch = _launchers.get((hidden, x.dtype, out_fp8, weighted))
+    if launch is None:  # select raises VariantNotFoundError for an unbuilt variant: nothing is stored
+        launch = _launchers[hidden, x.dtype, out_fp8, weighted] = _kernel.select(
+            hidden=hidden, in_dtype=dtype_name(x.dtype), out_dtype="float8_e4m3fn" if out_fp8 else "bfloat16",
+            with_weights=weighted)
     num_tokens = int(token_topk_to_pos.shape[0])
-    out = torch.empty((num_tokens, x.shape[1]), dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16,
-                      device=x.device)
-    empty = torch.empty((0,), dtype=torch.float32, device=x.device)  # a parameter the variant does not read
+    device = x.device
+    out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16, device=device)
+    empty = _nothing.get(device)
+    if empty is None:
+        empty = _nothing[device] = torch.empty((0,), dtype=torch.float32, device=device)
     if out_fp8 and sf is None:
-        sf = torch.ones((1,), dtype=torch.float32, device=x.device)
+        sf = torch.ones((1,), dtype=torch.float32, device=device)
     launch(x, empty if x_sf is None else x_sf, empty if topk_weights is None else topk_weights.view(-1),
            token_topk_to_pos.view(-1), out, empty if sf is None else sf, int(token_topk_to_pos.shape[1]))
     return out

@@ -15,6 +15,7 @@ cover.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -32,6 +33,48 @@ _FORMATS = ("e4m3", "e2m1", "e5m6")
 _MODE_CAST, _MODE_SF_ONLY, _MODE_GIVEN_SF = 0, 1, 2
 # Packages built from a spec without the sf_layout grid key hold the row-major layout only.
 _HAS_LAYOUTS = "sf_layout" in _kernel.keys
+
+
+class _Variant(NamedTuple):
+    """What a call signature resolved to: the launcher and the checked options it launches with."""
+
+    launch: Callable[..., None]
+    fmt: str
+    npc: int
+    sf_layout: str
+
+
+# Eager calls on a 2-D tensor, keyed by everything the option checks and the variant choice
+# read: (x.dtype, hidden, fmt, num_per_channels, the three flags). A key is stored only after
+# the full checks passed and select found the variant, so a hit may skip them; what depends on
+# x beyond its dtype and width (its row stride) is checked on every call. Only arguments of
+# exactly the types str, int and bool are keyed: 128.0 == 128 and 1 == True hash alike, but
+# positive_int refuses the float and the bool. Bounded by the distinct signatures a program uses.
+_VARIANTS: dict[tuple[object, ...], _Variant] = {}
+# The same for per_token_cast_with_precomputed_sf, whose variant ignores round_sf unless UE8M0.
+_GIVEN_VARIANTS: dict[tuple[object, ...], _Variant] = {}
+
+
+def _key(x: object, fmt: object, num_per_channels: object, use_tma_aligned_col_major_sf: object,
+         round_sf: object, use_packed_ue8m0: object) -> tuple[object, ...] | None:
+    """The cache key of a call on a 2-D tensor x with plainly typed options; None for anything else."""
+    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str and type(num_per_channels) is int
+            and type(use_tma_aligned_col_major_sf) is bool and type(round_sf) is bool
+            and type(use_packed_ue8m0) is bool):
+        return None
+    return (x.dtype, x.shape[1], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+
+
+def _cached(key: tuple[object, ...] | None, cache: dict[tuple[object, ...], _Variant] = _VARIANTS) -> _Variant | None:
+    return None if key is None else cache.get(key)
+
+
+def _remember(key: tuple[object, ...] | None, variant: _Variant,
+              cache: dict[tuple[object, ...], _Variant] = _VARIANTS) -> _Variant:
+    """variant, stored under key (None: a call that is not cached) once its checks have passed."""
+    if key is not None:
+        cache[key] = variant
+    return variant
 
 
 def _not_built(argument: str, what: str) -> NotImplementedError:
@@ -86,6 +129,14 @@ def _select(x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str)
                           round_sf=round_sf, sf_layout=sf_layout)
 
 
+def _run(launch: Callable[..., None], x: torch.Tensor, fmt: str, npc: int, sf_layout: str,
+         mode: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate (q, sf) and launch in ``mode`` (cast or scales only); the launcher checks every tensor."""
+    q, sf, sf_arg = _allocate(x, fmt, npc, sf_layout)
+    launch(x, q, sf_arg, mode)
+    return q, sf
+
+
 def _cast(
     x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str = "row_major", sf_only: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,9 +145,7 @@ def _cast(
     With sf_only the kernel writes sf only and q stays uninitialised (it is dropped by the caller).
     """
     launch = _select(x, fmt, npc, round_sf, sf_layout)
-    q, sf, sf_arg = _allocate(x, fmt, npc, sf_layout)
-    launch(x, q, sf_arg, _MODE_SF_ONLY if sf_only else _MODE_CAST)
-    return q, sf
+    return _run(launch, x, fmt, npc, sf_layout, _MODE_SF_ONLY if sf_only else _MODE_CAST)
 
 
 def _cast_outputs(
@@ -109,12 +158,20 @@ def _cast_outputs(
 _per_token_cast_op = custom_op("per_token_cast", fake=_cast_outputs)(_cast)
 
 
-def _cast_given(x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> torch.Tensor:
-    """Launch with the given scales (sf_arg: what the kernel reads, see _given_scales); returns q."""
-    launch = _select(x, fmt, npc, sf_layout == "ue8m0", sf_layout)
+def _select_given(x: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> Callable[..., None]:
+    """The variant that reads given scales: round_sf only names the UE8M0 layout here (the scales are given)."""
+    return _select(x, fmt, npc, sf_layout == "ue8m0", sf_layout)
+
+
+def _run_given(launch: Callable[..., None], x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int) -> torch.Tensor:
     q, _, _ = _allocate(x, fmt, npc, "row_major")
     launch(x, q, sf_arg, _MODE_GIVEN_SF)
     return q
+
+
+def _cast_given(x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> torch.Tensor:
+    """Launch with the given scales (sf_arg: what the kernel reads, see _given_scales); returns q."""
+    return _run_given(_select_given(x, fmt, npc, sf_layout), x, sf_arg, fmt, npc)
 
 
 def _given_outputs(x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> torch.Tensor:
@@ -138,7 +195,11 @@ def _sf_layout(use_tma_aligned_col_major_sf: bool, round_sf: bool, use_packed_ue
 
 def _check_x(x: object) -> torch.Tensor:
     """x as a 2-D tensor whose row stride keeps every row on a vector boundary (the kernel's loads)."""
-    x = matrix("x", x)
+    return _check_row_stride(matrix("x", x))
+
+
+def _check_row_stride(x: torch.Tensor) -> torch.Tensor:
+    """x, unless its row stride leaves rows off a vector boundary (the launcher cannot see rows)."""
     if x.shape[0] > 1 and x.stride(1) == 1 and (x.stride(0) * x.element_size()) % ALIGNMENT != 0:
         raise KernelArgumentError(
             f"x: the row stride ({x.stride(0)} elements) must be a multiple of {ALIGNMENT} bytes "
@@ -237,6 +298,13 @@ def per_token_cast(
         A group holding a NaN or an Inf gets the scale NaN (UE8M0 byte 0xFF) and the codes
         0x7F (the e4m3 NaN) or 0 (e2m1), so it dequantizes to NaN.
     """
+    # Fast path: a signature seen before (see _VARIANTS); while compiling, the full path below.
+    key = None if x_block_size is not None or torch.compiler.is_compiling() else \
+        _key(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    variant = _cached(key)
+    if variant is not None:
+        return _run(variant.launch, _check_row_stride(x), variant.fmt, variant.npc, variant.sf_layout,  # type: ignore[arg-type]
+                    _MODE_CAST)
     one_of("fmt", fmt, _FORMATS)
     if fmt == "e5m6":
         if x_block_size is not None:
@@ -247,7 +315,8 @@ def per_token_cast(
                                        round_sf, use_packed_ue8m0)
     if torch.compiler.is_compiling():
         return _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, False)
-    return _cast(x, fmt, npc, bool(round_sf), sf_layout)
+    variant = _remember(key, _Variant(_select(x, fmt, npc, bool(round_sf), sf_layout), fmt, npc, sf_layout))
+    return _run(variant.launch, x, fmt, npc, sf_layout, _MODE_CAST)
 
 
 def per_token_cast_with_sf_only(
@@ -260,11 +329,19 @@ def per_token_cast_with_sf_only(
     use_packed_ue8m0: bool = False,
 ) -> torch.Tensor:
     """The scale factors ``per_token_cast`` returns, without writing the codes (same arguments)."""
+    # The same variant as per_token_cast's (the mode is a runtime argument): the same cache.
+    key = None if x_block_size is not None or torch.compiler.is_compiling() else \
+        _key(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    variant = _cached(key)
+    if variant is not None:
+        return _run(variant.launch, _check_row_stride(x), variant.fmt, variant.npc, variant.sf_layout,  # type: ignore[arg-type]
+                    _MODE_SF_ONLY)[1]
     x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                                        round_sf, use_packed_ue8m0)
     if torch.compiler.is_compiling():
         return _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, True)[1]
-    return _cast(x, fmt, npc, bool(round_sf), sf_layout, sf_only=True)[1]
+    variant = _remember(key, _Variant(_select(x, fmt, npc, bool(round_sf), sf_layout), fmt, npc, sf_layout))
+    return _run(variant.launch, x, fmt, npc, sf_layout, _MODE_SF_ONLY)[1]
 
 
 def _given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torch.Tensor:
@@ -312,9 +389,18 @@ def per_token_cast_with_precomputed_sf(
     sf is laid out as the flags say (as ``per_token_cast`` returns it with the same flags);
     round_sf only matters for use_packed_ue8m0 (which needs it), the scales being given.
     """
+    # Its own cache: the variant differs from per_token_cast's for round_sf with fp32 scales.
+    key = None if x_block_size is not None or torch.compiler.is_compiling() else \
+        _key(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    variant = _cached(key, _GIVEN_VARIANTS)
+    if variant is not None:
+        x = _check_row_stride(x)  # type: ignore[arg-type]
+        sf_arg = _given_scales(sf, x, variant.npc, variant.sf_layout)
+        return _run_given(variant.launch, x, sf_arg, variant.fmt, variant.npc)
     x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                                        round_sf, use_packed_ue8m0)
     sf_arg = _given_scales(sf, x, npc, sf_layout)
     if torch.compiler.is_compiling():
         return _per_token_cast_given_op(x, sf_arg, fmt, npc, sf_layout)
-    return _cast_given(x, sf_arg, fmt, npc, sf_layout)
+    variant = _remember(key, _Variant(_select_given(x, fmt, npc, sf_layout), fmt, npc, sf_layout), _GIVEN_VARIANTS)
+    return _run_given(variant.launch, x, sf_arg, fmt, npc)

@@ -1,0 +1,188 @@
+"""The op modules' per-signature caches (launchers, and per_token_cast's checked options) on CPU.
+
+Each op keeps the launcher it selected for a call signature; these tests alternate signatures
+and check, through the stub's launch log (tests/op_stub.py: each launch records the grid values
+its launcher was selected with), that every call ran the variant of its own signature, and
+that a cached signature still refuses bad tensors and bad option types by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from tests.op_stub import stub_package
+
+
+@pytest.fixture(scope="module")
+def quant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
+    ops = ("per_token_cast", "per_token_cast_back")
+    with stub_package(tmp_path_factory.mktemp("cache_quant"), "cache_quant_pkg", "quant", ops) as (modules, rt):
+        modules["per_token_cast"]._HAS_LAYOUTS = True  # the stub has no grid keys; the shipped spec has layouts
+        yield modules, rt
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
+    ops = ("topk_gate", "normalize_weight", "expand", "reduce", "fused_mapping")
+    with stub_package(tmp_path_factory.mktemp("cache_moe"), "cache_moe_pkg", "moe", ops) as stubbed:
+        yield stubbed
+
+
+@pytest.fixture(scope="module")
+def transpose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
+    with stub_package(tmp_path_factory.mktemp("cache_tr"), "cache_tr_pkg", "transpose",
+                      ("batched_transpose",)) as stubbed:
+        yield stubbed
+
+
+def _last(runtime: Any) -> dict[str, Any]:
+    values: dict[str, Any] = runtime.LAUNCHES[-1][1]
+    return values
+
+
+CAST_CALLS = [  # (dtype, hidden, fmt, npc, flags) -> the grid values its launcher must have
+    (torch.bfloat16, 2048, "e4m3", 128, {}, dict(in_dtype="bfloat16", npc=128, round_sf=False, sf_layout="row_major")),
+    (torch.float32, 2048, "e4m3", 128, {}, dict(in_dtype="float32", npc=128, round_sf=False, sf_layout="row_major")),
+    (torch.bfloat16, 2048, "e2m1", 32, {}, dict(fmt="e2m1", npc=32)),
+    (torch.bfloat16, 2048, "e4m3", 2048, {}, dict(npc=0, hidden=2048)),
+    (torch.bfloat16, 4096, "e4m3", 128, {}, dict(hidden=4096, npc=128)),
+    (torch.bfloat16, 2048, "e4m3", 128, {"round_sf": True}, dict(round_sf=True, sf_layout="row_major")),
+    (torch.bfloat16, 2048, "e4m3", 128, {"use_tma_aligned_col_major_sf": True}, dict(sf_layout="col_major")),
+    (torch.bfloat16, 2048, "e4m3", 128, {"use_tma_aligned_col_major_sf": True, "round_sf": True,
+                                         "use_packed_ue8m0": True}, dict(sf_layout="ue8m0", round_sf=True)),
+]
+
+
+def test_cast_runs_the_variant_of_each_signature(quant: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = quant
+    cast = modules["per_token_cast"]
+    for _ in range(2):  # the second round is served from the cache
+        for dtype, hidden, fmt, npc, flags, expected in CAST_CALLS:
+            x = torch.zeros(3, hidden, dtype=dtype)
+            q, sf = cast.per_token_cast(x, fmt, npc, **flags)
+            assert expected.items() <= _last(runtime).items(), (fmt, npc, flags)
+            assert runtime.LAUNCHES[-1][2][3] == 0  # mode: cast
+            assert q.shape[1] == (hidden if fmt == "e4m3" else hidden // 2)
+            sf_only = cast.per_token_cast_with_sf_only(x, fmt, npc, **flags)
+            assert expected.items() <= _last(runtime).items() and runtime.LAUNCHES[-1][2][3] == 1
+            assert sf_only.shape == sf.shape and sf_only.stride() == sf.stride()
+
+
+def test_precomputed_sf_has_its_own_variants(quant: tuple[dict[str, ModuleType], Any]) -> None:
+    # With fp32 scales the given-scales variant is the round_sf=False one, whatever round_sf says:
+    # a cache shared with per_token_cast would hand it the round_sf=True launcher.
+    modules, runtime = quant
+    cast = modules["per_token_cast"]
+    x = torch.zeros(3, 2048, dtype=torch.bfloat16)
+    for _ in range(2):
+        _, sf = cast.per_token_cast(x, "e4m3", 128, round_sf=True)
+        assert _last(runtime)["round_sf"] is True
+        cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, sf, round_sf=True)
+        assert _last(runtime)["round_sf"] is False and runtime.LAUNCHES[-1][2][3] == 2
+
+
+def test_cached_signatures_still_check_what_varies(quant: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = quant
+    cast = modules["per_token_cast"]
+    errors = __import__("cache_quant_pkg.errors", fromlist=["KernelArgumentError"])
+    x = torch.zeros(4, 2048, dtype=torch.bfloat16)
+    sf = cast.per_token_cast(x, "e4m3", 128)[1]  # the signature is cached from here on
+    cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, sf)
+    runtime.LAUNCHES.clear()
+    strided = torch.zeros(4, 2049, dtype=torch.bfloat16)[:, :2048]  # same dtype and width, rows off 16 bytes
+    for call in (cast.per_token_cast, cast.per_token_cast_with_sf_only):
+        with pytest.raises(errors.KernelArgumentError, match=r"^x: the row stride \(2049 elements\)"):
+            call(strided, "e4m3", 128)
+    with pytest.raises(errors.KernelArgumentError, match=r"^x: the row stride"):
+        cast.per_token_cast_with_precomputed_sf(strided, "e4m3", 128, sf)
+    with pytest.raises(errors.KernelArgumentError, match=r"^sf: "):  # the given scales are checked per call
+        cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, sf[:, :15])
+    with pytest.raises(TypeError, match=r"^num_per_channels: expected an int"):
+        cast.per_token_cast(x, "e4m3", 128.0)  # equal to and hashed as 128, refused by type
+    with pytest.raises(ValueError, match=r"^x: expected a 2-D tensor"):
+        cast.per_token_cast(x[0], "e4m3", 128)
+    with pytest.raises(ValueError, match=r"^fmt: "):
+        cast.per_token_cast(x, ["e4m3"], 128)  # unhashable: refused by the full checks
+    with pytest.raises(ValueError, match=r"^x_block_size: "):
+        cast.per_token_cast(x, "e4m3", 128, x_block_size=(1, 128))
+    assert runtime.LAUNCHES == []
+
+
+def test_cast_is_not_cached_while_compiling(quant: tuple[dict[str, ModuleType], Any],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # While torch.compile traces, the op takes the full checks and the custom op (the stub's
+    # custom_op is the function itself), and stores nothing a traced call could depend on.
+    modules, runtime = quant
+    cast = modules["per_token_cast"]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    before = dict(cast._VARIANTS)
+    cast.per_token_cast(torch.zeros(2, 6144, dtype=torch.bfloat16), "e4m3", 64)
+    assert _last(runtime)["hidden"] == 6144
+    assert cast._VARIANTS.keys() == before.keys()
+
+
+def test_cast_back_runs_the_variant_of_each_signature(quant: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = quant
+    back = modules["per_token_cast_back"]
+    q8, q4 = torch.zeros(3, 2048, dtype=torch.float8_e4m3fn), torch.zeros(3, 1024, dtype=torch.int8)
+    for _ in range(2):
+        for q, npc, out, expected in [(q8, 128, "bf16", dict(fmt="e4m3", npc=128, out_dtype="bfloat16")),
+                                      (q4, 32, "fp32", dict(fmt="e2m1", npc=32, out_dtype="float32")),
+                                      (q8, 2048, "bf16", dict(fmt="e4m3", npc=0)),
+                                      (q8, 128, "fp32", dict(fmt="e4m3", out_dtype="float32"))]:
+            back.per_token_cast_back((q, torch.ones(3, 2048 // npc)), out, npc)
+            assert expected.items() <= _last(runtime).items()
+
+
+def test_moe_launchers_follow_the_signature(moe: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = moe
+    for _ in range(2):
+        for experts, k in ((256, 8), (72, 6), (256, 6)):
+            modules["topk_gate"].topk_gate(torch.zeros(2, experts), k)
+            assert _last(runtime) == {"num_experts": experts, "num_topk": k}
+        for k in (8, 2):
+            modules["normalize_weight"].normalize_weight(torch.ones(2, k))
+            assert _last(runtime) == {"num_topk": k}
+        pos = torch.tensor([[0, 1]], dtype=torch.int32)
+        p2e = torch.tensor([0, 1], dtype=torch.int32)
+        for hidden in (2048, 4096):
+            modules["expand"].expand_to_fused(torch.zeros(1, hidden, dtype=torch.bfloat16), pos, p2e)
+            assert _last(runtime) == dict(hidden=hidden, dtype="bfloat16", with_sf=False, sf_layout="row_major")
+            for col_major in (False, True):
+                data = (torch.zeros(1, hidden, dtype=torch.float8_e4m3fn), torch.ones(1, hidden // 128))
+                modules["expand"].expand_to_fused_with_sf(data, 128, pos, p2e, col_major)
+                assert _last(runtime) == dict(hidden=hidden, dtype="float8_e4m3fn", with_sf=True,
+                                              sf_layout="col_major" if col_major else "row_major")
+            xe = torch.zeros(2, hidden, dtype=torch.bfloat16)
+            for weights in (torch.ones(1, 2), None):
+                modules["reduce"].reduce_fused(xe, weights, pos)
+                assert _last(runtime) == dict(hidden=hidden, in_dtype="bfloat16", out_dtype="bfloat16",
+                                              with_weights=weights is not None)
+            modules["reduce"].reduce_fused((xe.to(torch.float8_e4m3fn), torch.ones(2)), torch.ones(1, 2), pos,
+                                           fp8_format="e4m3")
+            assert _last(runtime)["out_dtype"] == "float8_e4m3fn" and _last(runtime)["hidden"] == hidden
+            # The shared no-element tensor stands for every parameter this variant does not read.
+            unread = [a for a in runtime.LAUNCHES[-2][2] if isinstance(a, torch.Tensor) and a.numel() == 0]
+            assert len(unread) == 3 and all(a.dtype == torch.float32 for a in unread)
+        for experts in (32, 9):
+            runtime.LAUNCHES.clear()
+            modules["fused_mapping"].get_fused_mapping(torch.zeros(2, 2, dtype=torch.int64), experts, 16, 4)
+            assert [(name, values) for name, values, _ in runtime.LAUNCHES] == [
+                (f"moe_fused_mapping_{step}", {"num_experts": experts}) for step in ("count", "scan", "assign")]
+
+
+def test_transpose_launcher_follows_the_dtype(transpose: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = transpose
+    op = modules["batched_transpose"]
+    for _ in range(2):
+        for dtype in (torch.bfloat16, torch.float32):
+            y = op.batched_transpose(torch.zeros(2, 64, 128, dtype=dtype))
+            assert _last(runtime) == {"dtype": str(dtype).removeprefix("torch.")}
+            assert y.shape == (2, 128, 64) and y.dtype == dtype and y.is_contiguous()
+    with pytest.raises(ValueError, match="contiguous"):  # still checked for a cached dtype
+        op.batched_transpose(torch.zeros(2, 128, 64).transpose(1, 2))

@@ -8,8 +8,8 @@ TileLang); run from the repository root so that ``benchmarks/bench.py`` (the tim
     python benchmarks/tuning/sweep.py --dry-run              # anywhere: the variants and their baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
-*baseline* is the variant whose knobs all equal the templates' defaults (``DEFAULTS``), i.e. the
-shipped kernel. Per problem, every variant runs once on a check input (random rows over a wide
+*baseline* is the variant whose knobs all equal ``BASELINE``, the settings shipped before the
+first sweep (2026-11-30; its winners are now the templates' defaults, see README.md). Per problem, every variant runs once on a check input (random rows over a wide
 range of magnitudes plus zeros, -0.0, exact e2m1 ties, a NaN and an Inf) and must match the
 baseline's outputs byte for byte; the baseline itself is compared with the plain-torch reference
 of tests/reference on finite random inputs. Then each variant is timed as benchmarks/bench.py
@@ -42,9 +42,9 @@ TOKENS, HIDDEN = 8192, 7168  # the production shape of the casts
 TRANSPOSE_SHAPE = (8, 512, 7168)  # (B, M, N), as in benchmarks/bench.py
 DEVICE = "cuda"  # tests run the CPU pieces with "cpu" and small shapes
 
-# The templates' defaults: what the shipped specs build (templates/quant/per_block_cast.py.j2,
-# per_token_cast.py.j2, transpose/batched_transpose.py.j2). Grid keys named here are knobs.
-DEFAULTS: dict[str, Any] = {
+# The settings shipped before the first sweep: the reference every variant must match bit for bit
+# and the speed-ups are measured against. Grid keys named here are knobs.
+BASELINE: dict[str, Any] = {
     "elems_per_thread": 32,
     "chunk_vectors": 2,
     "min_tile_elems": 4096,
@@ -67,7 +67,7 @@ class Variant:
 
     @property
     def is_baseline(self) -> bool:
-        return all(DEFAULTS[k] == v for k, v in self.knobs)
+        return all(BASELINE[k] == v for k, v in self.knobs)
 
     def describe_knobs(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.knobs)
@@ -84,8 +84,8 @@ def variants(package: Any) -> list[Variant]:
             params = list(zip(kernel.keys, key, strict=True))
             out.append(Variant(
                 kernel=name, name=launch.__name__,
-                problem=tuple((k, v) for k, v in params if k not in DEFAULTS),
-                knobs=tuple((k, v) for k, v in params if k in DEFAULTS), launch=launch,
+                problem=tuple((k, v) for k, v in params if k not in BASELINE),
+                knobs=tuple((k, v) for k, v in params if k in BASELINE), launch=launch,
             ))
     return out
 
@@ -98,7 +98,7 @@ def problems(found: list[Variant]) -> dict[tuple[str, tuple[tuple[str, Any], ...
     for (kernel, problem), group in groups.items():
         if sum(v.is_baseline for v in group) != 1:
             raise SystemExit(f"{kernel} {dict(problem)}: expected exactly one variant with the default knobs "
-                             f"{DEFAULTS}; add it to benchmarks/tuning/sweep.yaml")
+                             f"{BASELINE}; add it to benchmarks/tuning/sweep.yaml")
     return groups
 
 
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         "package": f"{PACKAGE} {getattr(package, '__version__', '?')} ({getattr(package, 'TARGET', '?')})",
         "copy_gb_s": copy_gb_s,
         "reps": args.reps,
-        "defaults": DEFAULTS,
+        "baseline": BASELINE,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import torch
 from tests.conftest import REPO, TEMPLATES
 from tkc.arch import ARCHS
 from tkc.render import render_source
-from tkc.spec import expand, load_specs
+from tkc.spec import Variant, expand, load_specs
 
 TUNING = REPO / "benchmarks" / "tuning"
 sys.path.insert(0, str(TUNING))
@@ -30,20 +31,61 @@ TUNED_TEMPLATES = ("quant/per_block_cast.py.j2", "quant/per_token_cast.py.j2", "
 
 
 def test_sweep_spec_builds_sm90_only_with_one_baseline_per_problem() -> None:
-    specs = load_specs([TUNING / "sweep.yaml"], TEMPLATES)
-    assert (specs.package.name, specs.package.version) == ("tkc_tuning", "0.1.0")
+    found = _spec_variants("tkc_tuning")
+    assert len(found) <= 48  # a few dozen variants: about a minute of build per dozen on two cores
+    groups = sweep.problems(found)  # raises unless each problem holds exactly one baseline
+    assert len(groups) == 5
+
+
+def _spec_variants(package: str) -> list[sweep.Variant]:
+    """The variants of a tuning spec as sweep.py splits them (no launchers); sm90, production H only."""
+    tuning = sweep.SWEEPS[package]
+    specs = load_specs([TUNING / tuning.spec], TEMPLATES)
+    assert (specs.package.name, specs.package.version) == (package, "0.1.0")
     found = []
     for kernel in specs.kernels:
         assert kernel.archs == ("sm90",)
         for v in expand(kernel):
-            params = v.param_dict
-            assert params.get("hidden", 7168) == 7168  # production shapes only
-            found.append(sweep.Variant(
-                kernel=kernel.name, name=v.id, problem=tuple((k, x) for k, x in v.params if k not in sweep.BASELINE),
-                knobs=tuple((k, x) for k, x in v.params if k in sweep.BASELINE), launch=lambda *args: None))
-    assert len(found) <= 48  # a few dozen variants: about a minute of build per dozen on two cores
-    groups = sweep.problems(found)  # raises unless each problem holds exactly one baseline
-    assert len(groups) == 5
+            assert v.param_dict.get("hidden", 7168) == 7168  # production shapes only
+            found.append(sweep.split(tuning, kernel.name, v.id, v.params, lambda *args: None))
+    return found
+
+
+def test_second_sweep_spec_has_one_pre_sweep_baseline_per_problem() -> None:
+    found = _spec_variants("tkc_tuning2")
+    assert len(found) <= 45
+    groups = sweep.problems(found)
+    assert {kernel for kernel, _ in groups} == set(sweep.SWEEPS["tkc_tuning2"].baselines)
+    assert len(groups) == 9  # cast back x2, per-channel x3, transposed x2, expand, SwiGLU
+    fp8 = next(g for (kernel, problem), g in groups.items()
+               if kernel == "per_channel_cast_fused" and dict(problem)["in_dtype"] == "float8_e4m3fn")
+    assert dict(next(v for v in fp8 if v.is_baseline).knobs) == {"threads": 128, "min_blocks": 4, "tile_k": 128}
+
+
+def test_second_sweep_baselines_are_the_shipped_kernels() -> None:
+    """Rendering a shipped variant with its sweep2 baseline knobs set changes nothing (or, where the
+    template's default is an expression, only that line, to the value the expression has)."""
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    tuning = sweep.SWEEPS["tkc_tuning2"]
+    for v in _spec_variants("tkc_tuning2"):
+        if not v.is_baseline:
+            continue
+        kernel = shipped.kernel(v.kernel)
+        match = next(x for x in expand(kernel) if all(x.param_dict[k] == val for k, val in v.problem))
+        # Without the two header lines, which name the variant and its parameters.
+        plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
+        knobbed = render_source(Variant(kernel=kernel, params=match.params + v.knobs), ARCHS["sm90"],
+                                TEMPLATES).split("\n", 2)[2]
+        if v.kernel != "per_channel_cast_fused":
+            assert knobbed == plain, v
+            continue
+        changed = {a.strip(): b.strip() for a, b in zip(plain.splitlines(), knobbed.splitlines(), strict=True) if a != b}
+        scope = {"THREADS": 256, "with_sf": dict(v.problem)["in_dtype"] == "float8_e4m3fn", "arch": "sm90"}
+        for line, value in changed.items():
+            name, expr = line.split(" = ", 1)
+            assert f"{name} = {eval(expr, scope)}" == value  # a line of our own template
+        assert len(changed) == 2
+        assert dict(v.knobs) == tuning.baseline(v.kernel, dict(v.problem))
 
 
 def _shipped(kernel: str, **problem: Any) -> str:
@@ -104,7 +146,7 @@ def test_run_problem_flags_mismatches_and_failures(monkeypatch: pytest.MonkeyPat
 
     def variant(name: str, threads: int, launch: Any) -> sweep.Variant:
         return sweep.Variant(kernel="per_token_cast", name=name, problem=tuple(problem.items()),
-                             knobs=(("threads", threads),), launch=launch)
+                             knobs=(("threads", threads),), launch=launch, baseline=(("threads", 128),))
 
     def broken(*args: Any) -> None:
         raise RuntimeError("launch failed")
@@ -148,3 +190,82 @@ def test_magic_e2m1_encode_is_exact_over_all_fp32(tmp_path: Path) -> None:
     result = subprocess.run([str(exe)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
     assert "0 mismatches over 2^32" in result.stdout
+
+
+# The second sweep's problems on the CPU at small shapes: (kernel, problem, the launch arguments
+# the fake launcher reads the reference's inputs from, bytes bench.py counts per (T, H) = (256, 256)).
+_SECOND = [
+    ("per_token_cast_back", {"fmt": "e4m3", "npc": 128, "out_dtype": "bfloat16", "hidden": 256,
+                             "sf_layout": "row_major"}, lambda a: a[:2], 256 * 256 + 256 * 2 * 4 + 256 * 256 * 2),
+    ("per_token_cast_back", {"fmt": "e2m1", "npc": 32, "out_dtype": "bfloat16", "hidden": 256,
+                             "sf_layout": "row_major"}, lambda a: a[:2], 256 * 128 + 256 * 8 * 4 + 256 * 256 * 2),
+    ("per_channel_cast_fused", {"in_dtype": "bfloat16", "hidden": 256, "expand": False, "round_sf": False},
+     lambda a: a[:1], 256 * 256 * 2 + 256 * 256 + 2 * 256 * 4),
+    ("per_channel_cast_fused", {"in_dtype": "bfloat16", "hidden": 256, "expand": True, "round_sf": False},
+     lambda a: a[:2], 256 * 256 * 2 + 1280 * 256 + 10 * 256 * 4),  # pos_to_token not counted, as in bench.py
+    ("per_channel_cast_fused", {"in_dtype": "float8_e4m3fn", "hidden": 256, "expand": False, "round_sf": False},
+     lambda a: a[:2], 256 * 256 + 256 * 2 * 4 + 256 * 256 + 2 * 256 * 4),
+    ("per_channel_cast_and_transpose", {"hidden": 256, "npt": 32, "round_sf": False},
+     lambda a: a[:1], 256 * 256 * 2 + 256 * 256 + 8 * 256 * 4),
+    ("moe_expand", {"hidden": 256, "dtype": "bfloat16", "with_sf": False, "sf_layout": "row_major"},
+     lambda a: (a[0], a[1].view(-1, a[4]), a[2]), 64 * 256 * 2 + 64 * 8 * 4 + 4608 * 4 + 4608 * 256 * 2),
+    ("swiglu_forward_and_per_token_cast", {"hidden": 256, "npc": 128, "with_weights": True,
+                                           "with_pos_to_expert": True}, lambda a: a[:1], None),
+]
+
+
+@pytest.mark.parametrize(("kernel", "problem", "inputs_of", "nbytes"), _SECOND, ids=[f"{k}-{i}" for i, (k, *_) in
+                                                                                       enumerate(_SECOND)])
+def test_second_sweep_cases_run_and_count_bench_bytes(monkeypatch: pytest.MonkeyPatch, kernel: str,
+                                                     problem: dict[str, Any], inputs_of: Any,
+                                                     nbytes: int | None) -> None:
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.setattr(sweep, "TOKENS", 256)
+    monkeypatch.setattr(sweep, "HIDDEN", 256)
+    monkeypatch.setattr(sweep, "SWIGLU_TOKENS", 64)
+    routing = sweep._benchmark_case("moe_route")
+    monkeypatch.setattr(routing, "T", 64)
+    monkeypatch.setattr(routing, "H", 256)
+    monkeypatch.setattr(routing, "N", 4608)  # T K + (ALIGN - 1) E, aligned: every row routed or padding
+    c = sweep.case(kernel, problem)
+
+    def launch(*args: Any) -> None:
+        assert c.reference is not None
+        for out, ref in zip(c.outputs(args), c.reference(inputs_of(args)), strict=True):
+            assert (out.shape, out.dtype) == (ref.shape, ref.dtype)
+            out.copy_(ref)
+
+    def off_by_one_bit(*args: Any) -> None:
+        launch(*args)
+        c.outputs(args)[0].view(torch.uint8).view(-1)[3] ^= 1
+
+    group = [sweep.Variant(kernel=kernel, name=name, problem=tuple(problem.items()), knobs=(("threads", threads),),
+                           launch=fn, baseline=(("threads", 1),)) for name, threads, fn in
+             (("base", 1, launch), ("same", 2, lambda *args: launch(*args)), ("off", 3, off_by_one_bit))]
+    launchers = {v.launch: v.name for v in group}
+    timer = SimpleNamespace(median_us=lambda fn, inputs: {"base": 10.0, "same": 8.0, "off": 9.0}[launchers[fn]])
+    bench = importlib.import_module("bench")  # benchmarks/bench.py, importable after _benchmark_case
+    stub = SimpleNamespace(rotating_inputs=lambda make: [make(), make()], tensor_bytes=bench.tensor_bytes,
+                           reason=bench.reason)
+    rows = {r.variant: r for r in sweep.run_problem(timer, stub, 4000.0, kernel, problem, group)}
+    assert rows["base"].note == "baseline == reference", rows["base"].note
+    assert rows["same"].bit_exact and rows["off"].bit_exact is False
+    counted = round(rows["base"].gb_s * 10.0 * 1e3)
+    if nbytes is None:  # SwiGLU: x (N, 2H) bf16, q (N, H) e4m3 and sf (N, H / 128) fp32, not the routing
+        rows_n = c.make(c.new_x())[0].shape[0]
+        nbytes = rows_n * (512 * 2 + 256 + 2 * 4)
+    assert counted == nbytes
+
+
+def test_swiglu_reference_leaves_padding_rows_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel skips rows whose pos_to_expert is -1; the sweep starts q and sf as zeros.
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.setattr(sweep, "SWIGLU_TOKENS", 64)
+    c = sweep.case("swiglu_forward_and_per_token_cast",
+                   {"hidden": 256, "npc": 128, "with_weights": True, "with_pos_to_expert": True})
+    args = c.make(c.check_x())
+    assert c.reference is not None
+    q, sf = c.reference((args[0],))
+    skipped = args[5] < 0
+    assert skipped.any() and not q.view(torch.uint8)[skipped].any() and not sf[skipped].any()
+    assert not args[1].view(torch.uint8).any() and not args[2].any()

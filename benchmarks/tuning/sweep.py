@@ -1,21 +1,25 @@
-"""Time every variant of the tuning package against its kernel's shipped setting, at production shapes.
+"""Time every variant of a tuning package against its kernel's shipped setting, at production shapes.
 
-Needs only torch and the ``tkc_tuning`` wheel built from ``benchmarks/tuning/sweep.yaml`` (no
-TileLang); run from the repository root so that ``benchmarks/bench.py`` (the timer) and
-``tests/reference`` (the plain-torch references) are importable:
+Needs only torch and the wheel of one tuning package (no TileLang): ``tkc_tuning`` built from
+``benchmarks/tuning/sweep.yaml`` or ``tkc_tuning2`` from ``sweep2.yaml``. Run from the repository
+root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tests/reference``
+(the plain-torch references) are importable:
 
-    python benchmarks/tuning/sweep.py --out "$OUT"           # on the GPU machine
-    python benchmarks/tuning/sweep.py --dry-run              # anywhere: the variants and their baselines
+    python benchmarks/tuning/sweep.py --out "$OUT"                          # on the GPU machine
+    python benchmarks/tuning/sweep.py --package tkc_tuning2 --out "$OUT"    # the second sweep
+    python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
-*baseline* is the variant whose knobs all equal ``BASELINE``, the settings shipped before the
-first sweep (2026-11-30; its winners are now the templates' defaults, see README.md). Per problem, every variant runs once on a check input (random rows over a wide
-range of magnitudes plus zeros, -0.0, exact e2m1 ties, a NaN and an Inf) and must match the
-baseline's outputs byte for byte; the baseline itself is compared with the plain-torch reference
-of tests/reference on finite random inputs. Then each variant is timed as benchmarks/bench.py
-times the ops (CUDA events, warm-up, median of ``--reps`` calls, inputs rotated over more than
-three times the L2 size), with a 1 GiB device-to-device copy measured in the same run as the
-ceiling.
+*baseline* is the variant whose knobs equal the sweep's baseline for that kernel and problem
+(``SWEEPS``): the settings shipped before the sweep (for the first sweep ``BASELINE``, from
+before 2026-11-30; its winners are now the templates' defaults, see README.md). Per problem, every
+variant runs once on a check input (for the casts: random rows over a wide range of magnitudes
+plus zeros, -0.0, exact e2m1 ties, a NaN and an Inf) and must match the baseline's outputs byte
+for byte; the baseline itself is compared with the plain-torch reference of tests/reference on
+finite random inputs. Then each variant is timed as benchmarks/bench.py times the ops (CUDA
+events, warm-up, median of ``--reps`` calls, inputs rotated over more than three times the L2
+size), with a 1 GiB device-to-device copy measured in the same run as the ceiling; GB/s counts
+the bytes bench.py counts for the same op (inputs read + outputs written).
 
 Writes OUT/sweep.json and OUT/sweep.md (sorted by time within each problem) and prints the table.
 """
@@ -29,7 +33,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,6 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGE = "tkc_tuning"
 TOKENS, HIDDEN = 8192, 7168  # the production shape of the casts
 TRANSPOSE_SHAPE = (8, 512, 7168)  # (B, M, N), as in benchmarks/bench.py
 DEVICE = "cuda"  # tests run the CPU pieces with "cpu" and small shapes
@@ -55,25 +58,79 @@ BASELINE: dict[str, Any] = {
 }
 
 Inputs = tuple[Any, ...]
+Params = tuple[tuple[str, Any], ...]  # (grid key, value) pairs in grid order
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One tuning package: its spec and, per kernel, the knobs and their pre-sweep values."""
+
+    package: str
+    spec: str  # under benchmarks/tuning
+    baselines: Mapping[str, Mapping[str, Any]]  # kernel -> knob -> shipped value
+    # (kernel, grid key, value, knobs): problems with that grid value shipped other knob values
+    overrides: tuple[tuple[str, str, Any, Mapping[str, Any]], ...] = ()
+
+    def knob_names(self, kernel: str) -> frozenset[str]:
+        if kernel not in self.baselines:
+            raise SystemExit(f"{self.package}: sweep.py has no baseline for kernel {kernel!r}; add it to SWEEPS")
+        return frozenset(self.baselines[kernel])
+
+    def baseline(self, kernel: str, problem: Mapping[str, Any]) -> dict[str, Any]:
+        knobs = dict(self.baselines[kernel])
+        for name, key, value, changed in self.overrides:
+            if name == kernel and problem.get(key) == value:
+                knobs.update(changed)
+        return knobs
+
+
+_FIRST = ("per_block_cast", "per_token_cast", "batched_transpose")
+SWEEPS = {
+    "tkc_tuning": Sweep("tkc_tuning", "sweep.yaml", {kernel: BASELINE for kernel in _FIRST}),
+    # The values shipped on 2026-11-30 after the first sweep (templates' defaults).
+    "tkc_tuning2": Sweep(
+        "tkc_tuning2", "sweep2.yaml",
+        {
+            "per_token_cast_back": {"threads": 128, "elems_per_thread": 32},
+            "per_channel_cast_fused": {"threads": 256, "min_blocks": 3, "tile_k": 128},
+            "per_channel_cast_and_transpose": {"tile_h": 32, "tile_t": 128},
+            "moe_expand": {"threads": 128},
+            "swiglu_forward_and_per_token_cast": {"threads": 128, "min_blocks": 0},  # 0: no launch bound
+        },
+        # fp8 input pairs ship with half the threads and four blocks per SM on sm90.
+        (("per_channel_cast_fused", "in_dtype", "float8_e4m3fn", {"threads": 128, "min_blocks": 4}),),
+    ),
+}
+DEFAULT_PACKAGE = "tkc_tuning"
 
 
 @dataclass(frozen=True)
 class Variant:
     kernel: str
     name: str  # the generated launcher's name (it carries the variant id)
-    problem: tuple[tuple[str, Any], ...]  # non-knob grid values, in grid order
-    knobs: tuple[tuple[str, Any], ...]
+    problem: Params  # non-knob grid values, in grid order
+    knobs: Params
     launch: Callable[..., None] = field(compare=False, repr=False)
+    baseline: Params = ()  # the knob values shipped before the sweep for this problem
 
     @property
     def is_baseline(self) -> bool:
-        return all(BASELINE[k] == v for k, v in self.knobs)
+        return dict(self.knobs) == dict(self.baseline)
 
     def describe_knobs(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.knobs)
 
 
-def variants(package: Any) -> list[Variant]:
+def split(sweep: Sweep, kernel: str, name: str, params: Params, launch: Callable[..., None]) -> Variant:
+    """One variant with its grid values split into problem and knobs, and its problem's baseline."""
+    knob_names = sweep.knob_names(kernel)
+    problem = tuple((k, v) for k, v in params if k not in knob_names)
+    base = sweep.baseline(kernel, dict(problem))
+    return Variant(kernel=kernel, name=name, problem=problem, knobs=tuple((k, v) for k, v in params if k in knob_names),
+                   launch=launch, baseline=tuple((k, base[k]) for k, _ in params if k in knob_names))
+
+
+def variants(package: Any, sweep: Sweep) -> list[Variant]:
     """Every built variant of the package, split into problem values and knob values."""
     runtime = importlib.import_module(f"{package.__name__}._runtime")
     info = importlib.import_module(f"{package.__name__}._build_info")
@@ -81,24 +138,19 @@ def variants(package: Any) -> list[Variant]:
     for name in info.KERNELS:
         kernel = runtime.get_kernel(name)
         for key, launch in kernel.variants.items():
-            params = list(zip(kernel.keys, key, strict=True))
-            out.append(Variant(
-                kernel=name, name=launch.__name__,
-                problem=tuple((k, v) for k, v in params if k not in BASELINE),
-                knobs=tuple((k, v) for k, v in params if k in BASELINE), launch=launch,
-            ))
+            out.append(split(sweep, name, launch.__name__, tuple(zip(kernel.keys, key, strict=True)), launch))
     return out
 
 
-def problems(found: list[Variant]) -> dict[tuple[str, tuple[tuple[str, Any], ...]], list[Variant]]:
+def problems(found: list[Variant]) -> dict[tuple[str, Params], list[Variant]]:
     """Variants grouped by (kernel, problem); raises if a problem lacks its baseline."""
-    groups: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Variant]] = {}
+    groups: dict[tuple[str, Params], list[Variant]] = {}
     for v in found:
         groups.setdefault((v.kernel, v.problem), []).append(v)
     for (kernel, problem), group in groups.items():
         if sum(v.is_baseline for v in group) != 1:
-            raise SystemExit(f"{kernel} {dict(problem)}: expected exactly one variant with the default knobs "
-                             f"{BASELINE}; add it to benchmarks/tuning/sweep.yaml")
+            raise SystemExit(f"{kernel} {dict(problem)}: expected exactly one variant with the baseline knobs "
+                             f"{dict(group[0].baseline)}; add it to the sweep's spec in benchmarks/tuning")
     return groups
 
 
@@ -142,13 +194,19 @@ def cast_outputs(kernel: str, problem: dict[str, Any], x: torch.Tensor) -> tuple
 
 @dataclass(frozen=True)
 class Case:
-    """How to run one problem: make(x) gives the launch arguments; outputs picks the output tensors."""
+    """How to run one problem on a tuple of input tensors.
 
-    make: Callable[[torch.Tensor], Inputs]
-    new_x: Callable[[], torch.Tensor]
-    check_x: Callable[[], torch.Tensor]
+    make(inputs) gives the launch arguments (outputs allocated); outputs(args) picks the output
+    tensors; reference(inputs) is the plain-torch result; counted(args) the tensors whose bytes
+    benchmarks/bench.py counts for the op (inputs read + outputs written; by default all).
+    """
+
+    make: Callable[[Inputs], Inputs]
+    new_x: Callable[[], Inputs]
+    check_x: Callable[[], Inputs]
     outputs: Callable[[Inputs], tuple[torch.Tensor, ...]]
-    reference: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None
+    reference: Callable[[Inputs], tuple[torch.Tensor, ...]] | None
+    counted: Callable[[Inputs], Inputs] = lambda args: args
 
 
 def _reference(module: str, name: str) -> Callable[..., Any] | None:
@@ -161,42 +219,203 @@ def _reference(module: str, name: str) -> Callable[..., Any] | None:
         return None
 
 
+def _benchmark_case(name: str) -> Any:
+    """benchmarks/cases/<name>.py (it imports benchmarks/bench.py), for the shapes bench.py uses."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    return importlib.import_module(f"cases.{name}")
+
+
 def case(kernel: str, problem: dict[str, Any]) -> Case:
+    first = first_sweep_case(kernel, problem)
+    if first is not None:
+        return first
+    if kernel == "per_token_cast_back":
+        return cast_back_case(problem)
+    if kernel in ("per_channel_cast_fused", "per_channel_cast_and_transpose"):
+        return per_channel_case(kernel, problem)
+    if kernel == "moe_expand":
+        return expand_case(problem)
+    if kernel == "swiglu_forward_and_per_token_cast":
+        return swiglu_case(problem)
+    raise SystemExit(f"sweep.py does not know kernel {kernel!r}; add a case for it")
+
+
+def _on_first(reference: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]) -> Callable[[Inputs], Any]:
+    """A reference of one tensor, called on the first of the inputs."""
+    return lambda x: reference(x[0])
+
+
+def first_sweep_case(kernel: str, problem: dict[str, Any]) -> Case | None:
     if kernel == "per_block_cast":
         ref = _reference("quant_per_block", "per_block_cast_ref")
         block = (problem["block_m"], problem["block_k"])
         return Case(
-            make=lambda x: (x, *cast_outputs(kernel, problem, x)),
-            new_x=lambda: random_matrix(TOKENS, HIDDEN),
-            check_x=lambda: check_matrix(TOKENS, HIDDEN),
+            make=lambda x: (x[0], *cast_outputs(kernel, problem, x[0])),
+            new_x=lambda: (random_matrix(TOKENS, HIDDEN),),
+            check_x=lambda: (check_matrix(TOKENS, HIDDEN),),
             outputs=lambda args: args[1:3],
-            reference=functools.partial(ref, fmt=problem["fmt"], block_size=block, round_sf=problem["round_sf"])
-            if ref else None,
+            reference=_on_first(functools.partial(ref, fmt=problem["fmt"], block_size=block,
+                                                  round_sf=problem["round_sf"])) if ref else None,
         )
     if kernel == "per_token_cast":
         assert problem["sf_layout"] == "row_major" and problem["npc"] != 0, problem
         ref = _reference("quant", "per_token_cast_ref")
         return Case(
-            make=lambda x: (x, *cast_outputs(kernel, problem, x), 0),  # mode 0: cast (q and sf)
-            new_x=lambda: random_matrix(TOKENS, HIDDEN),
-            check_x=lambda: check_matrix(TOKENS, HIDDEN),
+            make=lambda x: (x[0], *cast_outputs(kernel, problem, x[0]), 0),  # mode 0: cast (q and sf)
+            new_x=lambda: (random_matrix(TOKENS, HIDDEN),),
+            check_x=lambda: (check_matrix(TOKENS, HIDDEN),),
             outputs=lambda args: args[1:3],
-            reference=functools.partial(ref, fmt=problem["fmt"], npc=problem["npc"], round_sf=problem["round_sf"])
-            if ref else None,
+            reference=_on_first(functools.partial(ref, fmt=problem["fmt"], npc=problem["npc"],
+                                                  round_sf=problem["round_sf"])) if ref else None,
         )
     if kernel == "batched_transpose":
         dtype = getattr(torch, problem["dtype"])
 
-        def new_x() -> torch.Tensor:
-            return torch.randn(TRANSPOSE_SHAPE, device=DEVICE).to(dtype)
+        def new_x() -> Inputs:
+            return (torch.randn(TRANSPOSE_SHAPE, device=DEVICE).to(dtype),)
 
         return Case(
-            make=lambda x: (x, torch.empty(x.shape[0], x.shape[2], x.shape[1], device=DEVICE, dtype=x.dtype)),
+            make=lambda x: (x[0], torch.empty(x[0].shape[0], x[0].shape[2], x[0].shape[1], device=DEVICE,
+                                              dtype=x[0].dtype)),
             new_x=new_x, check_x=new_x,
             outputs=lambda args: args[1:2],
-            reference=lambda x: (x.transpose(-1, -2).contiguous(),),
+            reference=lambda x: (x[0].transpose(-1, -2).contiguous(),),
         )
-    raise SystemExit(f"sweep.py does not know kernel {kernel!r}; add a case for it")
+    return None
+
+
+# ---- the second sweep's kernels (sweep2.yaml); shapes and byte counts as in benchmarks/bench.py --------
+
+
+def cast_back_case(problem: dict[str, Any]) -> Case:
+    """(q, sf) from per_token_cast_ref, as bench.py makes them; out bf16 (T, H)."""
+    assert problem["sf_layout"] == "row_major" and problem["out_dtype"] == "bfloat16", problem
+    cast = _reference("quant", "per_token_cast_ref")
+    ref = _reference("quant_cast_back", "per_token_cast_back_ref")
+    fmt_, npc = problem["fmt"], problem["npc"]
+    if cast is None:
+        raise SystemExit("per_token_cast_back needs tests/reference/quant.py to make its (q, sf) inputs")
+    return Case(
+        make=lambda x: (x[0], x[1], torch.empty(x[0].shape[0], HIDDEN, device=DEVICE, dtype=torch.bfloat16)),
+        new_x=lambda: tuple(cast(random_matrix(TOKENS, HIDDEN), fmt_, npc, False)),
+        check_x=lambda: tuple(cast(check_matrix(TOKENS, HIDDEN), fmt_, npc, False)),
+        outputs=lambda args: args[2:3],
+        reference=(lambda x: (ref(x[0], x[1], torch.bfloat16, npc),)) if ref else None,
+    )
+
+
+def gather_positions(num_tokens: int) -> torch.Tensor:
+    """pos_to_token of bench.py's gather row: num_tokens + 1024 rows, about 1 in 8 of them -1."""
+    num_out = num_tokens + 1024
+    pos = torch.randint(0, num_tokens, (num_out,), dtype=torch.int32, device=DEVICE)
+    pos[torch.rand(num_out, device=DEVICE) < 0.125] = -1
+    return pos
+
+
+def per_channel_case(kernel: str, problem: dict[str, Any]) -> Case:
+    """per_channel_cast(_fused) of bf16 rows, gathered rows or an e4m3 (q, 1 x 128 sf) pair; or the
+    transposed cast. bench.py counts x (or the pair) and q, sf, not pos_to_token."""
+    assert not problem["round_sf"], problem
+    cast = _reference("quant", "per_token_cast_ref")
+    if kernel == "per_channel_cast_and_transpose":
+        ref_t = _reference("quant_per_channel", "per_channel_cast_and_transpose_ref")
+        npt = problem["npt"]
+        return Case(
+            make=lambda x: (x[0], torch.empty(HIDDEN, TOKENS, device=DEVICE, dtype=torch.float8_e4m3fn),
+                            torch.empty(TOKENS // npt, HIDDEN, device=DEVICE, dtype=torch.float32)),
+            new_x=lambda: (random_matrix(TOKENS, HIDDEN),),
+            check_x=lambda: (check_matrix(TOKENS, HIDDEN),),
+            outputs=lambda args: args[1:3],
+            reference=(lambda x: ref_t(x[0], npt)) if ref_t else None,
+        )
+    ref = _reference("quant_per_channel", "per_channel_cast_ref")
+    pair = problem["in_dtype"] == "float8_e4m3fn"
+    expand = problem["expand"]
+    if pair and cast is None:
+        raise SystemExit("per_channel_cast_fused fp8 needs tests/reference/quant.py to make its (q, sf) inputs")
+
+    def outputs(num_out: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(num_out, HIDDEN, device=DEVICE, dtype=torch.float8_e4m3fn),
+                torch.empty(-(-num_out // 128), HIDDEN, device=DEVICE, dtype=torch.float32))
+
+    def inputs(x: torch.Tensor) -> Inputs:
+        if pair:
+            assert cast is not None
+            return tuple(cast(x.float(), "e4m3", 128))  # bench.py quantizes fp32 rows
+        return (x, gather_positions(TOKENS)) if expand else (x,)
+
+    def reference(x: Inputs) -> tuple[torch.Tensor, ...]:
+        assert ref is not None
+        if pair:
+            return tuple(ref(x[0], x_sf=x[1]))
+        return tuple(ref(x[0], pos_to_token=x[1] if expand else None))
+
+    return Case(
+        make=lambda x: (*x, *outputs(x[-1].shape[0] if expand else TOKENS)),
+        new_x=lambda: inputs(random_matrix(TOKENS, HIDDEN)),
+        check_x=lambda: inputs(check_matrix(TOKENS, HIDDEN)),
+        outputs=lambda args: args[-2:],
+        reference=reference if ref else None,
+        counted=(lambda args: (args[0], *args[2:])) if expand else (lambda args: args),
+    )
+
+
+def expand_case(problem: dict[str, Any]) -> Case:
+    """expand_to_fused as in benchmarks/cases/moe_route.py: T tokens, K of E local experts each,
+    the no-sync worst-case buffer of N rows (padding rows zeroed); bytes x, mapping and out."""
+    assert problem["dtype"] == "bfloat16" and not problem["with_sf"], problem
+    routing = _benchmark_case("moe_route")
+    ref = _reference("moe_route", "expand_to_fused_ref")
+
+    def inputs(x: torch.Tensor) -> Inputs:
+        ids = torch.rand((routing.T, routing.E), device=DEVICE).topk(routing.K, dim=1).indices
+        return (x, *routing.torch_mapping(ids))
+
+    return Case(
+        make=lambda x: (x[0], x[1].view(-1), x[2],
+                        torch.empty(x[2].shape[0], x[0].shape[1], device=DEVICE, dtype=x[0].dtype), x[1].shape[1]),
+        new_x=lambda: inputs(random_matrix(routing.T, routing.H)),
+        check_x=lambda: inputs(check_matrix(routing.T, routing.H)),
+        outputs=lambda args: args[3:4],
+        reference=(lambda x: (ref(*x),)) if ref else None,
+    )
+
+
+SWIGLU_TOKENS, SWIGLU_TOPK, SWIGLU_CLAMP = 8192, 2, 10.0  # benchmarks/cases/quant_swiglu.py: 16448 rows
+
+
+def swiglu_case(problem: dict[str, Any]) -> Case:
+    """swiglu_forward_and_per_token_cast as in benchmarks/cases/quant_swiglu.py (top-2 of 8 experts,
+    weights, pos_to_expert, clamp 10, round_sf); bytes x, q, sf. Skipped (padding) rows are left
+    unwritten, so q and sf start as zeros and the reference zeroes those rows."""
+    assert problem["with_weights"] and problem["with_pos_to_expert"], problem
+    routing = _reference("quant_swiglu", "expert_major_routing")
+    ref = _reference("quant_swiglu", "swiglu_forward_and_per_token_cast_ref")
+    if routing is None:
+        raise SystemExit("swiglu_forward_and_per_token_cast needs tests/reference/quant_swiglu.py for its routing")
+    pos_to_expert, pos_to_token_topk, _ = routing(SWIGLU_TOKENS, SWIGLU_TOPK, device=DEVICE)
+    weights = torch.rand(SWIGLU_TOKENS, SWIGLU_TOPK, device=DEVICE,  # seeded: each case() gives the same
+                         generator=torch.Generator(device=DEVICE).manual_seed(1))
+    rows, hidden, npc = pos_to_expert.shape[0], problem["hidden"], problem["npc"]
+
+    def reference(x: Inputs) -> tuple[torch.Tensor, ...]:
+        assert ref is not None
+        q, sf = ref(x[0], npc, pos_to_token_topk, weights, True, SWIGLU_CLAMP)
+        skipped = pos_to_expert < 0
+        q.view(torch.uint8)[skipped] = 0
+        sf[skipped] = 0.0
+        return q, sf
+
+    return Case(
+        make=lambda x: (x[0], torch.zeros(rows, hidden, device=DEVICE, dtype=torch.float8_e4m3fn),
+                        torch.zeros(rows, hidden // npc, device=DEVICE, dtype=torch.float32),
+                        pos_to_token_topk, weights, pos_to_expert, SWIGLU_CLAMP, 1),  # 1: round_sf
+        new_x=lambda: (random_matrix(rows, 2 * hidden),),
+        check_x=lambda: (check_matrix(rows, 2 * hidden),),
+        outputs=lambda args: args[1:3],
+        reference=reference if ref else None,
+        counted=lambda args: args[:3],
+    )
 
 
 def same_bytes(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
@@ -247,7 +466,7 @@ def run_problem(timer: Any, bench: Any, copy_gb_s: float, kernel: str, problem: 
     except Exception as exc:
         ref_note = f"baseline failed: {bench.reason(exc)}"
     inputs = bench.rotating_inputs(lambda: c.make(c.new_x()))
-    nbytes = sum(bench.tensor_bytes(t) for t in inputs[0])
+    nbytes = sum(bench.tensor_bytes(t) for t in c.counted(inputs[0]))
     measured: list[tuple[Variant, float | None, bool | None, str]] = []
     for v in sorted(group, key=lambda v: not v.is_baseline):
         note = ref_note if v.is_baseline else ""
@@ -305,18 +524,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=200, help="timed calls per variant (median taken)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--dry-run", action="store_true", help="list problems, baselines and variants; no GPU")
+    parser.add_argument("--package", choices=sorted(SWEEPS), default=DEFAULT_PACKAGE,
+                        help=f"the tuning package to sweep (default {DEFAULT_PACKAGE}: sweep.yaml; "
+                             "tkc_tuning2: sweep2.yaml)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    package = importlib.import_module(PACKAGE)
-    groups = problems(variants(package))
+    sweep = SWEEPS[args.package]
+    package = importlib.import_module(sweep.package)
+    groups = problems(variants(package, sweep))
     if args.dry_run:
         for (kernel, problem), group in groups.items():
             print(f"{kernel} {dict(problem)}: {len(group)} variants")
             for v in group:
                 print(f"  {v.name}{' (baseline)' if v.is_baseline else ''}: {v.describe_knobs()}")
+        print(f"{sum(len(g) for g in groups.values())} variants, {len(groups)} problems ({sweep.spec})")
         return 0
     if args.out is None:
         print("--out (or $OUT) is required", file=sys.stderr)
@@ -333,10 +557,11 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "package": f"{PACKAGE} {getattr(package, '__version__', '?')} ({getattr(package, 'TARGET', '?')})",
+        "package": f"{sweep.package} {getattr(package, '__version__', '?')} ({getattr(package, 'TARGET', '?')})",
         "copy_gb_s": copy_gb_s,
         "reps": args.reps,
-        "baseline": BASELINE,
+        "baseline": {kernel: dict(knobs) for kernel, knobs in sweep.baselines.items()},
+        "baseline_overrides": [[kernel, key, value, dict(knobs)] for kernel, key, value, knobs in sweep.overrides],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []

@@ -269,3 +269,18 @@ def test_swiglu_reference_leaves_padding_rows_zero(monkeypatch: pytest.MonkeyPat
     skipped = args[5] < 0
     assert skipped.any() and not q.view(torch.uint8)[skipped].any() and not sf[skipped].any()
     assert not args[1].view(torch.uint8).any() and not args[2].any()
+
+
+def test_references_import_when_run_as_a_script() -> None:
+    """python benchmarks/tuning/sweep.py puts only benchmarks/tuning on sys.path, not the repository."""
+    names = [("quant", "per_token_cast_ref"), ("quant_per_block", "per_block_cast_ref"),
+             ("quant_cast_back", "per_token_cast_back_ref"), ("quant_per_channel", "per_channel_cast_ref"),
+             ("quant_per_channel", "per_channel_cast_and_transpose_ref"), ("moe_route", "expand_to_fused_ref"),
+             ("quant_swiglu", "expert_major_routing"), ("quant_swiglu", "swiglu_forward_and_per_token_cast_ref")]
+    code = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; import sweep; "
+            f"missing = [n for m, n in {names!r} if sweep._reference(m, n) is None]; "
+            "routing = sweep._benchmark_case('moe_route'); print(missing, routing.N)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=TUNING, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TUNING)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "[]", result.stdout + result.stderr

@@ -131,21 +131,27 @@ def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
     tensors = [p for p in contract.params if isinstance(p, TensorParam)]
     if not tensors:
         return ["fast = True"]
-    reads = []
+    # A tensor that runtime sizes are read from has its shape (or strides) read once into a
+    # local: each torch.Size or stride tuple torch builds costs about as much as a check.
+    shape_of = {s.tensor: f"{s.tensor}_shape" for s in contract.sizes if s.kind == "shape"}
+    strides_of = {s.tensor: f"{s.tensor}_strides" for s in contract.sizes if s.kind == "stride"}
+    reads = [f"    {local} = {tensor}.shape" for tensor, local in shape_of.items()]
+    reads += [f"    {local} = {tensor}.stride()" for tensor, local in strides_of.items()]
     for size in contract.sizes:
-        read = f"{size.tensor}.shape[{size.dim}]" if size.kind == "shape" else f"{size.tensor}.stride()[{size.dim}]"
-        reads.append(f"    {size.name} = {read}")
+        local = (shape_of if size.kind == "shape" else strides_of)[size.tensor]
+        reads.append(f"    {size.name} = {local}[{size.dim}]")
     first = tensors[0].name
     terms = [f"{p.name}.dtype is {torch_dtype(p.dtype)}" for p in tensors]
     terms += [f"{p.name}.is_cuda" for p in tensors]
     terms += [f"{p.name}.get_device() == device" for p in tensors[1:]]
-    terms += [f"{p.name}.shape == {_shape_tuple([str(d) if isinstance(d, int) else d for d in p.shape])}"
-              for p in tensors]
+    terms += [f"{shape_of.get(p.name, p.name + '.shape')} == "
+              f"{_shape_tuple([str(d) if isinstance(d, int) else d for d in p.shape])}" for p in tensors]
     for p in tensors:
         if p.strides and _contiguous(p.shape, p.strides):
             terms.append(f"{p.name}.is_contiguous()")
         elif p.strides:
-            terms.append(f"{p.name}.stride() == {_shape_tuple([str(d) for d in p.strides])}")
+            terms.append(f"{strides_of.get(p.name, p.name + '.stride()')} == "
+                         f"{_shape_tuple([str(d) for d in p.strides])}")
     terms.append(f"not ({' | '.join(f'{p.name}_ptr' for p in tensors)}) & {alignment - 1}")
     ctypes_of = {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
     terms += [f"{s.name} < {_INT_LIMITS[ctypes_of[s.name]]}" for s in contract.sizes

@@ -85,6 +85,7 @@ class Job:
     toolchain: Toolchain
 
 
+@functools.cache
 def tilelang_version() -> str:
     return importlib.metadata.version("tilelang")
 

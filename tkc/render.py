@@ -6,6 +6,7 @@ a real file that is imported, never an exec'd string.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,11 @@ class RenderedKernel:
     source: str
 
 
+@functools.lru_cache(maxsize=8)
 def _environment(templates: Path) -> jinja2.Environment:
+    """One environment per templates folder: it keeps each template compiled across variants
+    (compiling it per variant was most of a rebuild's time) and recompiles a template whose
+    file changed (jinja2 checks the mtime on every get_template)."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
         undefined=jinja2.StrictUndefined,  # a misspelt grid key fails the render, not the kernel

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import hashlib
 import itertools
 import keyword
@@ -20,6 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import CodeType
 
 import yaml
 
@@ -382,9 +384,15 @@ def load_specs(paths: Iterable[Path], templates: Path) -> SpecSet:
     return SpecSet(package=package, kernels=tuple(kernels), files=tuple(map(str, files)))
 
 
+@functools.lru_cache(maxsize=1024)
+def _compiled(text: str, source: str) -> CodeType:
+    """A constraint's code object, compiled once (a rebuild evaluates each for every grid point)."""
+    return compile(ast.parse(text, mode="eval"), f"<{source} constraint>", "eval")
+
+
 def _satisfies(spec: KernelSpec, params: dict[str, Value]) -> bool:
     for text in spec.constraints:
-        code = compile(ast.parse(text, mode="eval"), f"<{spec.source} constraint>", "eval")
+        code = _compiled(text, spec.source)
         try:
             # Only whitelisted syntax over grid values reaches eval (checked in _check_constraints).
             ok = eval(code, {"__builtins__": {}}, dict(params))

@@ -7,6 +7,7 @@ Builds tests/data/specs/moe_route_small.yaml (sm90, 7 variants) once for the mod
 from __future__ import annotations
 
 import importlib
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -113,3 +114,23 @@ def test_good_arguments_reach_the_launcher(moe: ModuleType) -> None:
                         (lambda: moe.aux_fi(IDX, 4, 2), "topk_idx")]:
         with pytest.raises(errors.NoGpuError, match=rf"^{first}: "):
             call()
+
+
+def test_fused_mapping_outputs_are_aligned_disjoint_views_of_one_buffer(moe: ModuleType,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The direct path carves the outputs and the kernels' scratch tables out of one allocation:
+    # every view must start on the kernels' alignment and none may overlap another.
+    module = importlib.import_module("tkc_moe_small.moe._fused_mapping")
+    launches: list[tuple[object, ...]] = []
+    monkeypatch.setitem(module._launchers, 4, tuple(lambda *args: launches.append(args) for _ in range(3)))
+    out = moe.get_fused_mapping(IDX, 4, 8, 1)
+    assert out[7] == [] and len(launches) == 3
+    for pos in out[:3]:
+        assert pos.shape == (8,) and pos.dtype == torch.int32 and bool((pos == -1).all())
+    assert out[3].shape == (2, 2) and all(t.shape == (4,) for t in out[4:7])
+    block_counts, block_offsets = launches[0][1], launches[1][1]
+    views = [*out[:7], block_counts, block_offsets]
+    assert all(isinstance(v, torch.Tensor) and v.data_ptr() % 16 == 0 for v in views)
+    spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * 4) for v in views if v.numel())
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
+    assert len({v.untyped_storage().data_ptr() for v in views}) == 1  # one allocation

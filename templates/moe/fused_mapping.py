@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from .._args import matrix, positive_int
+from .._build_info import ALIGNMENT
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["get_fused_mapping"]
@@ -29,6 +30,8 @@ CHUNK = 2048  # flattened entries per block of the count and assign kernels (the
 _count = get_kernel("moe_fused_mapping_count")
 _scan = get_kernel("moe_fused_mapping_scan")
 _assign = get_kernel("moe_fused_mapping_assign")
+_STEP = ALIGNMENT // 4  # int32 elements from one aligned view start to the next
+
 # num_experts -> the (count, scan, assign) launchers: one dictionary lookup instead of three selects.
 _launchers: dict[int, tuple[Callable[..., None], Callable[..., None], Callable[..., None]]] = {}
 
@@ -52,32 +55,62 @@ def _outputs(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int,
             vector(num_experts), vector(num_experts), vector(num_experts))
 
 
-def _mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
-    """Launch the three kernels; no host synchronization."""
+def _launchers_of(num_experts: int) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
     launchers = _launchers.get(num_experts)
     if launchers is None:  # select raises VariantNotFoundError for an unbuilt E: nothing is stored
         launchers = _launchers[num_experts] = (_count.select(num_experts=num_experts),
                                                _scan.select(num_experts=num_experts),
                                                _assign.select(num_experts=num_experts))
-    count, scan, assign = launchers
-    num_tokens, num_topk = topk_idx.shape
+    return launchers
+
+
+def _run(topk_idx: torch.Tensor, alignment: int, outputs: Mapping, block_counts: torch.Tensor,
+         block_offsets: torch.Tensor) -> Mapping:
+    """Launch the three kernels into ``outputs`` (the pos_to_* vectors already -1); no host synchronization."""
+    pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert = outputs
+    count, scan, assign = _launchers[expert_start.shape[0]]  # selected by the caller before allocating
     flat = topk_idx.contiguous().view(-1)
-    device = topk_idx.device
-    # Positions that receive no entry (segment padding, the tail of an oversized buffer) read -1.
-    pos_to_expert, pos_to_token, pos_to_token_topk = (
-        torch.full((num_expanded_tokens,), -1, dtype=torch.int32, device=device) for _ in range(3))
-    token_topk_to_pos = torch.empty((num_tokens, num_topk), dtype=torch.int32, device=device)
-    expert_start, expert_end, num_tokens_per_expert = (
-        torch.empty((num_experts,), dtype=torch.int32, device=device) for _ in range(3))
-    num_blocks = (flat.numel() + CHUNK - 1) // CHUNK
-    block_counts = torch.empty((num_blocks, num_experts), dtype=torch.int32, device=device)
-    block_offsets = torch.empty_like(block_counts)
     count(flat, block_counts)
-    scan(block_counts, block_offsets, expert_start, expert_end, num_tokens_per_expert, alignment)
+    scan(block_counts, block_offsets, expert_start, expert_end, per_expert, alignment)
     assign(flat, block_offsets, token_topk_to_pos.view(-1), pos_to_expert, pos_to_token, pos_to_token_topk,
-           num_topk)
-    return (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
-            num_tokens_per_expert)
+           topk_idx.shape[1])
+    return outputs
+
+
+def _mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
+    """The torch custom op's body: every output a tensor of its own (a custom op's outputs may not alias)."""
+    _launchers_of(num_experts)
+    device = topk_idx.device
+    outputs = _outputs(topk_idx, num_experts, num_expanded_tokens, alignment)
+    for pos in outputs[:3]:  # positions that receive no entry (segment padding, an oversized tail) read -1
+        pos.fill_(-1)
+    num_blocks = (topk_idx.numel() + CHUNK - 1) // CHUNK
+    block_counts = torch.empty((num_blocks, num_experts), dtype=torch.int32, device=device)
+    return _run(topk_idx, alignment, outputs, block_counts, torch.empty_like(block_counts))
+
+
+def _mapping_eager(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
+    """The direct path: the seven outputs and the two scratch tables are views of one int32 buffer.
+
+    One allocation and one fill instead of nine allocations and three fills: the host cost of
+    this op is its allocations and launches, not its kernels. Each view starts on an ALIGNMENT
+    boundary (the kernels' vector accesses need it); the outputs keep the buffer alive, which
+    costs the scratch tables' few bytes per block of 2048 entries.
+    """
+    _launchers_of(num_experts)
+    num_tokens, num_topk = topk_idx.shape
+    num_blocks = (num_tokens * num_topk + CHUNK - 1) // CHUNK
+    sizes = (num_expanded_tokens, num_expanded_tokens, num_expanded_tokens, num_tokens * num_topk,
+             num_experts, num_experts, num_experts, num_blocks * num_experts, num_blocks * num_experts)
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + (size + _STEP - 1) // _STEP * _STEP)
+    buffer = torch.empty((starts[-1],), dtype=torch.int32, device=topk_idx.device)
+    buffer[:starts[3]].fill_(-1)  # the three pos_to_* vectors (and their padding)
+    views = [buffer[start:start + size] for start, size in zip(starts, sizes)]
+    outputs = (views[0], views[1], views[2], views[3].view(num_tokens, num_topk), views[4], views[5], views[6])
+    return _run(topk_idx, alignment, outputs, views[7].view(num_blocks, num_experts),
+                views[8].view(num_blocks, num_experts))
 
 
 _mapping_op = custom_op("moe_get_fused_mapping", fake=_outputs)(_mapping)
@@ -141,7 +174,7 @@ def get_fused_mapping(
     size = num_expanded_tokens or upper_bound(num_tokens, num_topk, num_experts, alignment)
     if compiling:
         return (*_mapping_op(topk_idx, num_experts, size, alignment), [])
-    mapping = _mapping(topk_idx, num_experts, size, alignment)
+    mapping = _mapping_eager(topk_idx, num_experts, size, alignment)
     if not sync:
         return (*mapping, [])
     counts = mapping[6].tolist()  # the one host synchronization

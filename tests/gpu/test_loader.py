@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,46 @@ def test_side_stream_and_graph_capture() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_y, _reference(static_x, 1.0))
+
+
+def test_launch_from_a_thread_that_never_used_cuda() -> None:
+    # A new thread has no current CUDA context: the launch there is refused with
+    # CUDA_ERROR_INVALID_CONTEXT, and the loader binds torch's context to the thread and retries.
+    launch = tk._runtime.get_kernel("tma_transpose").select(dtype="float32", tile=64)
+    x = torch.randn(2, 256, 128, device="cuda")
+    y = torch.full((2, 128, 256), float("nan"), device="cuda")
+    launch(x, torch.empty_like(y), 1.0)  # the kernel is ready on this device: the thread takes the fast path
+    torch.cuda.synchronize()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            launch(x, y, 2.0)
+            torch.cuda.synchronize()
+        except BaseException as exc:  # reported by the assert below, in the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert torch.equal(y, _reference(x, 2.0))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_another_device_than_the_current_one() -> None:
+    # The launch goes to the current context; tensors on cuda:1 while cuda:0 is current are
+    # launched from cuda:1's context, on cuda:1's current stream, every time.
+    launch = tk._runtime.get_kernel("tma_transpose").select(dtype="float32", tile=64)
+    x = torch.randn(2, 256, 128, device="cuda:1")
+    with torch.cuda.device(0):
+        for scale in (2.0, 3.0):  # the first call loads the kernel on cuda:1, the second finds it
+            y = torch.full((2, 128, 256), float("nan"), device="cuda:1")
+            launch(x, y, scale)
+            torch.cuda.synchronize(1)
+            assert torch.equal(y, _reference(x, scale))
+        with pytest.raises(KernelArgumentError, match="^y: is on cuda:0 but the other arguments are on cuda:1"):
+            launch(x, torch.empty(2, 128, 256, device="cuda:0"), 1.0)
 
 
 def test_bad_arguments_name_the_argument() -> None:

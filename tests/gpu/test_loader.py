@@ -18,6 +18,7 @@ import pytest
 import torch
 
 tk = pytest.importorskip("tkc_loader_test_kernels")
+runtime = pytest.importorskip("tkc_loader_test_kernels._runtime")  # op modules import it lazily
 from tkc_loader_test_kernels.errors import ArchMismatchError, KernelArgumentError  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -86,7 +87,7 @@ def test_side_stream_and_graph_capture() -> None:
 def test_launch_from_a_thread_that_never_used_cuda() -> None:
     # A new thread has no current CUDA context: the launch there is refused with
     # CUDA_ERROR_INVALID_CONTEXT, and the loader binds torch's context to the thread and retries.
-    launch = tk._runtime.get_kernel("tma_transpose").select(dtype="float32", tile=64)
+    launch = runtime.get_kernel("tma_transpose").select(dtype="float32", tile=64)
     x = torch.randn(2, 256, 128, device="cuda")
     y = torch.full((2, 128, 256), float("nan"), device="cuda")
     launch(x, torch.empty_like(y), 1.0)  # the kernel is ready on this device: the thread takes the fast path
@@ -111,7 +112,7 @@ def test_launch_from_a_thread_that_never_used_cuda() -> None:
 def test_tensors_on_another_device_than_the_current_one() -> None:
     # The launch goes to the current context; tensors on cuda:1 while cuda:0 is current are
     # launched from cuda:1's context, on cuda:1's current stream, every time.
-    launch = tk._runtime.get_kernel("tma_transpose").select(dtype="float32", tile=64)
+    launch = runtime.get_kernel("tma_transpose").select(dtype="float32", tile=64)
     x = torch.randn(2, 256, 128, device="cuda:1")
     with torch.cuda.device(0):
         for scale in (2.0, 3.0):  # the first call loads the kernel on cuda:1, the second finds it

@@ -9,6 +9,7 @@ writes from the wrong place, cannot pass unnoticed.
 from __future__ import annotations
 
 import importlib
+import threading
 
 import pytest
 import torch
@@ -162,3 +163,27 @@ def test_wrong_rank_is_refused() -> None:
 def test_non_tensor_is_refused() -> None:
     with pytest.raises(errors.KernelArgumentError, match=r"\bx\b"):
         tk_transpose.batched_transpose([[1.0]])  # type: ignore[arg-type]
+
+
+def test_launch_from_a_thread_that_never_used_cuda() -> None:
+    # A new thread has no current CUDA context: the compiled launch gets
+    # CUDA_ERROR_INVALID_CONTEXT, and the loader binds torch's context to the thread and retries.
+    launch = runtime.get_kernel("batched_transpose").select(dtype="bfloat16")
+    x = torch.randn(2, 128, 256, device="cuda", dtype=torch.bfloat16)
+    launch(x, torch.empty(2, 256, 128, device="cuda", dtype=torch.bfloat16))  # ready: the thread takes the fast path
+    y = torch.full((2, 256, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            launch(x, y)
+            torch.cuda.synchronize()
+        except BaseException as exc:  # reported by the assert below, in the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert torch.equal(y, x.transpose(1, 2))

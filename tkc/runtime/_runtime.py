@@ -209,12 +209,16 @@ def tensor_map(name: str, dtype_code: int, address: int, dims: Sequence[int], st
         )
     rank = len(dims)
     keep, desc = _aligned_tensor_map()
-    result = driver().lib.cuTensorMapEncodeTiled(
-        ctypes.byref(desc), dtype_code, rank, ctypes.c_void_p(address),
-        (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
-        (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*element_strides),
-        interleave, swizzle, l2_promotion, oob_fill,
-    )
+    arguments = (ctypes.byref(desc), dtype_code, rank, ctypes.c_void_p(address),
+                 (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
+                 (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*element_strides),
+                 interleave, swizzle, l2_promotion, oob_fill)
+    result = driver().lib.cuTensorMapEncodeTiled(*arguments)
+    if result == _CUDA_ERROR_INVALID_CONTEXT:
+        # The driver wants a current context, which a thread that never made a CUDA call lacks;
+        # any will do (the descriptor holds no context): let torch bind its current device's.
+        torch.cuda.synchronize()
+        result = driver().lib.cuTensorMapEncodeTiled(*arguments)
     driver().check(result, f"cuTensorMapEncodeTiled({name}: dims={tuple(dims)}, strides={tuple(strides)}, "
                            f"box={tuple(box)})")
     if len(_tensor_maps) >= _TENSOR_MAP_CACHE_SIZE:

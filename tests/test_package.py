@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import venv
@@ -29,6 +30,20 @@ def test_wheel_names_carry_the_arch(small_build: tuple[BuildOptions, list[ArchSu
     assert _wheel(summaries, "sm90").name == "tkc_small_kernels-0.0.1+sm90-cp310-abi3-linux_x86_64.whl"
     assert _wheel(summaries, "sm100").name == "tkc_small_kernels-0.0.1+sm100-cp310-abi3-linux_x86_64.whl"
     assert all(s.native_launch_missing == "" for s in summaries)
+
+
+def test_launch_module_is_stable_abi_and_needs_no_library(small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
+    # The wheel tag promises CPython >= 3.10 (abi3) and manylinux_2_17 (cibuildwheel): the module
+    # may import nothing but the limited Python API, and no glibc symbol newer than 2.17.
+    _, summaries = small_build
+    with zipfile.ZipFile(_wheel(summaries, "sm90")) as wheel:
+        data = wheel.read("tkc_small_kernels/_launch.abi3.so")
+    assert data[:4] == b"\x7fELF"
+    assert b"libpython" not in data and b"libcuda" not in data
+    versions = [tuple(map(int, v)) for v in re.findall(rb"GLIBC_(\d+)\.(\d+)", data)]
+    assert all(v <= (2, 17) for v in versions), versions
+    symbols = set(re.findall(rb"\b(Py[A-Za-z_]+|_Py[A-Za-z_]+)\b", data))
+    assert symbols and not [s for s in symbols if s.startswith(b"_Py") and s != b"_Py_NoneStruct"]
 
 
 @pytest.mark.parametrize(("arch", "target"), [("sm90", "sm_90a"), ("sm100", "sm_100a")])

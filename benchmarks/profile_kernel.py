@@ -17,7 +17,9 @@ TOKENS, HIDDEN = 8192, 7168
 
 
 def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
+    import tile_kernels_aot.moe as moe
     import tile_kernels_aot.quant as quant
+    import tile_kernels_aot.transpose as transpose
 
     def cast(fmt: str, npc: int) -> Callable[[], object]:
         x = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda")
@@ -35,7 +37,32 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         x = torch.randn(TOKENS, 2 * HIDDEN, dtype=torch.bfloat16, device="cuda")
         return lambda: quant.swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", 128, round_sf=True)
 
+    def block_cast(fmt: str, block: tuple[int, int]) -> Callable[[], object]:
+        x = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda")
+        return lambda: quant.per_block_cast(x, fmt, block)
+
+    def transpose_e4m3() -> Callable[[], object]:
+        x = torch.randn(8, 512, HIDDEN, device="cuda").to(torch.float8_e4m3fn)
+        return lambda: transpose.batched_transpose(x)
+
+    def fused_fp8_pair() -> Callable[[], object]:
+        pair = quant.per_token_cast(torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda"), "e4m3", 128)
+        return lambda: quant.per_channel_cast_fused(pair, "e4m3", 128, num_per_channels=128)
+
+    def expand() -> Callable[[], object]:
+        tokens, topk, experts = 16384, 8, 32
+        ids = torch.stack([torch.randperm(experts, device="cuda")[:topk] for _ in range(tokens)])
+        n = (tokens * topk + 127 * experts + 127) // 128 * 128
+        mapping = moe.get_fused_mapping(ids, experts, n, 128)
+        x = torch.randn(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda")
+        return lambda: moe.expand_to_fused(x, mapping[3], mapping[0])
+
     return {
+        "per_block_cast_e4m3": lambda: block_cast("e4m3", (128, 128)),
+        "per_block_cast_e2m1": lambda: block_cast("e2m1", (32, 32)),
+        "batched_transpose_e4m3": transpose_e4m3,
+        "per_channel_cast_fused_fp8": fused_fp8_pair,
+        "expand_to_fused": expand,
         "per_block_cast_lossless_e": lossless,
         "swiglu_forward_and_per_channel_cast_and_transpose_e": swiglu_per_channel,
         "per_token_cast_e4m3": lambda: cast("e4m3", 128),

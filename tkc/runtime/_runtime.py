@@ -8,8 +8,11 @@ Copied verbatim by tkc into every generated package; it needs only torch and
   and each cubin costs nothing until a variant of it runs;
 - ``check_tensor`` validates an argument against the lowered contract and
   names the argument in every error;
-- ``Cubin.launch`` packs the kernel arguments and launches on torch's current
-  stream of the tensors' device;
+- ``launch`` is the hot path: one call of the compiled ``_launch`` module (see
+  ``_launch.c``; the same through ctypes where the package has none) on torch's
+  current stream of the tensors' device;
+- ``Function`` holds one kernel's launch configuration, its handle per device, and
+  the rare paths (first launch, another device's context, launch attributes, errors);
 - ``Kernel.select`` maps compile-time parameters to a variant's launcher.
 """
 

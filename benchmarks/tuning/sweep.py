@@ -101,6 +101,11 @@ SWEEPS = {
         (("per_channel_cast_fused", "in_dtype", "float8_e4m3fn", {"threads": 128, "min_blocks": 4}),),
     ),
 }
+SWEEPS["tkc_tuning3"] = Sweep(
+    "tkc_tuning3", "sweep3.yaml",
+    # Shipped since the first sweep for e4m3 128 x 128: 128 elements per thread, no launch bound.
+    {"per_block_cast": {"elems_per_thread": 128, "min_blocks": 0}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -527,7 +532,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="list problems, baselines and variants; no GPU")
     parser.add_argument("--package", choices=sorted(SWEEPS), default=DEFAULT_PACKAGE,
                         help=f"the tuning package to sweep (default {DEFAULT_PACKAGE}: sweep.yaml; "
-                             "tkc_tuning2: sweep2.yaml)")
+                             "tkc_tuning2: sweep2.yaml; tkc_tuning3: sweep3.yaml)")
     return parser.parse_args(argv)
 
 

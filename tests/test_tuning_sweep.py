@@ -62,6 +62,23 @@ def test_second_sweep_spec_has_one_pre_sweep_baseline_per_problem() -> None:
     assert dict(next(v for v in fp8 if v.is_baseline).knobs) == {"threads": 128, "min_blocks": 4, "tile_k": 128}
 
 
+def test_third_sweep_baseline_renders_the_shipped_kernel() -> None:
+    # min_blocks 0 emits no launch bound, so the baseline is the shipped per_block_cast e4m3 128 x 128.
+    found = _spec_variants("tkc_tuning3")
+    groups = sweep.problems(found)
+    assert len(groups) == 1 and len(found) == 6
+    (baseline,) = [v for v in found if v.is_baseline]
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast")
+    match = next(x for x in expand(shipped) if all(x.param_dict[k] == val for k, val in baseline.problem))
+    plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
+    knobbed = render_source(Variant(kernel=shipped, params=match.params + baseline.knobs), ARCHS["sm90"],
+                            TEMPLATES).split("\n", 2)[2]
+    assert knobbed == plain
+    capped = next(v for v in found if dict(v.knobs)["min_blocks"] == 4)
+    source = render_source(Variant(kernel=shipped, params=match.params + capped.knobs), ARCHS["sm90"], TEMPLATES)
+    assert "T.annotate_min_blocks_per_sm(4)" in source
+
+
 def test_second_sweep_baselines_are_the_shipped_kernels() -> None:
     """Rendering a shipped variant with its sweep2 baseline knobs set changes nothing (or, where the
     template's default is an expression, only that line, to the value the expression has)."""

@@ -23,10 +23,11 @@ wheel comes too late. So the backend itself must write a platform tag, and tkc d
   sets ``build_data["pure_python"] = False`` and ``build_data["tag"] =
   "cp310-abi3-<TKC_WHEEL_PLATFORM>"`` (``py3-none-<TKC_WHEEL_PLATFORM>`` for a package
   without the launch module) when that variable is set (only this config sets it). Tried on
-  ``build/pkg/tile_kernels_aot/sm90``: the wheel is ``tile_kernels_aot-0.1.0+sm90-py3-none-
+  ``build/pkg/tile_kernels_aot/sm90``: the wheel is ``tile_kernels_aot-0.1.0+sm90-cp310-abi3-
   manylinux_2_17_x86_64.whl`` with ``Root-Is-Purelib: false``, the hook file is
   not in it, two builds with ``SOURCE_DATE_EPOCH`` set are byte-identical, and
-  cibuildwheel's ``find_compatible_wheel`` takes it for ``cp311-manylinux_x86_64``.
+  cibuildwheel's ``find_compatible_wheel`` takes it for ``cp311-manylinux_x86_64``
+  (and ``cp312``; not for ``cp39``, below the stable-ABI floor).
   It needs ``hatchling`` as a tkc dependency (``tkc build`` builds without isolation).
 * Config-only alternative: setuptools with ``[tool.distutils.bdist_wheel]
   plat-name = "manylinux_2_17_x86_64"`` gives the same tag and is reproducible,

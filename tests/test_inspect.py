@@ -51,6 +51,23 @@ def test_tampered_cubin_fails_naming_the_file(small_build: tuple[BuildOptions, l
     assert as_json.exit_code == 1 and json.loads(as_json.output)["ok"] is False
 
 
+def test_launch_module_and_wheel_tag_must_agree(small_build: tuple[BuildOptions, list[ArchSummary]],
+                                                tmp_path: Path) -> None:
+    # The report names what the loader launches through; a wheel whose tag promises the compiled
+    # module but lacks it (or carries it under a pure tag) is not ok, naming the member.
+    _, summaries = small_build
+    original = summaries[0].wheel
+    assert inspect_wheel(original).launch_module.startswith("x86-64 ELF, stable ABI (cp310-abi3-")
+    stripped = tmp_path / original.name
+    with zipfile.ZipFile(original) as src, zipfile.ZipFile(stripped, "w") as dst:
+        for info in src.infolist():
+            if not info.filename.endswith("_launch.abi3.so"):
+                dst.writestr(info, src.read(info))
+    report = inspect_wheel(stripped)
+    assert report.launch_module.startswith("none") and not report.ok
+    assert any("_launch.abi3.so: missing, but the wheel is tagged cp310-abi3" in p for p in report.problems)
+
+
 def test_not_a_tkc_wheel(tmp_path: Path) -> None:
     plain = tmp_path / "x-1.0-py3-none-any.whl"
     with zipfile.ZipFile(plain, "w") as z:

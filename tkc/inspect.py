@@ -3,7 +3,9 @@
 Per cubin: size, the arch in its ELF header, registers and static shared memory
 from its ``.nv.info`` / ``.nv.shared`` sections, dynamic shared memory from the
 launch contract, spills from the ptxas report in the manifest; and every sha256
-is checked against the manifest. Any mismatch makes the result not ``ok``.
+is checked against the manifest. For the wheel: whether it carries the compiled
+launch module (``_launch.abi3.so``, its CPU) and whether its tag says so. Any
+mismatch makes the result not ``ok``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from tkc.fsutil import sha256_bytes
 
 _EIATTR_REGCOUNT = 0x2F
 _EIFMT_SVAL = 0x04
+_LAUNCH_MODULE = "_launch.abi3.so"  # tkc.native.FILENAME
+_ELF_MACHINES = {62: "x86-64", 183: "aarch64"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +49,7 @@ class WheelReport:
     arch: str
     target: str
     cubins: tuple[CubinReport, ...]
+    launch_module: str = ""  # e.g. "x86-64 ELF, stable ABI (cp310-abi3)", or why there is none
     problems: tuple[str, ...] = field(default=())
 
     @property
@@ -156,14 +161,37 @@ def inspect_wheel(path: Path) -> WheelReport:
         for name in wheel.namelist():
             if name.endswith(".cubin") and name not in listed:
                 problems.append(f"{name}: a cubin the manifest does not list")
+        launch_module = _launch_module(wheel, root, problems)
     return WheelReport(wheel=str(path), package=manifest["package"], version=manifest["version"],
                        arch=manifest["arch"], target=manifest["target"], cubins=tuple(reports),
-                       problems=tuple(problems))
+                       launch_module=launch_module, problems=tuple(problems))
+
+
+def _launch_module(wheel: zipfile.ZipFile, root: str, problems: list[str]) -> str:
+    """What the wheel's loader launches through, checked against the wheel's tags."""
+    tags = [line.split(":", 1)[1].strip() for name in wheel.namelist() if name.endswith(".dist-info/WHEEL")
+            for line in wheel.read(name).decode().splitlines() if line.startswith("Tag:")]
+    abi3 = any("-abi3-" in tag for tag in tags)
+    member = f"{root}/{_LAUNCH_MODULE}"
+    if member not in wheel.namelist():
+        if abi3:
+            problems.append(f"{member}: missing, but the wheel is tagged {', '.join(tags)}; rebuild with tkc build")
+        return "none: the loader launches through ctypes"
+    data = wheel.read(member)
+    if data[:4] != b"\x7fELF" or len(data) < 0x14:
+        problems.append(f"{member}: not an ELF shared object; rebuild with tkc build")
+        return "invalid"
+    (machine,) = struct.unpack_from("<H", data, 0x12)
+    cpu = _ELF_MACHINES.get(machine, f"ELF machine {machine}")
+    if not abi3:
+        problems.append(f"{member}: a compiled module in a wheel tagged {', '.join(tags) or '(no tag)'}, which "
+                        "promises no host code; rebuild with tkc build")
+    return f"{cpu} ELF, stable ABI ({', '.join(tags)})"
 
 
 def format_report(report: WheelReport) -> str:
     lines = [f"{Path(report.wheel).name}: {report.package} {report.version}, {report.arch} ({report.target}), "
-             f"{len(report.cubins)} cubins"]
+             f"{len(report.cubins)} cubins", f"launch module: {report.launch_module}"]
     rows = [("kernel", "variant", "bytes", "regs", "smem static", "smem dynamic", "spills", "sha256", "params")]
     for c in report.cubins:
         rows.append((c.kernel, c.variant, str(c.bytes), ",".join(map(str, c.registers.values())),

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.gpu.threads import in_new_thread
 
 tk = pytest.importorskip("tkc_loader_test_kernels")
 runtime = pytest.importorskip("tkc_loader_test_kernels._runtime")  # op modules import it lazily
@@ -92,19 +93,7 @@ def test_launch_from_a_thread_that_never_used_cuda() -> None:
     y = torch.full((2, 128, 256), float("nan"), device="cuda")
     launch(x, torch.empty_like(y), 1.0)  # the kernel is ready on this device: the thread takes the fast path
     torch.cuda.synchronize()
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            launch(x, y, 2.0)
-            torch.cuda.synchronize()
-        except BaseException as exc:  # reported by the assert below, in the test's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    assert not errors, errors
+    in_new_thread(lambda: launch(x, y, 2.0))
     assert torch.equal(y, _reference(x, 2.0))
 
 

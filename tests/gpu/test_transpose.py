@@ -9,11 +9,11 @@ writes from the wrong place, cannot pass unnoticed.
 from __future__ import annotations
 
 import importlib
-import threading
 
 import pytest
 import torch
 
+from tests.gpu.threads import in_new_thread
 from tests.reference.transpose import batched_transpose_ref, transpose_ref
 
 tile_kernels_aot = pytest.importorskip("tile_kernels_aot")
@@ -173,17 +173,5 @@ def test_launch_from_a_thread_that_never_used_cuda() -> None:
     launch(x, torch.empty(2, 256, 128, device="cuda", dtype=torch.bfloat16))  # ready: the thread takes the fast path
     y = torch.full((2, 256, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            launch(x, y)
-            torch.cuda.synchronize()
-        except BaseException as exc:  # reported by the assert below, in the test's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    assert not errors, errors
+    in_new_thread(lambda: launch(x, y))
     assert torch.equal(y, x.transpose(1, 2))

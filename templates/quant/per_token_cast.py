@@ -55,12 +55,13 @@ _VARIANTS: dict[tuple[object, ...], _Variant] = {}
 _GIVEN_VARIANTS: dict[tuple[object, ...], _Variant] = {}
 
 
-def _key(x: object, fmt: object, num_per_channels: object, use_tma_aligned_col_major_sf: object,
-         round_sf: object, use_packed_ue8m0: object) -> tuple[object, ...] | None:
-    """The cache key of a call on a 2-D tensor x with plainly typed options; None for anything else."""
-    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str and type(num_per_channels) is int
-            and type(use_tma_aligned_col_major_sf) is bool and type(round_sf) is bool
-            and type(use_packed_ue8m0) is bool):
+def _key(x: object, fmt: object, num_per_channels: object, x_block_size: object,
+         use_tma_aligned_col_major_sf: object, round_sf: object, use_packed_ue8m0: object) -> tuple[object, ...] | None:
+    """The cache key of an eager call on a 2-D tensor x with plainly typed options; None for anything else
+    (a quantized pair, a call while compiling, options of other types)."""
+    if not (x_block_size is None and isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str
+            and type(num_per_channels) is int and type(use_tma_aligned_col_major_sf) is bool
+            and type(round_sf) is bool and type(use_packed_ue8m0) is bool) or torch.compiler.is_compiling():
         return None
     return (x.dtype, x.shape[1], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 
@@ -259,6 +260,29 @@ def _e5m6(x: torch.Tensor, num_per_channels: int, **flags: object) -> tuple[torc
     return per_token_cast_e5m6(x, num_per_channels, **flags)  # type: ignore[no-any-return]
 
 
+def _cast_form(
+    x: object, fmt: str, num_per_channels: int, x_block_size: object, use_tma_aligned_col_major_sf: bool,
+    round_sf: bool, use_packed_ue8m0: bool, sf_only: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_cast and per_token_cast_with_sf_only: one variant (the mode is a runtime argument), one cache.
+
+    A signature seen before (see _VARIANTS) skips the option checks and select; while compiling,
+    the custom op.
+    """
+    mode = _MODE_SF_ONLY if sf_only else _MODE_CAST
+    key = _key(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    variant = _cached(key)
+    if variant is not None:
+        return _run(variant.launch, _check_row_stride(x), variant.fmt, variant.npc, variant.sf_layout,  # type: ignore[arg-type]
+                    mode)
+    x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                                       round_sf, use_packed_ue8m0)
+    if torch.compiler.is_compiling():
+        return _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, sf_only)  # type: ignore[no-any-return]
+    variant = _remember(key, _Variant(_select(x, fmt, npc, bool(round_sf), sf_layout), fmt, npc, sf_layout))
+    return _run(variant.launch, x, fmt, npc, sf_layout, mode)
+
+
 def per_token_cast(
     x: torch.Tensor,
     fmt: str,
@@ -298,25 +322,14 @@ def per_token_cast(
         A group holding a NaN or an Inf gets the scale NaN (UE8M0 byte 0xFF) and the codes
         0x7F (the e4m3 NaN) or 0 (e2m1), so it dequantizes to NaN.
     """
-    # Fast path: a signature seen before (see _VARIANTS); while compiling, the full path below.
-    key = None if x_block_size is not None or torch.compiler.is_compiling() else \
-        _key(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
-    variant = _cached(key)
-    if variant is not None:
-        return _run(variant.launch, _check_row_stride(x), variant.fmt, variant.npc, variant.sf_layout,  # type: ignore[arg-type]
-                    _MODE_CAST)
-    one_of("fmt", fmt, _FORMATS)
-    if fmt == "e5m6":
+    if fmt not in _FORMATS[:2]:  # e5m6 goes to its own op; anything else is refused naming fmt
+        one_of("fmt", fmt, _FORMATS)
         if x_block_size is not None:
             raise ValueError("x_block_size: fmt 'e5m6' casts plain bf16 / fp32 tensors only (must be None)")
         return _e5m6(x, num_per_channels, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
                      round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0)
-    x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
-                                       round_sf, use_packed_ue8m0)
-    if torch.compiler.is_compiling():
-        return _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, False)
-    variant = _remember(key, _Variant(_select(x, fmt, npc, bool(round_sf), sf_layout), fmt, npc, sf_layout))
-    return _run(variant.launch, x, fmt, npc, sf_layout, _MODE_CAST)
+    return _cast_form(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0, sf_only=False)
 
 
 def per_token_cast_with_sf_only(
@@ -329,19 +342,8 @@ def per_token_cast_with_sf_only(
     use_packed_ue8m0: bool = False,
 ) -> torch.Tensor:
     """The scale factors ``per_token_cast`` returns, without writing the codes (same arguments)."""
-    # The same variant as per_token_cast's (the mode is a runtime argument): the same cache.
-    key = None if x_block_size is not None or torch.compiler.is_compiling() else \
-        _key(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
-    variant = _cached(key)
-    if variant is not None:
-        return _run(variant.launch, _check_row_stride(x), variant.fmt, variant.npc, variant.sf_layout,  # type: ignore[arg-type]
-                    _MODE_SF_ONLY)[1]
-    x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
-                                       round_sf, use_packed_ue8m0)
-    if torch.compiler.is_compiling():
-        return _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, True)[1]
-    variant = _remember(key, _Variant(_select(x, fmt, npc, bool(round_sf), sf_layout), fmt, npc, sf_layout))
-    return _run(variant.launch, x, fmt, npc, sf_layout, _MODE_SF_ONLY)[1]
+    return _cast_form(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0, sf_only=True)[1]
 
 
 def _given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torch.Tensor:
@@ -390,8 +392,7 @@ def per_token_cast_with_precomputed_sf(
     round_sf only matters for use_packed_ue8m0 (which needs it), the scales being given.
     """
     # Its own cache: the variant differs from per_token_cast's for round_sf with fp32 scales.
-    key = None if x_block_size is not None or torch.compiler.is_compiling() else \
-        _key(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    key = _key(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     variant = _cached(key, _GIVEN_VARIANTS)
     if variant is not None:
         x = _check_row_stride(x)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runtime_overhead import host_us
+from runtime_overhead import host_us, through_ctypes
 
 
 def layers() -> dict[str, Callable[[], object]]:
@@ -48,21 +48,12 @@ def layers() -> dict[str, Callable[[], object]]:
                       "cuKernelGetFunction")
     function_handle = cu_function.value
 
-    def ctypes_launcher() -> None:  # the launch path of a package built without the compiled module
-        namespace = vars(module)
-        native = namespace["launch"]
-        namespace["launch"] = rt._ctypes_launch
-        try:
-            launcher(x, q, sf, 0)
-        finally:
-            namespace["launch"] = native
-
     out: dict[str, Callable[[], object]] = {
         "torch.add(a, b, out=c)": lambda: torch.add(a, b, out=c),
         "torch.empty (1, 2048) fp8": lambda: torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn),
         "op quant.per_token_cast": lambda: tk.quant.per_token_cast(x, "e4m3", 128),
         "launcher (checks + launch)": lambda: launcher(x, q, sf, 0),
-        "launcher through the ctypes fallback": ctypes_launcher,
+        "launcher through the ctypes fallback": through_ctypes(launcher, x, q, sf, 0),
         "Function.launch (values given)": lambda: function.launch(0, (1, 1, 1), *values),
         "_launch + stream getter": lambda: rt._launch(kernel, 0, (1, 1, 1), block, smem, rt._current_stream(0),
                                                       kinds, *values),

@@ -46,6 +46,22 @@ def host_us(fn: Callable[[], object], calls: int = CALLS) -> float:
     return statistics.median(samples)
 
 
+def through_ctypes(launcher: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A call of a generated launcher on the launch path of a package built without the compiled module."""
+    namespace = vars(sys.modules[launcher.__module__])  # the launcher module's global ``launch``
+    fallback = sys.modules[launcher.__module__.rsplit(".", 2)[0] + "._runtime"]._ctypes_launch
+
+    def call() -> None:
+        native = namespace["launch"]
+        namespace["launch"] = fallback
+        try:
+            launcher(*args)
+        finally:
+            namespace["launch"] = native
+
+    return call
+
+
 def ops() -> dict[str, Callable[[], object]]:
     """name -> a call of one op on tiny inputs (GPU time negligible, host time is what is left)."""
     import tile_kernels_aot as tk
@@ -63,20 +79,8 @@ def ops() -> dict[str, Callable[[], object]]:
     q = torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn)
     sf = torch.empty(1, 16, device="cuda")
     out["per_token_cast launcher only"] = lambda: launch(x, q, sf, 0)  # mode 0: cast
-    runtime = tk._runtime
-
-    launcher_globals = vars(sys.modules[launch.__module__])
-
-    def through_ctypes() -> None:  # the launch path of a package built without the compiled module
-        native = launcher_globals["launch"]
-        launcher_globals["launch"] = runtime._ctypes_launch
-        try:
-            launch(x, q, sf, 0)
-        finally:
-            launcher_globals["launch"] = native
-
-    if runtime.NATIVE_LAUNCH:
-        out["per_token_cast launcher only, ctypes fallback"] = through_ctypes
+    if tk._runtime.NATIVE_LAUNCH:
+        out["per_token_cast launcher only, ctypes fallback"] = through_ctypes(launch, x, q, sf, 0)
     out["torch.empty x2 (the op's outputs)"] = lambda: (
         torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 16, device="cuda"))
     out["batched_transpose bf16"] = lambda: transpose.batched_transpose(xt)

@@ -2,9 +2,10 @@
 
 The op files are copied as tkc installs them (``templates/<family>/<op>.py`` ->
 ``<package>/<family>/_<op>.py``, next to the real ``_args.py`` and ``errors.py``) over a
-``_runtime`` whose kernels record each launch as ``(kernel name, selected grid values, launch
-arguments)`` in ``LAUNCHES`` instead of launching. Tests call the ops and read what they would
-have launched, or check that a bad argument raised before anything was.
+``_runtime`` whose kernels (with the shipped specs' grid keys) record each launch as
+``(kernel name, selected grid values, launch arguments)`` in ``LAUNCHES`` instead of
+launching. Tests call the ops and read what they would have launched, or check that a bad
+argument raised before anything was.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ LAUNCHES = []
 
 
 class _Kernel:
-    keys = ()
-
     def __init__(self, name):
         self.name = name
+        self.keys = KEYS.get(name, ())
+
+    def variant(self, *values):
+        return self.select(**dict(zip(self.keys, values)))
 
     def select(self, **values):
         def launch(*args):
@@ -51,6 +54,13 @@ def dtype_name(dtype):
 STUB_BUILD_INFO = "ARCH = 'sm90'\nALIGNMENT = 16\n"
 
 
+def grid_keys() -> dict[str, tuple[str, ...]]:
+    """Each shipped kernel's grid keys, in grid order: what ``Kernel.variant`` takes its values in."""
+    from tkc.spec import load_specs
+
+    return {k.name: k.grid_keys for k in load_specs([REPO / "kernel_specs"], REPO / "templates").kernels}
+
+
 @contextmanager
 def stub_package(root: Path, package: str, family: str,
                  ops: Sequence[str]) -> Iterator[tuple[dict[str, ModuleType], ModuleType]]:
@@ -62,7 +72,7 @@ def stub_package(root: Path, package: str, family: str,
     (base / family).mkdir(parents=True)
     (base / "__init__.py").write_text("")
     (base / family / "__init__.py").write_text("")
-    (base / "_runtime.py").write_text(STUB_RUNTIME)
+    (base / "_runtime.py").write_text(STUB_RUNTIME + f"\n\n# kernel -> grid keys, from the shipped specs\nKEYS = {grid_keys()!r}\n")
     (base / "_build_info.py").write_text(STUB_BUILD_INFO)
     for shared in ("_args.py", "errors.py"):
         shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)

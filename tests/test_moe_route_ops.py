@@ -122,7 +122,7 @@ def test_fused_mapping_outputs_are_aligned_disjoint_views_of_one_buffer(moe: Mod
     # every view must start on the kernels' alignment and none may overlap another.
     module = importlib.import_module("tkc_moe_small.moe._fused_mapping")
     launches: list[tuple[object, ...]] = []
-    monkeypatch.setitem(module._launchers, 4, tuple(lambda *args: launches.append(args) for _ in range(3)))
+    monkeypatch.setattr(module, "_launchers_of", lambda num_experts: (lambda *args: launches.append(args),) * 3)
     out = moe.get_fused_mapping(IDX, 4, 8, 1)
     assert out[7] == [] and len(launches) == 3
     for pos in out[:3]:

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tests.conftest import TEMPLATES
+from tests.op_stub import grid_keys
 from tests.reference.quant import dequant, per_token_cast_ref, precomputed_sf_cast_ref, ue8m0_unpack
 from tests.reference.quant_cast_back import per_block_cast_back_ref, per_token_cast_back_ref
 from tkc.build import ArchSummary, BuildOptions
@@ -116,8 +117,11 @@ class _FakeKernel:
     """Launchers that compute with ``launch``; ``selected`` holds the grid values of each call of
     one, in order (recorded at the call, not at select: the ops keep the launchers they selected)."""
 
-    def __init__(self, launch: Callable[..., None]) -> None:
-        self.launch, self.selected = launch, []  # type: list[dict[str, Any]]
+    def __init__(self, launch: Callable[..., None], keys: tuple[str, ...]) -> None:
+        self.launch, self.keys, self.selected = launch, keys, []  # type: list[dict[str, Any]]
+
+    def variant(self, *values: Any) -> Callable[..., None]:
+        return self.select(**dict(zip(self.keys, values)))
 
     def select(self, **values: Any) -> Callable[..., None]:
         def launcher(*args: Any) -> None:
@@ -144,8 +148,9 @@ def ops(small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path_factory: p
     try:
         cast = importlib.import_module("tkc_small_kernels.quant._per_token_cast")
         back = importlib.import_module("tkc_small_kernels.quant._per_token_cast_back")
-        cast._kernel, cast._HAS_LAYOUTS = _FakeKernel(_fake_cast), True  # type: ignore[attr-defined]
-        back._kernel = _FakeKernel(_fake_back)  # type: ignore[attr-defined]
+        keys = grid_keys()
+        cast._kernel, cast._HAS_LAYOUTS = _FakeKernel(_fake_cast, keys["per_token_cast"]), True  # type: ignore[attr-defined]
+        back._kernel = _FakeKernel(_fake_back, keys["per_token_cast_back"])  # type: ignore[attr-defined]
         yield cast, back
     finally:
         sys.path.remove(str(root))

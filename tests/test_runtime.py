@@ -53,6 +53,18 @@ def test_select_takes_the_keys_in_any_order(package: ModuleType) -> None:
     assert kernel.select(**dict(reversed(values.items()))) is in_order
 
 
+def test_variant_takes_the_grid_values_in_order(package: ModuleType) -> None:
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    kernel = runtime.get_kernel("per_token_cast")
+    for values, launcher in kernel.variants.items():
+        assert kernel.variant(*values) is launcher is kernel.select(**dict(zip(kernel.keys, values)))
+    with pytest.raises(errors.VariantNotFoundError, match="in_dtype='float16'"):  # a miss: select's error
+        kernel.variant("float16", 2048, "e4m3", 128, True)
+    with pytest.raises(TypeError, match="needs every grid key"):
+        kernel.variant("bfloat16")
+
+
 # A stand-in for libcuda's two launch entry points that records what it was given.
 _STUB_DRIVER = r"""
 #include <stdint.h>

@@ -21,18 +21,11 @@ __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
 
 _kernel = get_kernel("moe_expand")
 SF_CHANNELS = 128  # channels per scale factor of the built _with_sf variants (1 x 128 groups)
-# (hidden, x.dtype, with_sf, col_major) -> launcher: a hit skips select's keyword handling.
-_launchers: dict[tuple[int, torch.dtype, bool, bool], Callable[..., None]] = {}
 
 
 def _launcher(x: torch.Tensor, with_sf: bool, col_major: bool) -> Callable[..., None]:
-    hidden, dtype = int(x.shape[1]), x.dtype
-    launch = _launchers.get((hidden, dtype, with_sf, col_major))
-    if launch is None:  # select raises VariantNotFoundError for an unbuilt variant: nothing is stored
-        layout = "col_major" if col_major else "row_major"
-        launch = _launchers[hidden, dtype, with_sf, col_major] = _kernel.select(
-            hidden=hidden, dtype=dtype_name(dtype), with_sf=with_sf, sf_layout=layout)
-    return launch
+    # Grid order: hidden, dtype, with_sf, sf_layout.
+    return _kernel.variant(int(x.shape[1]), dtype_name(x.dtype), with_sf, "col_major" if col_major else "row_major")
 
 
 def _check_mapping(num_tokens: int, token_topk_to_pos: object,

@@ -32,9 +32,6 @@ _scan = get_kernel("moe_fused_mapping_scan")
 _assign = get_kernel("moe_fused_mapping_assign")
 _STEP = ALIGNMENT // 4  # int32 elements from one aligned view start to the next
 
-# num_experts -> the (count, scan, assign) launchers: one dictionary lookup instead of three selects.
-_launchers: dict[int, tuple[Callable[..., None], Callable[..., None], Callable[..., None]]] = {}
-
 Mapping = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -55,20 +52,19 @@ def _outputs(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int,
             vector(num_experts), vector(num_experts), vector(num_experts))
 
 
-def _launchers_of(num_experts: int) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
-    launchers = _launchers.get(num_experts)
-    if launchers is None:  # select raises VariantNotFoundError for an unbuilt E: nothing is stored
-        launchers = _launchers[num_experts] = (_count.select(num_experts=num_experts),
-                                               _scan.select(num_experts=num_experts),
-                                               _assign.select(num_experts=num_experts))
-    return launchers
+Launchers = tuple[Callable[..., None], Callable[..., None], Callable[..., None]]
 
 
-def _run(topk_idx: torch.Tensor, alignment: int, outputs: Mapping, block_counts: torch.Tensor,
+def _launchers_of(num_experts: int) -> Launchers:
+    """(count, scan, assign) for E; VariantNotFoundError for an unbuilt E, before anything is allocated."""
+    return _count.variant(num_experts), _scan.variant(num_experts), _assign.variant(num_experts)
+
+
+def _run(launchers: Launchers, topk_idx: torch.Tensor, alignment: int, outputs: Mapping, block_counts: torch.Tensor,
          block_offsets: torch.Tensor) -> Mapping:
     """Launch the three kernels into ``outputs`` (the pos_to_* vectors already -1); no host synchronization."""
     pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert = outputs
-    count, scan, assign = _launchers[expert_start.shape[0]]  # selected by the caller before allocating
+    count, scan, assign = launchers
     flat = topk_idx.contiguous().view(-1)
     count(flat, block_counts)
     scan(block_counts, block_offsets, expert_start, expert_end, per_expert, alignment)
@@ -79,14 +75,14 @@ def _run(topk_idx: torch.Tensor, alignment: int, outputs: Mapping, block_counts:
 
 def _mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
     """The torch custom op's body: every output a tensor of its own (a custom op's outputs may not alias)."""
-    _launchers_of(num_experts)
+    launchers = _launchers_of(num_experts)
     device = topk_idx.device
     outputs = _outputs(topk_idx, num_experts, num_expanded_tokens, alignment)
     for pos in outputs[:3]:  # positions that receive no entry (segment padding, an oversized tail) read -1
         pos.fill_(-1)
     num_blocks = (topk_idx.numel() + CHUNK - 1) // CHUNK
     block_counts = torch.empty((num_blocks, num_experts), dtype=torch.int32, device=device)
-    return _run(topk_idx, alignment, outputs, block_counts, torch.empty_like(block_counts))
+    return _run(launchers, topk_idx, alignment, outputs, block_counts, torch.empty_like(block_counts))
 
 
 def _mapping_eager(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
@@ -97,7 +93,7 @@ def _mapping_eager(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens
     boundary (the kernels' vector accesses need it); the outputs keep the buffer alive, which
     costs the scratch tables' few bytes per block of 2048 entries.
     """
-    _launchers_of(num_experts)
+    launchers = _launchers_of(num_experts)
     num_tokens, num_topk = topk_idx.shape
     num_blocks = (num_tokens * num_topk + CHUNK - 1) // CHUNK
     sizes = (num_expanded_tokens, num_expanded_tokens, num_expanded_tokens, num_tokens * num_topk,
@@ -109,7 +105,7 @@ def _mapping_eager(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens
     views = [view if size == step else view[:size] for view, size, step in zip(buffer.split(padded), sizes, padded)]
     buffer[:3 * padded[0]].fill_(-1)  # the three pos_to_* vectors (and their padding)
     outputs = (views[0], views[1], views[2], views[3].view(num_tokens, num_topk), views[4], views[5], views[6])
-    return _run(topk_idx, alignment, outputs, views[7].view(num_blocks, num_experts),
+    return _run(launchers, topk_idx, alignment, outputs, views[7].view(num_blocks, num_experts),
                 views[8].view(num_blocks, num_experts))
 
 

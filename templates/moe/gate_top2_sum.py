@@ -28,9 +28,6 @@ __all__ = ["top2_sum_gate"]
 _kernel = get_kernel("top2_sum_gate")
 _SCORING = ("sigmoid", "sqrtsoftplus", "softmax")
 MAX_TOPK = 32
-# (scoring, num_experts, num_topk, num_groups, num_topk_groups, mapped) -> launcher: a hit skips
-# select's keyword handling on the hot path.
-_launchers: dict[tuple[str, int, int, int, int, bool], Callable[..., None]] = {}
 
 
 def _rank(name: str, value: object, size: int, size_name: str) -> int:
@@ -50,13 +47,8 @@ def _outputs(logits: torch.Tensor, num_physical_topk: int) -> tuple[torch.Tensor
 
 def _select(logits: torch.Tensor, scoring: str, num_topk: int, num_groups: int, num_topk_groups: int,
             mapped: bool) -> Callable[..., None]:
-    key = (scoring, int(logits.shape[1]), num_topk, num_groups, num_topk_groups, mapped)
-    launch = _launchers.get(key)
-    if launch is None:  # select raises VariantNotFoundError for an unbuilt variant: nothing is stored
-        launch = _launchers[key] = _kernel.select(scoring=scoring, num_experts=key[1], num_topk=num_topk,
-                                                  num_groups=num_groups, num_topk_groups=num_topk_groups,
-                                                  physical_map=mapped)
-    return launch
+    # Grid order: scoring, num_experts, num_topk, num_groups, num_topk_groups, physical_map.
+    return _kernel.variant(scoring, int(logits.shape[1]), num_topk, num_groups, num_topk_groups, mapped)
 
 
 def _gate(logits: torch.Tensor, bias: torch.Tensor, scoring: str, num_topk: int, num_groups: int,

@@ -7,8 +7,6 @@ and normalized[t, k] = w[t, k] / denominator[t] (IEEE division).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .._args import matrix
@@ -17,8 +15,6 @@ from .._runtime import custom_op, get_kernel
 __all__ = ["normalize_weight"]
 
 _kernel = get_kernel("normalize_weight")
-# num_topk -> launcher: a hit skips select's keyword handling on the hot path.
-_launchers: dict[int, Callable[..., None]] = {}
 
 
 def _outputs(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,9 +26,7 @@ def _outputs(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _launch(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     num_topk = int(topk_weights.shape[1])
-    launch = _launchers.get(num_topk)
-    if launch is None:  # select raises VariantNotFoundError for an unbuilt num_topk: nothing is stored
-        launch = _launchers[num_topk] = _kernel.select(num_topk=num_topk)
+    launch = _kernel.variant(num_topk)
     denominator, normalized = _outputs(topk_weights)
     launch(topk_weights, denominator, normalized)
     return denominator, normalized

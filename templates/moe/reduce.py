@@ -16,7 +16,6 @@ The weighted expand is computed in torch from expand_to_fused and pos_to_token_t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,8 +28,6 @@ __all__ = ["ExpandToFused", "ReduceFused", "expand_to_fused_autograd", "reduce_f
 
 _kernel = get_kernel("moe_reduce")
 HIDDEN_MULTIPLE = 256
-# (hidden, x.dtype, fp8 output, weighted) -> launcher: a hit skips select's keyword handling.
-_launchers: dict[tuple[int, torch.dtype, bool, bool], Callable[..., None]] = {}
 # device -> a float32 tensor of no elements, passed for the parameters a variant does not read.
 # It has no memory to write or read, so one per device serves every call (one allocation less
 # per call; it also lives across CUDA graph captures, which never touch it).
@@ -41,11 +38,8 @@ def _reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tens
             token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None) -> torch.Tensor:
     out_fp8 = fp8_format == "e4m3"
     hidden, weighted = int(x.shape[1]), topk_weights is not None
-    launch = _launchers.get((hidden, x.dtype, out_fp8, weighted))
-    if launch is None:  # select raises VariantNotFoundError for an unbuilt variant: nothing is stored
-        launch = _launchers[hidden, x.dtype, out_fp8, weighted] = _kernel.select(
-            hidden=hidden, in_dtype=dtype_name(x.dtype), out_dtype="float8_e4m3fn" if out_fp8 else "bfloat16",
-            with_weights=weighted)
+    # Grid order: hidden, in_dtype, out_dtype, with_weights.
+    launch = _kernel.variant(hidden, dtype_name(x.dtype), "float8_e4m3fn" if out_fp8 else "bfloat16", weighted)
     num_tokens = int(token_topk_to_pos.shape[0])
     device = x.device
     out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16, device=device)

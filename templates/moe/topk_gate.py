@@ -7,8 +7,6 @@ NaN scores rank as -inf.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .._args import matrix, positive_int
@@ -17,8 +15,6 @@ from .._runtime import custom_op, get_kernel
 __all__ = ["topk_gate"]
 
 _kernel = get_kernel("topk_gate")
-# (num_experts, num_topk) -> launcher: a hit skips select's keyword handling on the hot path.
-_launchers: dict[tuple[int, int], Callable[..., None]] = {}
 
 
 def _outputs(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
@@ -28,9 +24,7 @@ def _outputs(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
 
 def _topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     num_experts = int(scores.shape[1])
-    launch = _launchers.get((num_experts, num_topk))
-    if launch is None:  # select raises VariantNotFoundError for an unbuilt pair: nothing is stored
-        launch = _launchers[num_experts, num_topk] = _kernel.select(num_experts=num_experts, num_topk=num_topk)
+    launch = _kernel.variant(num_experts, num_topk)
     topk_idx = _outputs(scores, num_topk)
     launch(scores, topk_idx)
     return topk_idx

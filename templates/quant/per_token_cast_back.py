@@ -16,8 +16,6 @@ in its errors; this module checks the rest.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .._args import OUT_DTYPES, matrix, not_built, output_dtype, positive_int
@@ -30,8 +28,6 @@ _kernel = get_kernel("per_token_cast_back")
 
 # dtype of the codes -> input format
 _IN_FORMATS = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
-# (q.dtype, grid npc, out dtype, hidden, sf_layout) -> launcher: a hit skips select's keyword handling.
-_launchers: dict[tuple[torch.dtype, int, torch.dtype, int, str], Callable[..., None]] = {}
 
 
 def _not_built(argument: str, what: str) -> NotImplementedError:
@@ -103,11 +99,8 @@ def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> tor
     sf_layout, sf_arg = _scale_argument(sf)
     hidden = int(out.shape[1])
     grid_npc = 0 if npc == hidden else npc  # the grid spells one scale per row npc = 0
-    key = (q.dtype, grid_npc, out.dtype, hidden, sf_layout)
-    launch = _launchers.get(key)
-    if launch is None:  # select raises VariantNotFoundError for an unbuilt variant: nothing is stored
-        launch = _launchers[key] = _kernel.select(fmt=_IN_FORMATS[q.dtype], npc=grid_npc,
-                                                  out_dtype=dtype_name(out.dtype), hidden=hidden, sf_layout=sf_layout)
+    # Grid order: fmt, npc, out_dtype, hidden, sf_layout.
+    launch = _kernel.variant(_IN_FORMATS[q.dtype], grid_npc, dtype_name(out.dtype), hidden, sf_layout)
     launch(q, sf_arg, out)
     return out
 

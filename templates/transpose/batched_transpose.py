@@ -8,7 +8,6 @@ tensors at run time. The kernel moves whole 64 x 64 tiles, so M and N must be mu
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,8 +21,6 @@ TILE = 64  # the kernel's tile edge: M and N must be multiples of it
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y (M / 64 tiles) and gridDim.z (B)
 
 _kernel = get_kernel("batched_transpose")
-# x.dtype -> launcher: a hit skips select's keyword handling on the hot path.
-_launchers: dict[torch.dtype, Callable[..., None]] = {}
 
 
 def _check(x: Any, ndim: int, op: str) -> None:
@@ -49,9 +46,7 @@ def _check(x: Any, ndim: int, op: str) -> None:
 
 def _launch(x: torch.Tensor) -> torch.Tensor:
     """y[b] = x[b].T for a checked (B, M, N) tensor x."""
-    launch = _launchers.get(x.dtype)
-    if launch is None:  # select raises VariantNotFoundError for another dtype: nothing is stored
-        launch = _launchers[x.dtype] = _kernel.select(dtype=dtype_name(x.dtype))
+    launch = _kernel.variant(dtype_name(x.dtype))
     b, m, n = x.shape
     y = x.new_empty((b, n, m))  # x's dtype and device; one attribute read less than torch.empty
     launch(x, y)

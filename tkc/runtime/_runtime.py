@@ -409,8 +409,7 @@ class Function:
         The generated launchers spell this method's fast path out inline (one Python call less).
         """
         kernel = self.handles.get(device)
-        if kernel is None or _launch(kernel, device, grid, self.block, self.smem, _current_stream(device),
-                                     self.kinds, *values):
+        if kernel is None or self._launch_plain(kernel, device, grid, values):
             self.launch_slow(device, grid, values)
 
     def launch_slow(self, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> None:
@@ -484,6 +483,15 @@ class Kernel:
         self.spec = spec
         self.keys = keys
         self.variants = variants
+
+    def variant(self, *values: Any) -> Callable[..., None]:
+        """The launcher of the variant built for ``values``, given in grid order (``keys``).
+
+        The ops' hot path: one dict lookup, no keyword handling. A miss goes through
+        ``select``, which names the keys and lists the built variants in its error.
+        """
+        launcher = self.variants.get(values)
+        return launcher if launcher is not None else self.select(**dict(zip(self.keys, values)))
 
     def select(self, **values: Any) -> Callable[..., None]:
         """The launcher of the variant built for ``values`` (every grid key, by name)."""

@@ -28,9 +28,14 @@ class _Kernel:
     def __init__(self, name):
         self.name = name
         self.keys = KEYS.get(name, ())
+        self.variants = {}
 
     def variant(self, *values):
-        return self.select(**dict(zip(self.keys, values)))
+        # As the real Kernel.variant: one dict lookup once the variant has been asked for.
+        launcher = self.variants.get(values)
+        if launcher is None:
+            launcher = self.variants[values] = self.select(**dict(zip(self.keys, values)))
+        return launcher
 
     def select(self, **values):
         def launch(*args):

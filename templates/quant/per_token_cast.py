@@ -29,6 +29,7 @@ __all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_ca
 _kernel = get_kernel("per_token_cast")
 
 _FORMATS = ("e4m3", "e2m1", "e5m6")
+_KERNEL_FORMATS = _FORMATS[:2]  # what this module's kernel casts; e5m6 has its own op
 # The kernel's runtime ``mode`` (templates/quant/per_token_cast.py.j2).
 _MODE_CAST, _MODE_SF_ONLY, _MODE_GIVEN_SF = 0, 1, 2
 # Packages built from a spec without the sf_layout grid key hold the row-major layout only.
@@ -201,9 +202,10 @@ def _check_x(x: object) -> torch.Tensor:
 
 def _check_row_stride(x: torch.Tensor) -> torch.Tensor:
     """x, unless its row stride leaves rows off a vector boundary (the launcher cannot see rows)."""
-    if x.shape[0] > 1 and x.stride(1) == 1 and (x.stride(0) * x.element_size()) % ALIGNMENT != 0:
+    row_stride, column_stride = x.stride()  # one call: stride(i) parses its argument each time
+    if x.shape[0] > 1 and column_stride == 1 and (row_stride * x.element_size()) % ALIGNMENT != 0:
         raise KernelArgumentError(
-            f"x: the row stride ({x.stride(0)} elements) must be a multiple of {ALIGNMENT} bytes "
+            f"x: the row stride ({row_stride} elements) must be a multiple of {ALIGNMENT} bytes "
             f"({ALIGNMENT // x.element_size()} elements) for the kernel's vector loads; pass x.contiguous()"
         )
     return x
@@ -237,7 +239,7 @@ def _check_options(
     use_tma_aligned_col_major_sf: bool, round_sf: bool, use_packed_ue8m0: bool,
 ) -> tuple[torch.Tensor, int, str]:
     """(x, npc, sf_layout) after the checks the forms share; errors name the argument."""
-    one_of("fmt", fmt, _FORMATS[:2])
+    one_of("fmt", fmt, _KERNEL_FORMATS)
     npc = positive_int("num_per_channels", num_per_channels)
     sf_layout = _sf_layout(bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0))
     if sf_layout != "row_major" and not _HAS_LAYOUTS:
@@ -322,7 +324,7 @@ def per_token_cast(
         A group holding a NaN or an Inf gets the scale NaN (UE8M0 byte 0xFF) and the codes
         0x7F (the e4m3 NaN) or 0 (e2m1), so it dequantizes to NaN.
     """
-    if fmt not in _FORMATS[:2]:  # e5m6 goes to its own op; anything else is refused naming fmt
+    if fmt not in _KERNEL_FORMATS:  # e5m6 goes to its own op; anything else is refused naming fmt
         one_of("fmt", fmt, _FORMATS)
         if x_block_size is not None:
             raise ValueError("x_block_size: fmt 'e5m6' casts plain bf16 / fp32 tensors only (must be None)")

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runtime_overhead import host_us, through_ctypes
+from runtime_overhead import host_us, python_checks, through_ctypes
 
 
 def layers() -> dict[str, Callable[[], object]]:
@@ -54,6 +54,9 @@ def layers() -> dict[str, Callable[[], object]]:
         "op quant.per_token_cast": lambda: tk.quant.per_token_cast(x, "e4m3", 128),
         "launcher (checks + launch)": lambda: launcher(x, q, sf, 0),
         "launcher through the ctypes fallback": through_ctypes(launcher, x, q, sf, 0),
+        "launcher with the Python checks": python_checks(launcher, x, q, sf, 0),
+        "compiled check alone": lambda: rt.check(getattr(module, f"_{launcher.__name__.upper()}_CONTRACT"), x, q, sf),
+        "3 x torch._C._to_dlpack": lambda: (rt._to_dlpack(x), rt._to_dlpack(q), rt._to_dlpack(sf)),
         "Function.launch (values given)": lambda: function.launch(0, (1, 1, 1), *values),
         "_launch + stream getter": lambda: rt._launch(kernel, 0, (1, 1, 1), block, smem, rt._current_stream(0),
                                                       kinds, *values),
@@ -65,7 +68,7 @@ def layers() -> dict[str, Callable[[], object]]:
         "torch._C._cuda_getCurrentRawStream": lambda: rt._current_stream(0),
         "3 x Tensor.data_ptr()": lambda: (x.data_ptr(), q.data_ptr(), sf.data_ptr()),
     }
-    print("native launch module:", rt.NATIVE_LAUNCH)
+    print("native launch module:", rt.NATIVE_LAUNCH, "compiled check:", rt.NATIVE_CHECK)
     return out
 
 

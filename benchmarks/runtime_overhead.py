@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -46,20 +47,33 @@ def host_us(fn: Callable[[], object], calls: int = CALLS) -> float:
     return statistics.median(samples)
 
 
-def through_ctypes(launcher: Callable[..., None], *args: object) -> Callable[[], None]:
-    """A call of a generated launcher on the launch path of a package built without the compiled module."""
-    namespace = vars(sys.modules[launcher.__module__])  # the launcher module's global ``launch``
-    fallback = sys.modules[launcher.__module__.rsplit(".", 2)[0] + "._runtime"]._ctypes_launch
+def with_global(launcher: Callable[..., None], name: str, value: object, *args: object) -> Callable[[], None]:
+    """A call of a generated launcher with one of its module's globals (``launch``, ``check``) swapped."""
+    namespace = vars(sys.modules[launcher.__module__])
 
     def call() -> None:
-        native = namespace["launch"]
-        namespace["launch"] = fallback
+        kept = namespace[name]
+        namespace[name] = value
         try:
             launcher(*args)
         finally:
-            namespace["launch"] = native
+            namespace[name] = kept
 
     return call
+
+
+def _runtime_of(launcher: Callable[..., None]) -> ModuleType:
+    return sys.modules[launcher.__module__.rsplit(".", 2)[0] + "._runtime"]
+
+
+def through_ctypes(launcher: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A call of a generated launcher on the launch path of a package built without the compiled module."""
+    return with_global(launcher, "launch", _runtime_of(launcher)._ctypes_launch, *args)
+
+
+def python_checks(launcher: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A call of a generated launcher with its tensors checked in Python (the compiled check declining)."""
+    return with_global(launcher, "check", _runtime_of(launcher)._no_check, *args)
 
 
 def ops() -> dict[str, Callable[[], object]]:
@@ -81,6 +95,8 @@ def ops() -> dict[str, Callable[[], object]]:
     out["per_token_cast launcher only"] = lambda: launch(x, q, sf, 0)  # mode 0: cast
     if tk._runtime.NATIVE_LAUNCH:
         out["per_token_cast launcher only, ctypes fallback"] = through_ctypes(launch, x, q, sf, 0)
+    if getattr(tk._runtime, "NATIVE_CHECK", False):
+        out["per_token_cast launcher only, Python checks"] = python_checks(launch, x, q, sf, 0)
     out["torch.empty x2 (the op's outputs)"] = lambda: (
         torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 16, device="cuda"))
     out["batched_transpose bf16"] = lambda: transpose.batched_transpose(xt)

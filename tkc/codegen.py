@@ -41,6 +41,7 @@ class LauncherSource:
     cubin: str
     key: str
     functions: tuple[tuple[str, str], ...]  # (variable, Function(...) expression) per launch, host order
+    contract: tuple[tuple[str, str], ...] = ()  # (variable, contract(...) source lines) for the compiled check
 
 
 def torch_dtype(name: str) -> str:
@@ -169,6 +170,57 @@ def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
     ]
 
 
+def _quoted(items: tuple[int | str, ...]) -> str:
+    return _shape_tuple([str(d) if isinstance(d, int) else f'"{d}"' for d in items])
+
+
+def _contract_source(contract: LaunchContract, alignment: int) -> str:
+    """The ``contract(...)`` call that packs the variant's tensor checks for ``_launch.check``.
+
+    The same facts as the fast Python check, as data: per tensor its dtype, shape and strides
+    (integers or expressions of the sizes, or ROW_MAJOR where ``is_contiguous()`` tests them),
+    and per runtime size where it is read and the range of its kernel parameter.
+    """
+    ctypes_of = {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
+    lines = ["contract(", "    (", ]
+    for p in contract.params:
+        if not isinstance(p, TensorParam):
+            continue
+        if not p.strides:
+            strides = "None"
+        elif _contiguous(p.shape, p.strides):
+            strides = "ROW_MAJOR"
+        else:
+            strides = _quoted(p.strides)
+        lines.append(f'        ("{p.name}", {torch_dtype(p.dtype)}, {_quoted(p.shape)}, {strides}),')
+    lines.append("    ),")
+    if contract.sizes:
+        lines.append("    sizes=(")
+        for size in contract.sizes:
+            limit = _INT_LIMITS.get(ctypes_of.get(size.name, ""), 0)
+            lines.append(f'        ("{size.name}", "{size.tensor}", "{size.kind}", {size.dim}, '
+                         f'{f"2**{limit.bit_length() - 1}" if limit else 0}),')
+        lines.append("    ),")
+    lines.append(f"    alignment={alignment},")
+    lines.append(")")
+    return "\n".join(lines)
+
+
+def _checked_lines(contract: LaunchContract, contract_var: str, fast: list[str]) -> list[str]:
+    """The compiled check first; the Python checks where it declines (see ``_runtime.check``)."""
+    tensors = [p.name for p in contract.params if isinstance(p, TensorParam)]
+    if not tensors:
+        return fast
+    names = ["device", *(f"{t}_ptr" for t in tensors), *(s.name for s in contract.sizes)]
+    return [
+        f"checked = check({contract_var}, {', '.join(tensors)})",
+        "if checked is not None:  # the compiled check accepted every tensor",
+        f"    {', '.join(names)}{',' if len(names) == 1 else ''} = checked",
+        "else:  # a pure wheel, or arguments it does not accept: the Python checks decide",
+        *(f"    {line}" for line in fast),
+    ]
+
+
 def _size_limits(contract: LaunchContract) -> list[str]:
     """Sizes passed as 32-bit kernel arguments must fit, or the kernel would index wrongly."""
     ctypes_of = {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
@@ -262,7 +314,10 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
     elif len(set(function_vars)) != len(function_vars):  # one kernel launched twice: number them
         function_vars = [f"{cubin_var}_LAUNCH{i}" for i in range(len(contract.launches))]
     slow = _tensor_checks(contract.params, contract) + _size_limits(contract)
-    body = [*_fast_checks(contract, alignment), "if not fast:", *(f"    {line}" for line in slow)]
+    python_checks = [*_fast_checks(contract, alignment), "if not fast:", *(f"    {line}" for line in slow)]
+    contract_var = f"{cubin_var}_CONTRACT"
+    body = _checked_lines(contract, contract_var, python_checks)
+    has_tensors = any(isinstance(p, TensorParam) for p in contract.params)
     for i, launch in enumerate(contract.launches):
         grid = ", ".join(launch.grid)
         body.append(f"grid = ({grid})")
@@ -280,4 +335,5 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
         cubin=cubin,
         key=key,
         functions=tuple((var, _function(launch, cubin_var)) for var, launch in zip(function_vars, contract.launches)),
+        contract=((contract_var, _contract_source(contract, alignment)),) if has_tensors else (),
     )

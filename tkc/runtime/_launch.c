@@ -10,6 +10,14 @@
  * The module links against nothing but Python: _runtime.py loads libcuda.so.1 and hands
  * over the addresses of the two driver entry points (bind()), so neither CUDA headers nor
  * a CUDA toolkit are needed to build it, and no second copy of the driver is opened.
+ *
+ * check() is the other half of a launcher's cost: validating the tensors against the
+ * contract TileLang lowered. In Python that is about fifteen torch metadata calls per launch;
+ * here each tensor is read through one DLPack export (torch._C._to_dlpack, a stable C ABI:
+ * data pointer, device, dtype, shape and strides in one struct) and compared with a contract
+ * that _runtime.contract() packed once per variant at import. check() only ever accepts: on
+ * anything it does not like it returns None and the launcher's Python checks decide, and
+ * raise errors that name the argument.
  */
 #define PY_SSIZE_T_CLEAN
 #define Py_LIMITED_API 0x030A0000
@@ -158,16 +166,273 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(result);
 }
 
+
+/* ---- check(): the tensors against the lowered contract, through DLPack ------------------ */
+
+/* DLPack's C ABI (dlpack.h, the unversioned DLManagedTensor that torch._C._to_dlpack returns
+ * in a capsule named "dltensor"); only the fields read here matter, their layout is fixed. */
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} DLDevice;
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides; /* torch always fills them; NULL would mean row-major */
+    uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensor *);
+} DLManagedTensor;
+
+static PyObject *to_dlpack; /* torch._C._to_dlpack, set by set_dlpack() */
+
+#define CONTRACT_VERSION 1
+#define MAX_TENSORS 32
+#define MAX_SIZES 32
+#define MAX_STACK 16
+/* A tensor's layout in the contract: strides given per dimension, row-major (what
+ * Tensor.is_contiguous() tests), or not checked. */
+#define LAYOUT_STRIDES 0
+#define LAYOUT_ROW_MAJOR 1
+#define LAYOUT_ANY 2
+/* Expression tokens, (op, operand) pairs in reverse Polish order. */
+#define OP_CONST 1
+#define OP_SIZE 2
+#define OP_ADD 3
+#define OP_SUB 4
+#define OP_MUL 5
+#define OP_FLOORDIV 6
+#define OP_MOD 7
+
+/* Reads words from the packed contract; every read is bounds-checked, so a malformed contract
+ * makes check() decline instead of reading past the buffer. */
+typedef struct {
+    const int64_t *word;
+    Py_ssize_t left;
+} Reader;
+
+static int next(Reader *r, int64_t *out) {
+    if (r->left <= 0) return -1;
+    *out = *r->word++;
+    r->left--;
+    return 0;
+}
+
+/* Evaluates one expression (Python semantics for // and %) over the bound sizes. */
+static int eval(Reader *r, const int64_t *sizes, int64_t n_sizes, int64_t *out) {
+    int64_t count, stack[MAX_STACK];
+    int depth = 0;
+    if (next(r, &count) || count < 1) return -1;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t op, arg;
+        if (next(r, &op) || next(r, &arg)) return -1;
+        if (op == OP_CONST || op == OP_SIZE) {
+            if (depth == MAX_STACK || (op == OP_SIZE && (arg < 0 || arg >= n_sizes))) return -1;
+            stack[depth++] = op == OP_CONST ? arg : sizes[arg];
+            continue;
+        }
+        if (depth < 2) return -1;
+        int64_t b = stack[--depth], a = stack[depth - 1], v;
+        switch (op) {
+        case OP_ADD: v = a + b; break;
+        case OP_SUB: v = a - b; break;
+        case OP_MUL: v = a * b; break;
+        case OP_FLOORDIV:
+        case OP_MOD: {
+            if (b == 0) return -1;
+            int64_t q = a / b, m = a % b;
+            if (m != 0 && ((m < 0) != (b < 0))) {
+                q -= 1;
+                m += b;
+            }
+            v = op == OP_FLOORDIV ? q : m;
+            break;
+        }
+        default: return -1;
+        }
+        stack[depth - 1] = v;
+    }
+    if (depth != 1) return -1;
+    *out = stack[0];
+    return 0;
+}
+
+/* The row-major test of torch's is_contiguous(): dimensions of size 1 are skipped and an
+ * empty tensor passes. (DLPack exports strides of size-1 dimensions as 1 anyway.) */
+static int row_major(const DLTensor *t) {
+    int64_t expected = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0) return 1;
+    }
+    if (t->strides == NULL) return 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] != 1 && t->strides[d] != expected) return 0;
+        expected *= t->shape[d];
+    }
+    return 1;
+}
+
+static int64_t numel(const DLTensor *t) {
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    return n;
+}
+
+/* The whole comparison; 0 when every tensor matches, -1 when any does not. */
+static int matches(const int64_t *words, Py_ssize_t n_words, DLTensor *const *tensors, Py_ssize_t n_tensors,
+                   int64_t *sizes, int64_t *n_sizes_out) {
+    Reader r = {words, n_words};
+    int64_t version, count, n_sizes, align_mask, device_type;
+    if (next(&r, &version) || version != CONTRACT_VERSION || next(&r, &count) || count != n_tensors ||
+        next(&r, &n_sizes) || n_sizes < 0 || n_sizes > MAX_SIZES || next(&r, &align_mask) ||
+        next(&r, &device_type))
+        return -1;
+    *n_sizes_out = n_sizes;
+    /* The runtime sizes, read from the tensors' shapes and strides first (the Python launcher
+     * reads them the same way), each within its kernel parameter's range. */
+    for (int64_t i = 0; i < n_sizes; i++) {
+        int64_t slot, kind, dim, limit;
+        if (next(&r, &slot) || next(&r, &kind) || next(&r, &dim) || next(&r, &limit)) return -1;
+        if (slot < 0 || slot >= n_tensors) return -1;
+        const DLTensor *t = tensors[slot];
+        if (dim < 0 || dim >= t->ndim || (kind == 1 && t->strides == NULL)) return -1;
+        int64_t v = kind == 0 ? t->shape[dim] : t->strides[dim];
+        if (v < 0 || (limit > 0 && v >= limit)) return -1;
+        sizes[i] = v;
+    }
+    int device = tensors[0]->device.device_id;
+    for (Py_ssize_t i = 0; i < n_tensors; i++) {
+        const DLTensor *t = tensors[i];
+        int64_t dtype, ndim, layout;
+        if (next(&r, &dtype) || next(&r, &ndim) || next(&r, &layout)) return -1;
+        uint32_t got = (uint32_t)t->dtype.code | ((uint32_t)t->dtype.bits << 8) | ((uint32_t)t->dtype.lanes << 16);
+        if (t->device.device_type != device_type || t->device.device_id != device || (int64_t)got != dtype ||
+            t->ndim != ndim)
+            return -1;
+        for (int d = 0; d < ndim; d++) {
+            int64_t want;
+            if (eval(&r, sizes, n_sizes, &want) || want != t->shape[d]) return -1;
+        }
+        if (layout == LAYOUT_ROW_MAJOR) {
+            if (!row_major(t)) return -1;
+        } else if (layout == LAYOUT_STRIDES) {
+            /* As check_strides(): an empty tensor is never indexed, a dimension of size 0 or 1
+             * never stepped over; the expressions are still read to stay in step. */
+            int skip = numel(t) == 0;
+            for (int d = 0; d < ndim; d++) {
+                int64_t want;
+                if (eval(&r, sizes, n_sizes, &want)) return -1;
+                if (!skip && t->shape[d] > 1 && (t->strides == NULL || t->strides[d] != want)) return -1;
+            }
+        } else if (layout != LAYOUT_ANY) {
+            return -1;
+        }
+        uintptr_t address = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+        if (address & (uintptr_t)align_mask) return -1;
+    }
+    return r.left == 0 ? 0 : -1;
+}
+
+/* check(contract, *tensors) -> (device, *data_pointers, *sizes), or None
+ *
+ * contract: the bytes _runtime.contract() packed (None: there is none, e.g. a dtype this
+ * torch cannot export through DLPack); tensors: the launcher's tensor arguments in prim_func
+ * order. None means "not accepted here", never "invalid": the Python checks then decide. */
+static PyObject *check(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || args[0] == Py_None || to_dlpack == NULL) Py_RETURN_NONE;
+    char *buffer;
+    Py_ssize_t length;
+    if (PyBytes_AsStringAndSize(args[0], &buffer, &length)) return NULL;
+    Py_ssize_t n_tensors = nargs - 1;
+    if (n_tensors < 1 || n_tensors > MAX_TENSORS || length % 8) Py_RETURN_NONE;
+    PyObject *capsules[MAX_TENSORS];
+    DLTensor *tensors[MAX_TENSORS];
+    Py_ssize_t held = 0;
+    PyObject *result = NULL;
+    int64_t sizes[MAX_SIZES], n_sizes = 0;
+    for (; held < n_tensors; held++) {
+        capsules[held] = PyObject_CallFunctionObjArgs(to_dlpack, args[1 + held], NULL);
+        if (capsules[held] == NULL) break; /* not a tensor, or a dtype DLPack lacks */
+        DLManagedTensor *managed = PyCapsule_GetPointer(capsules[held], "dltensor");
+        if (managed == NULL) {
+            Py_DECREF(capsules[held]);
+            break;
+        }
+        tensors[held] = &managed->dl_tensor;
+    }
+    if (held == n_tensors &&
+        matches((const int64_t *)buffer, length / 8, tensors, n_tensors, sizes, &n_sizes) == 0) {
+        result = PyTuple_New(1 + n_tensors + n_sizes);
+        if (result != NULL) {
+            PyTuple_SetItem(result, 0, PyLong_FromLong(tensors[0]->device.device_id));
+            for (Py_ssize_t i = 0; i < n_tensors; i++) {
+                uintptr_t address = (uintptr_t)tensors[i]->data + (uintptr_t)tensors[i]->byte_offset;
+                PyTuple_SetItem(result, 1 + i, PyLong_FromUnsignedLongLong(address));
+            }
+            for (int64_t i = 0; i < n_sizes; i++) PyTuple_SetItem(result, 1 + n_tensors + i, PyLong_FromLongLong(sizes[i]));
+        }
+    }
+    /* The capsules' destructor calls the DLPack deleter, which drops torch's reference. */
+    for (Py_ssize_t i = 0; i < held; i++) Py_DECREF(capsules[i]);
+    if (result == NULL) {
+        PyErr_Clear(); /* declined, not failed: the Python checks will name the problem */
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
+/* set_dlpack(torch._C._to_dlpack): the export check() calls once per tensor. */
+static PyObject *set_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "set_dlpack(torch._C._to_dlpack)");
+        return NULL;
+    }
+    Py_XDECREF(to_dlpack);
+    Py_INCREF(args[0]);
+    to_dlpack = args[0];
+    Py_RETURN_NONE;
+}
+
+/* dlpack_dtype(capsule) -> code | bits << 8 | lanes << 16 of an exported tensor: how this torch
+ * spells a dtype in DLPack (float8 codes changed between DLPack versions), asked once per dtype. */
+static PyObject *dlpack_dtype(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "dlpack_dtype(capsule)");
+        return NULL;
+    }
+    DLManagedTensor *managed = PyCapsule_GetPointer(args[0], "dltensor");
+    if (managed == NULL) return NULL;
+    DLDataType t = managed->dl_tensor.dtype;
+    return PyLong_FromUnsignedLong((unsigned long)t.code | ((unsigned long)t.bits << 8) | ((unsigned long)t.lanes << 16));
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(cuLaunchKernel address, cuCtxGetDevice address): the driver entry points launch() calls."},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(kernel, device, grid, block, shared_bytes, stream, kinds, *values) -> CUresult, or -1 when "
      "the current context is another device's."},
+    {"check", (PyCFunction)(void (*)(void))check, METH_FASTCALL,
+     "check(contract, *tensors) -> (device, *data_pointers, *sizes), or None where the Python checks must decide."},
+    {"set_dlpack", (PyCFunction)(void (*)(void))set_dlpack, METH_FASTCALL,
+     "set_dlpack(torch._C._to_dlpack): the DLPack export check() reads tensors through."},
+    {"dlpack_dtype", (PyCFunction)(void (*)(void))dlpack_dtype, METH_FASTCALL,
+     "dlpack_dtype(capsule) -> the packed DLPack dtype (code | bits << 8 | lanes << 16) of an exported tensor."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_launch", "cuLaunchKernel in one C call.", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_launch", "cuLaunchKernel in one C call, and the tensor checks before it.", -1,
                                     methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__launch(void) { return PyModule_Create(&module); }

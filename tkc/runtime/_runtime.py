@@ -18,7 +18,10 @@ Copied verbatim by tkc into every generated package; it needs only torch and
 
 from __future__ import annotations
 
+import array
+import ast
 import ctypes
+import functools
 import importlib
 import struct
 import threading
@@ -339,6 +342,102 @@ NATIVE_LAUNCH = _native is not None  # for benchmarks and bug reports: which lau
 # What the generated launchers call: launch(kernel, device, grid, block, smem, stream, kinds, *values)
 # returns the CUresult (0: launched), or -1 when the current context is another device's.
 launch = _launch
+
+
+# ---- the compiled tensor check ---------------------------------------------------------------
+#
+# A launcher first asks check(CONTRACT, *tensors) (``_launch.check``): one DLPack export per
+# tensor, compared in C with the variant's contract, which contract() packs once at import into
+# 64-bit words (the layout _launch.c reads; CONTRACT_VERSION there). It returns
+# (device, *data_pointers, *sizes) or None; None only means "not accepted here" (a pure wheel,
+# a dtype this torch cannot export, a wrong argument), and the launcher's Python checks decide.
+
+ROW_MAJOR = "row_major"  # a contract layout: the strides Tensor.is_contiguous() accepts
+_CONTRACT_VERSION = 1
+_KDL_CUDA = 2  # DLDeviceType of CUDA memory
+_LAYOUTS = {ROW_MAJOR: 1, None: 2}  # strides given per dimension: 0
+_OPS = {ast.Add: 3, ast.Sub: 4, ast.Mult: 5, ast.FloorDiv: 6, ast.Mod: 7}
+_OP_CONST, _OP_SIZE = 1, 2
+_dlpack_dtypes: dict[torch.dtype, int | None] = {}
+_to_dlpack = getattr(torch._C, "_to_dlpack", None)
+
+
+def _no_check(contract: bytes | None, *tensors: Any) -> tuple[int, ...] | None:
+    return None  # no compiled check: the launchers' Python checks run
+
+
+NATIVE_CHECK = _native is not None and _to_dlpack is not None and hasattr(_native, "check")
+if NATIVE_CHECK:
+    _native.set_dlpack(_to_dlpack)
+# What the generated launchers call first: check(contract, *tensors) -> (device, *pointers, *sizes) or None.
+check: Callable[..., tuple[int, ...] | None] = _native.check if NATIVE_CHECK else _no_check
+
+
+def _dlpack_dtype(dtype: torch.dtype) -> int | None:
+    """How this torch spells ``dtype`` in DLPack (None: it cannot export it)."""
+    if dtype not in _dlpack_dtypes:
+        try:
+            _dlpack_dtypes[dtype] = _native.dlpack_dtype(_to_dlpack(torch.empty(0, dtype=dtype)))
+        except Exception:  # noqa: BLE001 - e.g. float8 in a torch whose DLPack predates it
+            _dlpack_dtypes[dtype] = None
+    return _dlpack_dtypes[dtype]
+
+
+@functools.lru_cache(maxsize=None)
+def _expression(text: str, sizes: tuple[str, ...]) -> tuple[int, ...]:
+    """A shape or stride expression (``"((num_tokens + 127) - 127) // 128"``) in reverse Polish
+    (op, operand) pairs over the size slots; raises ValueError for anything else."""
+    out: list[int] = []
+
+    def emit(node: ast.AST) -> None:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            out.extend((_OP_CONST, node.value))
+        elif isinstance(node, ast.Name) and node.id in sizes:
+            out.extend((_OP_SIZE, sizes.index(node.id)))
+        elif isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            emit(node.left)
+            emit(node.right)
+            out.extend((_OPS[type(node.op)], 0))
+        else:
+            raise ValueError(f"{text!r}: not a sum, product or floor quotient of sizes and integers")
+
+    emit(ast.parse(text, mode="eval").body)
+    return (len(out) // 2, *out)
+
+
+def contract(
+    tensors: Sequence[tuple[str, torch.dtype, Sequence[int | str], Sequence[int | str] | str | None]],
+    sizes: Sequence[tuple[str, str, str, int, int]] = (),
+    alignment: int = 16,
+    device_type: int = _KDL_CUDA,
+) -> bytes | None:
+    """The packed contract check() compares a launcher's tensors with; None where it cannot.
+
+    tensors: (name, dtype, shape, strides) per tensor argument in prim_func order; shape and
+    strides entries are integers or expressions of sizes; strides may be ROW_MAJOR or None (not
+    checked). sizes: (name, tensor, "shape" or "stride", dimension, limit) per runtime size, in
+    the order check() returns them; limit is the bound of the kernel parameter (0: none).
+    device_type: the DLPack device the tensors must be on (tests use 1, the CPU).
+    """
+    if not NATIVE_CHECK:
+        return None
+    names = tuple(s[0] for s in sizes)
+    slots = [t[0] for t in tensors]
+    words = [_CONTRACT_VERSION, len(tensors), len(sizes), alignment - 1, device_type]
+    for _, tensor, kind, dim, limit in sizes:
+        words += [slots.index(tensor), 0 if kind == "shape" else 1, dim, limit]
+    for _, dtype, shape, strides in tensors:
+        code = _dlpack_dtype(dtype)
+        if code is None:
+            return None
+        if strides is None or isinstance(strides, str):
+            layout = _LAYOUTS[strides]  # a KeyError for a layout this module does not know
+        else:
+            layout = 0
+        words += [code, len(shape), layout]
+        for item in (*shape, *(strides if layout == 0 else ())):
+            words += (1, _OP_CONST, item) if isinstance(item, int) else _expression(item, names)
+    return array.array("q", words).tobytes()
 
 
 class Cubin:

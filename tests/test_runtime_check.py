@@ -1,0 +1,201 @@
+"""The compiled tensor check (``_launch.check`` over ``_runtime.contract``) on CPU tensors.
+
+The contracts here ask for DLPack's CPU device (``device_type=1``) so that the C comparison runs
+without a GPU; the generated launchers' contracts ask for CUDA and must decline CPU tensors, so
+that the Python checks (and their errors) keep deciding there. check() may only accept what the
+Python checks accept, and must return the pointers and sizes they would read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from types import ModuleType
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+KDL_CPU = 1
+
+
+@pytest.fixture(scope="module")
+def runtime(small_package: ModuleType) -> ModuleType:
+    rt = importlib.import_module("tkc_small_kernels._runtime")
+    if not rt.NATIVE_CHECK:
+        pytest.skip("the small package was built without its compiled module (no C compiler or Python.h)")
+    return rt
+
+
+def token_contract(rt: ModuleType, limit: int = 2**31) -> bytes:
+    """per_token_cast's shape: strided rows in, a row-major output, one scale per 128 channels,
+    and a scale table whose rows are an expression of the tokens (per_block_cast's 128-row blocks)."""
+    return rt.contract(
+        (
+            ("x", torch.bfloat16, ("num_tokens", 2048), ("x_row_stride", 1)),
+            ("q", torch.float8_e4m3fn, ("num_tokens", 2048), rt.ROW_MAJOR),
+            ("sf", torch.float32, ("(num_tokens + 127) // 128", 16), rt.ROW_MAJOR),
+        ),
+        sizes=(("num_tokens", "x", "shape", 0, limit), ("x_row_stride", "x", "stride", 0, limit)),
+        alignment=16,
+        device_type=KDL_CPU,
+    )
+
+
+def token_tensors(tokens: int = 300, row_stride: int = 2560) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.randn(tokens, row_stride).to(torch.bfloat16)[:, :2048]
+    q = torch.empty(tokens, 2048, dtype=torch.float8_e4m3fn)
+    sf = torch.empty((tokens + 127) // 128, 16)
+    return x, q, sf
+
+
+def test_check_returns_the_device_pointers_and_sizes(runtime: ModuleType) -> None:
+    x, q, sf = token_tensors()
+    assert runtime.check(token_contract(runtime), x, q, sf) == (0, x.data_ptr(), q.data_ptr(), sf.data_ptr(), 300, 2560)
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.numel() + 16, dtype=t.dtype)[1:t.numel() + 1].view(t.shape)
+
+
+@pytest.mark.parametrize("case", [
+    "x dtype", "q dtype", "q rows", "q channels", "sf rows", "q 3-d", "q column-major", "x channel stride",
+    "x misaligned", "sf misaligned", "not a tensor", "sizes over the limit", "CUDA contract",
+])
+def test_check_declines_what_the_python_checks_refuse(runtime: ModuleType, case: str) -> None:
+    x, q, sf = token_tensors()
+    contract = token_contract(runtime)
+    args: list[object] = [x, q, sf]
+    if case == "x dtype":
+        args[0] = x.float()
+    elif case == "q dtype":
+        args[1] = q.view(torch.int8)
+    elif case == "q rows":
+        args[1] = q[:299]
+    elif case == "q channels":
+        args[1] = torch.empty(300, 1024, dtype=torch.float8_e4m3fn)
+    elif case == "sf rows":
+        args[2] = torch.empty(2, 16)  # 300 tokens need ceil(300 / 128) = 3
+    elif case == "q 3-d":
+        args[1] = q.view(300, 2048, 1)
+    elif case == "q column-major":
+        args[1] = q.t().contiguous().t()
+    elif case == "x channel stride":
+        args[0] = torch.randn(300, 4096).to(torch.bfloat16)[:, ::2]
+    elif case == "x misaligned":
+        args[0] = torch.randn(300, 2049).to(torch.bfloat16)[:, 1:]
+    elif case == "sf misaligned":
+        args[2] = _misaligned(sf)
+    elif case == "not a tensor":
+        args[2] = sf.tolist()
+    elif case == "sizes over the limit":
+        contract = token_contract(runtime, limit=300)  # num_tokens must be < limit
+    elif case == "CUDA contract":  # what the generated launchers hold: CPU tensors go to the Python checks
+        contract = runtime.contract([(name, t.dtype, tuple(t.shape), None) for name, t in zip("xqs", (x, q, sf))])
+    assert runtime.check(contract, *args) is None
+
+
+def test_check_skips_strides_torch_never_steps_over(runtime: ModuleType) -> None:
+    contract = token_contract(runtime)
+    # One token: its row stride is never stepped over, the kernel reads row 0 only. torch's DLPack
+    # export writes 1 for it (strides of size-1 dimensions are normalised); either value is right.
+    x, q, sf = token_tensors(tokens=1)
+    assert runtime.check(contract, x, q.t().contiguous().t(), sf)[4:] in ((1, 1), (1, 2560))
+    # No tokens: empty tensors are never indexed, any strides will do; sizes are still read.
+    x, q, sf = token_tensors(tokens=0)
+    assert runtime.check(contract, x, q.as_strided((0, 2048), (1, 7)), sf)[4:] == (0, 2560)
+
+
+def test_check_declines_contracts_it_cannot_read(runtime: ModuleType) -> None:
+    x, q, sf = token_tensors()
+    contract = token_contract(runtime)
+    assert runtime.check(None, x, q, sf) is None  # no contract: a dtype this torch cannot export
+    assert runtime.check(contract[:-8], x, q, sf) is None  # truncated
+    assert runtime.check(contract + bytes(8), x, q, sf) is None  # trailing words
+    assert runtime.check(contract, x, q) is None  # a tensor short
+    assert runtime.check(contract[:8].replace(b"\x01", b"\x09", 1) + contract[8:], x, q, sf) is None  # version
+
+
+def test_expressions_follow_python_arithmetic(runtime: ModuleType) -> None:
+    """Sums, products, floor quotients and remainders of sizes, as the launchers' Python spells them."""
+    rng = random.Random(0)
+    for _ in range(200):
+        a, b = rng.randrange(0, 50), rng.randrange(1, 9)
+        for text, value in (("(a + 7) // b * b - a", (a + 7) // b * b - a), ("a % b + 2 * a", a % b + 2 * a),
+                            ("(a - 60) // b", (a - 60) // b), ("(a - 60) % b", (a - 60) % b)):
+            if value < 0:
+                continue  # a negative dimension matches no tensor
+            contract = runtime.contract(
+                (("s", torch.int8, ("a", "b"), runtime.ROW_MAJOR), ("t", torch.int8, (text,), None)),
+                sizes=(("a", "s", "shape", 0, 0), ("b", "s", "shape", 1, 0)), alignment=1, device_type=KDL_CPU)
+            s = torch.empty(a, b, dtype=torch.int8)
+            assert runtime.check(contract, s, torch.empty(value, dtype=torch.int8)) is not None, text
+            assert runtime.check(contract, s, torch.empty(value + 1, dtype=torch.int8)) is None, text
+
+
+def test_expressions_outside_the_grammar_are_refused(runtime: ModuleType) -> None:
+    with pytest.raises(ValueError, match="not a sum, product or floor quotient"):
+        runtime.contract((("t", torch.int8, ("n ** 2",), None),), sizes=(("n", "t", "shape", 0, 0),))
+    with pytest.raises(ValueError, match="not a sum, product or floor quotient"):
+        runtime.contract((("t", torch.int8, ("m",), None),), sizes=(("n", "t", "shape", 0, 0),))
+
+
+def _python_accepts(t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], strides: str | tuple[int, ...],
+                    alignment: int) -> bool:
+    """check_tensor + check_strides (or is_contiguous) + the alignment test, without the device."""
+    if t.dtype != dtype or tuple(t.shape) != shape or t.data_ptr() % alignment:
+        return False
+    if strides == "row_major":
+        return t.is_contiguous()
+    return t.numel() == 0 or all(size <= 1 or want == got for want, got, size in zip(strides, t.stride(), t.shape))
+
+
+def test_check_agrees_with_the_python_checks_on_random_views(runtime: ModuleType) -> None:
+    """Random views (slices, transposes, steps, offsets, sizes 0 and 1) against one contract each."""
+    rng = random.Random(1)
+    dtypes = (torch.bfloat16, torch.float32, torch.int8, torch.float8_e4m3fn, torch.int64)
+    accepted = declined = 0
+    for _ in range(600):
+        dtype = rng.choice(dtypes)
+        rows, cols = rng.choice((0, 1, 2, 3, 8)), rng.choice((0, 1, 2, 16, 24))
+        base = torch.zeros(rows * 2 + 1, cols * 2 + 16).to(dtype)
+        offset = rng.choice((0, 0, 1, 8))
+        view = base[offset % 2: offset % 2 + rows, offset: offset + cols]
+        if rng.random() < 0.3:
+            view = base[: 2 * rows: 2, :cols]
+        if rng.random() < 0.3:
+            view = view.contiguous()
+        if rng.random() < 0.2:
+            view = view.t().contiguous().t()
+        want_dtype = dtype if rng.random() < 0.9 else rng.choice(dtypes)
+        layout = rng.choice(("row_major", (cols, 1), (base.stride(0), 1), (1, rows)))
+        alignment = rng.choice((1, 16))
+        contract = runtime.contract(
+            (("t", want_dtype, ("rows", cols), layout if layout == "row_major" else tuple(layout)),),
+            sizes=(("rows", "t", "shape", 0, 0),), alignment=alignment, device_type=KDL_CPU)
+        got = runtime.check(contract, view)
+        expected = _python_accepts(view, want_dtype, (view.shape[0], cols), layout, alignment)
+        assert (got is not None) == expected, (view.shape, view.stride(), dtype, want_dtype, layout, alignment)
+        if got is not None:
+            assert got == (0, view.data_ptr(), view.shape[0])
+        accepted += expected
+        declined += not expected
+    assert accepted > 100 and declined > 100  # both sides were exercised
+
+
+def test_generated_launchers_hold_a_contract_and_decline_cpu_tensors(small_package: ModuleType,
+                                                                     runtime: ModuleType) -> None:
+    """Each launcher module packs one contract per variant at import; CPU tensors are refused by the
+    Python checks with the usual error, not accepted by the CUDA contract."""
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    kernel = runtime.get_kernel("per_token_cast")
+    launch = kernel.select(in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128, round_sf=True,
+                           sf_layout="row_major") if "sf_layout" in kernel.keys else next(iter(kernel.variants.values()))
+    module = importlib.import_module(launch.__module__)
+    contract = getattr(module, f"_{launch.__name__.upper()}_CONTRACT")
+    assert isinstance(contract, bytes) and len(contract) % 8 == 0
+    x, q, sf = token_tensors(tokens=4)
+    assert runtime.check(contract, x.contiguous(), q, torch.empty(4, 16)) is None
+    with pytest.raises((errors.KernelArgumentError, errors.NoGpuError), match="^x: "):
+        launch(x.contiguous(), q, torch.empty(4, 16), 0)

@@ -110,7 +110,7 @@ SWEEPS["tkc_tuning3"] = Sweep(
 SWEEPS["tkc_tuning4"] = Sweep(
     "tkc_tuning4", "sweep4.yaml",
     # The MoE gates as shipped: one warp per token, num_topk rounds of a 5-step shuffle argmax.
-    {"topk_gate": {"gate_impl": "shuffle"}, "top2_sum_gate": {"gate_impl": "shuffle"}},
+    {"topk_gate": {"gate_impl": "shuffle"}, "top2_sum_gate": {"gate_impl": "shuffle", "group_rank": "insert"}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

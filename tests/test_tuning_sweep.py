@@ -301,3 +301,59 @@ def test_references_import_when_run_as_a_script() -> None:
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TUNING)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[0] == "[]", result.stdout + result.stderr
+
+
+def test_fourth_sweep_baselines_render_the_shipped_gates() -> None:
+    # gate_impl=shuffle is the template default: the baselines are the shipped MoE gates, byte for byte.
+    found = _spec_variants("tkc_tuning4")
+    groups = sweep.problems(found)
+    assert {kernel for kernel, _ in groups} == {"topk_gate", "top2_sum_gate"} and len(found) <= 12
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    for v in found:
+        kernel = shipped.kernel(v.kernel)
+        match = next(x for x in expand(kernel) if all(x.param_dict[k] == val for k, val in v.problem))
+        plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
+        knobbed = render_source(Variant(kernel=kernel, params=match.params + v.knobs), ARCHS["sm90"],
+                                TEMPLATES).split("\n", 2)[2]
+        assert (knobbed == plain) == v.is_baseline, v
+        if dict(v.knobs)["gate_impl"] == "redux":
+            assert "__reduce_max_sync" in knobbed
+
+
+@pytest.mark.parametrize("kernel", ["topk_gate", "top2_sum_gate"])
+def test_gate_cases_check_ties_and_non_finite_scores(monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.setattr(sweep, "GATE_TOKENS", 64)
+    problem = {"num_experts": 256, "num_topk": 8}
+    if kernel == "top2_sum_gate":
+        problem.update(scoring="sigmoid", num_groups=8, num_topk_groups=4, physical_map=False)
+    c = sweep.case(kernel, problem)
+    x = c.check_x()[0]
+    assert x.isnan().any() and (x == float("-inf")).any() and (x == float("inf")).any()
+    assert (x.isnan().all(1)).any() and torch.signbit(x[x == 0]).any()
+    assert any(row.unique().numel() < row.numel() // 2 for row in x)  # rows of many equal scores
+
+    def launch(*args: Any) -> None:
+        assert c.reference is not None
+        inputs = args[:1] if kernel == "topk_gate" else args[:2]
+        for out, ref in zip(c.outputs(args), c.reference(inputs), strict=True):
+            assert (out.shape, out.dtype) == (ref.shape, ref.dtype)
+            out.copy_(ref)
+
+    def swapped(*args: Any) -> None:  # the first two ids of one row exchanged
+        launch(*args)
+        ids = c.outputs(args)[0]
+        ids[5, :2] = ids[5, :2].flip(0)
+
+    group = [sweep.Variant(kernel=kernel, name=name, problem=tuple(problem.items()), knobs=(("gate_impl", impl),),
+                           launch=fn, baseline=(("gate_impl", "shuffle"),))
+             for name, impl, fn in (("base", "shuffle", launch), ("off", "redux", swapped))]
+    timer = SimpleNamespace(median_us=lambda fn, inputs: 1.0)
+    bench = SimpleNamespace(rotating_inputs=lambda make: [make()], tensor_bytes=lambda t: (
+        t.nbytes if isinstance(t, torch.Tensor) else 0), reason=lambda exc: f"{type(exc).__name__}: {exc}")
+    rows = {r.variant: r for r in sweep.run_problem(timer, bench, 4000.0, kernel, problem, group)}
+    assert rows["base"].note == "baseline == reference", rows["base"].note
+    assert rows["off"].bit_exact is False
+    per_token = 256 * 4 + 8 * 8 + (8 * 4 if kernel == "top2_sum_gate" else 0)
+    bias = 256 * 4 if kernel == "top2_sum_gate" else 0
+    assert round(rows["base"].gb_s * 1e3) == 64 * per_token + bias

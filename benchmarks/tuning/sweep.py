@@ -7,6 +7,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
 
     python benchmarks/tuning/sweep.py --out "$OUT"                          # on the GPU machine
     python benchmarks/tuning/sweep.py --package tkc_tuning2 --out "$OUT"    # the second sweep
+    python benchmarks/tuning/sweep.py --package tkc_tuning4 --out "$OUT"    # the MoE gates (sweep4.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -105,6 +106,11 @@ SWEEPS["tkc_tuning3"] = Sweep(
     "tkc_tuning3", "sweep3.yaml",
     # Shipped since the first sweep for e4m3 128 x 128: 128 elements per thread, no launch bound.
     {"per_block_cast": {"elems_per_thread": 128, "min_blocks": 0}},
+)
+SWEEPS["tkc_tuning4"] = Sweep(
+    "tkc_tuning4", "sweep4.yaml",
+    # The MoE gates as shipped: one warp per token, num_topk rounds of a 5-step shuffle argmax.
+    {"topk_gate": {"gate_impl": "shuffle"}, "top2_sum_gate": {"gate_impl": "shuffle", "group_rank": "insert"}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 
@@ -212,6 +218,9 @@ class Case:
     outputs: Callable[[Inputs], tuple[torch.Tensor, ...]]
     reference: Callable[[Inputs], tuple[torch.Tensor, ...]] | None
     counted: Callable[[Inputs], Inputs] = lambda args: args
+    # outputs vs reference; byte equality unless the reference rounds differently (gate weights)
+    matches: Callable[[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]], bool] = \
+        lambda out, ref: same_bytes(out, ref)
 
 
 def _reference(module: str, name: str) -> Callable[..., Any] | None:
@@ -243,6 +252,8 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return expand_case(problem)
     if kernel == "swiglu_forward_and_per_token_cast":
         return swiglu_case(problem)
+    if kernel in ("topk_gate", "top2_sum_gate"):
+        return gate_case(kernel, problem)
     raise SystemExit(f"sweep.py does not know kernel {kernel!r}; add a case for it")
 
 
@@ -424,6 +435,84 @@ def swiglu_case(problem: dict[str, Any]) -> Case:
     )
 
 
+# ---- the fourth sweep's kernels (sweep4.yaml): the MoE gates as benchmarks/cases/moe_gate.py runs them ----
+
+GATE_TOKENS, GATE_SCALE = 16384, 2.5  # benchmarks/cases/moe_gate.py: T and routed_scaling_factor
+WEIGHT_RTOL, WEIGHT_ATOL = 2e-6, 1e-7  # tests/gpu/test_moe_gate.py: sigmoid rounds differently from torch's
+
+
+def gate_check_scores(tokens: int, experts: int) -> torch.Tensor:
+    """fp32 (tokens, experts) where the selection order is easy to get wrong.
+
+    A quarter of the rows hold values from a set of 8 (many equal scores: ties go to the lower
+    id), a quarter random normals; the rest cycle through rows with a NaN, -inf, +inf, -0.0
+    and +0.0 mixed in, a row of all -inf (every expert ties), and a row of all NaN (read as -inf).
+    """
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(tokens, experts, device=DEVICE, generator=gen)
+    few = torch.randint(0, 8, (tokens, experts), device=DEVICE, generator=gen).float() * 0.5 - 2.0
+    rows = torch.arange(tokens, device=DEVICE)
+    x = torch.where((rows % 4 == 1)[:, None], few, x)
+    col = torch.randint(0, experts, (tokens, 5), device=DEVICE, generator=gen)
+    special = torch.tensor([float("nan"), float("-inf"), float("inf"), -0.0, 0.0], device=DEVICE)
+    odd = rows % 4 >= 2
+    for j in range(5):
+        x[odd, col[odd, j]] = special[j]
+    x[rows % 16 == 2] = float("-inf")
+    x[rows % 16 == 3] = float("nan")
+    x[rows % 16 == 6] = torch.where(torch.arange(experts, device=DEVICE) % 2 == 0, -0.0, 0.0)
+    return x
+
+
+def gate_case(kernel: str, problem: dict[str, Any]) -> Case:
+    """topk_gate(scores, K) and top2_sum_gate (sigmoid, groups, no map, no shared experts, one EP
+    and TP rank) at T = 16384 as benchmarks/cases/moe_gate.py; bytes as bench.py counts them
+    (the scores or logits and bias read, ids and weights written)."""
+    experts, topk = problem["num_experts"], problem["num_topk"]
+    if kernel == "topk_gate":
+        ref = _reference("moe_gate", "topk_gate_ref")
+        return Case(
+            make=lambda x: (x[0], torch.empty(x[0].shape[0], topk, device=DEVICE, dtype=torch.int64)),
+            new_x=lambda: (torch.randn(GATE_TOKENS, experts, device=DEVICE),),
+            check_x=lambda: (gate_check_scores(GATE_TOKENS, experts),),
+            outputs=lambda args: args[1:2],
+            reference=(lambda x: (ref(x[0], topk),)) if ref else None,
+        )
+    assert problem["scoring"] == "sigmoid" and not problem["physical_map"], problem
+    groups, top_groups = problem["num_groups"], problem["num_topk_groups"]
+    ref2 = _reference("moe_gate", "top2_sum_gate_ref")
+    ties = _reference("moe_gate", "tie_inputs")
+
+    def check_x() -> Inputs:
+        # Tie rows: equal (logit, bias) pairs give equal keys and equal group sums in any
+        # implementation; the other rows carry NaN, -inf, +inf and signed zeros.
+        logits = gate_check_scores(GATE_TOKENS, experts)
+        bias = torch.randn(experts, device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(2)) * 0.1
+        if ties is not None:
+            tie_logits, bias = ties(GATE_TOKENS, experts, experts // max(groups, 1), device=DEVICE,
+                                    generator=torch.Generator(device=DEVICE).manual_seed(3))
+            logits = torch.where((torch.arange(GATE_TOKENS, device=DEVICE) % 4 == 1)[:, None], tie_logits, logits)
+        return logits, bias
+
+    def matches(out: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) -> bool:
+        return torch.equal(out[0], ref[0]) and torch.allclose(out[1], ref[1], rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL)
+
+    def outputs(num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(num_tokens, topk, device=DEVICE, dtype=torch.int64),
+                torch.empty(num_tokens, topk, device=DEVICE, dtype=torch.float32))
+
+    return Case(
+        # routed_scaling_factor, ep_rank, experts_per_rank (one EP rank: all E), tp_rank, num_tp_ranks
+        make=lambda x: (x[0], x[1], *outputs(x[0].shape[0]), GATE_SCALE, 0, experts, 0, 1),
+        new_x=lambda: (torch.randn(GATE_TOKENS, experts, device=DEVICE), torch.randn(experts, device=DEVICE) * 0.1),
+        check_x=check_x,
+        outputs=lambda args: args[2:4],
+        reference=(lambda x: ref2(x[0], x[1], topk, top_groups, groups, 0, GATE_SCALE, 0, 1, 0, 1, "sigmoid"))
+        if ref2 else None,
+        matches=matches,
+    )
+
+
 def same_bytes(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
     """Bit-identical, NaNs included (compared as raw bytes, not as numbers)."""
     return len(a) == len(b) and all(
@@ -467,7 +556,7 @@ def run_problem(timer: Any, bench: Any, copy_gb_s: float, kernel: str, problem: 
             x = c.new_x()
             args = c.make(x)
             baseline.launch(*args)
-            ref_note = "baseline == reference" if same_bytes(c.outputs(args), c.reference(x)) else \
+            ref_note = "baseline == reference" if c.matches(c.outputs(args), c.reference(x)) else \
                 "BASELINE DIFFERS FROM REFERENCE"
     except Exception as exc:
         ref_note = f"baseline failed: {bench.reason(exc)}"
@@ -532,7 +621,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="list problems, baselines and variants; no GPU")
     parser.add_argument("--package", choices=sorted(SWEEPS), default=DEFAULT_PACKAGE,
                         help=f"the tuning package to sweep (default {DEFAULT_PACKAGE}: sweep.yaml; "
-                             "tkc_tuning2: sweep2.yaml; tkc_tuning3: sweep3.yaml)")
+                             "tkc_tuning2: sweep2.yaml; tkc_tuning3: sweep3.yaml; tkc_tuning4: sweep4.yaml)")
     return parser.parse_args(argv)
 
 

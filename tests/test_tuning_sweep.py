@@ -357,3 +357,86 @@ def test_gate_cases_check_ties_and_non_finite_scores(monkeypatch: pytest.MonkeyP
     per_token = 256 * 4 + 8 * 8 + (8 * 4 if kernel == "top2_sum_gate" else 0)
     bias = 256 * 4 if kernel == "top2_sum_gate" else 0
     assert round(rows["base"].gb_s * 1e3) == 64 * per_token + bias
+
+
+def test_fifth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
+    found = _spec_variants("tkc_tuning5")
+    assert len(found) == 12
+    groups = sweep.problems(found)
+    assert len(groups) == 3  # lossless 1 x 128 and 128 x 128, the fp8 pair of per_channel_cast_fused
+    tuning = sweep.SWEEPS["tkc_tuning5"]
+    for v in found:
+        if v.is_baseline:
+            assert dict(v.knobs) == tuning.baseline(v.kernel, dict(v.problem))
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_fifth_sweep_knobs_at_their_defaults_render_the_shipped_source(arch: str) -> None:
+    """Every shipped variant of the two templates renders byte-identical with the sweep5 baseline
+    knobs set (the knobs' jinja blocks at their defaults emit nothing new)."""
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    baselines = dict(sweep.SWEEPS["tkc_tuning5"].baselines)
+    # per_channel_cast_fused's threads / min_blocks / tile_k defaults are expressions (checked by
+    # test_second_sweep_baselines_are_the_shipped_kernels); sweep5 adds fp8_decode.
+    baselines["per_channel_cast_fused"] = {"fp8_decode": "scalar"}
+    for name, knobs in baselines.items():
+        kernel = shipped.kernel(name)
+        assert arch in kernel.archs
+        for match in expand(kernel):
+            plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
+            knobbed = render_source(Variant(kernel=kernel, params=match.params + tuple(knobs.items())), ARCHS[arch],
+                                    TEMPLATES).split("\n", 2)[2]
+            assert knobbed == plain, (name, match.params)
+
+
+def test_fifth_sweep_candidates_render_their_paths() -> None:
+    lossless = load_specs([TUNING / "sweep5.yaml"], TEMPLATES).kernel("per_block_cast_lossless")
+    for v in expand(lossless):
+        source = render_source(v, ARCHS["sm90"], TEMPLATES)
+        p = v.param_dict
+        assert ("__byte_perm" in source) == (p["decode"] == "prmt")
+        assert ("T.shfl_xor(sent, 1)" in source) == (p["store"] == "pair")
+        assert f"T.annotate_min_blocks_per_sm({p['min_blocks']})" in source
+    fused = load_specs([TUNING / "sweep5.yaml"], TEMPLATES).kernel("per_channel_cast_fused")
+    for v in expand(fused):
+        source = render_source(v, ARCHS["sm90"], TEMPLATES)
+        assert ("x_f32 = T.alloc_local" in source) == (v.param_dict["fp8_decode"] == "pairs")
+
+
+@pytest.mark.parametrize("block", [(1, 128), (128, 128)])
+def test_lossless_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatch, block: tuple[int, int]) -> None:
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # bench.py, for its byte count
+    monkeypatch.setattr(sweep, "TOKENS", 200)  # a partial 128-row block
+    monkeypatch.setattr(sweep, "HIDDEN", 256)
+    problem = {"hidden": 256, "block_m": block[0], "block_k": block[1]}
+    c = sweep.case("per_block_cast_lossless", problem)
+    assert c.reference is not None
+
+    def launch(*args: Any) -> None:
+        for out, ref in zip(c.outputs(args), c.reference(args[:2]), strict=True):
+            assert (out.shape, out.dtype) == (ref.shape, ref.dtype)
+            out.copy_(ref)
+
+    def off_by_one_bit(*args: Any) -> None:
+        launch(*args)
+        c.outputs(args)[0].view(torch.uint8).view(-1)[3] ^= 1
+
+    _, check_sf = c.check_x()
+    e = (check_sf.view(torch.int32) >> 23) & 0xFF
+    assert (e.amax(dim=1) - e.amin(dim=1) > 5).any()  # some blocks take the PRMT decode's float fallback
+    group = [sweep.Variant(kernel="per_block_cast_lossless", name=name, problem=tuple(problem.items()),
+                           knobs=(("decode", d),), launch=fn, baseline=(("decode", "float"),))
+             for name, d, fn in (("base", "float", launch), ("prmt", "prmt", lambda *a: launch(*a)),
+                                 ("off", "off", off_by_one_bit))]
+    launchers = {v.launch: v.name for v in group}
+    timer = SimpleNamespace(median_us=lambda fn, inputs: {"base": 10.0, "prmt": 5.0, "off": 9.0}[launchers[fn]])
+    bench = importlib.import_module("bench")
+    stub = SimpleNamespace(rotating_inputs=lambda make: [make(), make()], tensor_bytes=bench.tensor_bytes,
+                           reason=bench.reason)
+    rows = {r.variant: r for r in sweep.run_problem(timer, stub, 4000.0, "per_block_cast_lossless", problem, group)}
+    assert rows["base"].note == "baseline == reference", rows["base"].note
+    assert rows["prmt"].bit_exact and rows["off"].bit_exact is False
+    sf_rows = -(-200 // block[0])
+    nbytes = 200 * 128 + 200 * 8 * 4 + 200 * 256 + sf_rows * (256 // block[1]) * 4
+    assert round(rows["base"].gb_s * 10.0 * 1e3) == nbytes

@@ -1,7 +1,7 @@
 """Time every variant of a tuning package against its kernel's shipped setting, at production shapes.
 
 Needs only torch and the wheel of one tuning package (no TileLang): ``tkc_tuning`` built from
-``benchmarks/tuning/sweep.yaml`` or ``tkc_tuning2`` from ``sweep2.yaml``. Run from the repository
+``benchmarks/tuning/sweep.yaml``, ``tkc_tuning2`` from ``sweep2.yaml`` (and so on: ``SWEEPS``). Run from the repository
 root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tests/reference``
 (the plain-torch references) are importable:
 
@@ -111,6 +111,15 @@ SWEEPS["tkc_tuning4"] = Sweep(
     "tkc_tuning4", "sweep4.yaml",
     # The MoE gates as shipped: one warp per token, num_topk rounds of a 5-step shuffle argmax.
     {"topk_gate": {"gate_impl": "shuffle"}, "top2_sum_gate": {"gate_impl": "shuffle", "group_rank": "insert"}},
+)
+SWEEPS["tkc_tuning5"] = Sweep(
+    "tkc_tuning5", "sweep5.yaml",
+    # Shipped before the fifth sweep: the float fp4 decode, split 16-byte stores, 3 blocks per SM;
+    # the fp8 pair of per_channel_cast_fused with scalar casts, 128 threads, 4 blocks, 128 channels.
+    {
+        "per_block_cast_lossless": {"decode": "float", "store": "split", "min_blocks": 3},
+        "per_channel_cast_fused": {"fp8_decode": "scalar", "threads": 128, "min_blocks": 4, "tile_k": 128},
+    },
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 
@@ -254,6 +263,8 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return swiglu_case(problem)
     if kernel in ("topk_gate", "top2_sum_gate"):
         return gate_case(kernel, problem)
+    if kernel == "per_block_cast_lossless":
+        return lossless_case(problem)
     raise SystemExit(f"sweep.py does not know kernel {kernel!r}; add a case for it")
 
 
@@ -513,6 +524,45 @@ def gate_case(kernel: str, problem: dict[str, Any]) -> Case:
     )
 
 
+# ---- the fifth sweep's lossless re-cast (sweep5.yaml); inputs as benchmarks/cases/quant_per_channel.py --------
+
+
+def lossless_case(problem: dict[str, Any]) -> Case:
+    """per_block_cast_lossless of an e2m1 pair (x int8 (T, H / 2), power-of-two 1 x 32 sf) as
+    bench.py makes it: per_token_cast_ref(fp32 rows, 'e2m1', 32, round_sf=True). The check input
+    is the pair of check_matrix (zeros, -0.0, every e2m1 code, NaN / Inf rows) with its scales
+    spread over 2^-40 .. 2^40 per row and per block, so that some input blocks lie more than
+    2^5 below their output block's largest (the float fallback of the PRMT decode) and the
+    (128, 128) blocks mix scales. Bytes counted: x, x_sf, q, sf."""
+    cast = _reference("quant", "per_token_cast_ref")
+    ref = _reference("quant_per_channel", "per_block_cast_lossless_ref")
+    block = (problem["block_m"], problem["block_k"])
+    if cast is None:
+        raise SystemExit("per_block_cast_lossless needs tests/reference/quant.py to make its (x, sf) inputs")
+
+    def pair(x: torch.Tensor) -> Inputs:
+        return tuple(cast(x.float(), "e2m1", 32, True))
+
+    def check_pair() -> Inputs:
+        q, sf = pair(check_matrix(TOKENS, HIDDEN))
+        gen = torch.Generator(device=DEVICE).manual_seed(2)
+        shift = torch.randint(-40, 41, sf.shape, device=DEVICE, generator=gen).float()
+        return q, sf * torch.exp2(shift)  # still powers of two (or 0, NaN, Inf)
+
+    def outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = x.shape[0]
+        return (torch.empty(tokens, HIDDEN, device=DEVICE, dtype=torch.float8_e4m3fn),
+                torch.empty(-(-tokens // block[0]), HIDDEN // block[1], device=DEVICE, dtype=torch.float32))
+
+    return Case(
+        make=lambda x: (x[0], x[1], *outputs(x[0])),
+        new_x=lambda: pair(torch.randn(TOKENS, HIDDEN, device=DEVICE)),
+        check_x=check_pair,
+        outputs=lambda args: args[2:4],
+        reference=(lambda x: tuple(ref(x[0], x[1], block))) if ref else None,
+    )
+
+
 def same_bytes(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
     """Bit-identical, NaNs included (compared as raw bytes, not as numbers)."""
     return len(a) == len(b) and all(
@@ -620,8 +670,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--dry-run", action="store_true", help="list problems, baselines and variants; no GPU")
     parser.add_argument("--package", choices=sorted(SWEEPS), default=DEFAULT_PACKAGE,
-                        help=f"the tuning package to sweep (default {DEFAULT_PACKAGE}: sweep.yaml; "
-                             "tkc_tuning2: sweep2.yaml; tkc_tuning3: sweep3.yaml; tkc_tuning4: sweep4.yaml)")
+                        help=f"the tuning package to sweep (default {DEFAULT_PACKAGE}; "
+                             + "; ".join(f"{name}: {s.spec}" for name, s in SWEEPS.items()) + ")")
     return parser.parse_args(argv)
 
 

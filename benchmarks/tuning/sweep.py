@@ -1,7 +1,7 @@
 """Time every variant of a tuning package against its kernel's shipped setting, at production shapes.
 
 Needs only torch and the wheel of one tuning package (no TileLang): ``tkc_tuning`` built from
-``benchmarks/tuning/sweep.yaml`` or ``tkc_tuning2`` from ``sweep2.yaml``. Run from the repository
+``benchmarks/tuning/sweep.yaml``, ``tkc_tuning2`` from ``sweep2.yaml`` and so on (``SWEEPS``). Run from the repository
 root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tests/reference``
 (the plain-torch references) are importable:
 
@@ -105,6 +105,15 @@ SWEEPS["tkc_tuning3"] = Sweep(
     "tkc_tuning3", "sweep3.yaml",
     # Shipped since the first sweep for e4m3 128 x 128: 128 elements per thread, no launch bound.
     {"per_block_cast": {"elems_per_thread": 128, "min_blocks": 0}},
+)
+# The fused SwiGLU casts (sweep6.yaml): the shipped forms are the fragment one (staged false; its
+# tile_t / tile_h are unused and pinned at the staged defaults) and the whole-row one (row_split 1).
+SWEEPS["tkc_tuning6"] = Sweep(
+    "tkc_tuning6", "sweep6.yaml",
+    {
+        "swiglu_forward_and_per_channel_cast_and_transpose": {"staged": False, "tile_t": 128, "tile_h": 32},
+        "swiglu_forward_and_per_token_cast": {"row_split": 1, "threads": 128},
+    },
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 
@@ -243,6 +252,8 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return expand_case(problem)
     if kernel == "swiglu_forward_and_per_token_cast":
         return swiglu_case(problem)
+    if kernel == "swiglu_forward_and_per_channel_cast_and_transpose":
+        return swiglu_per_channel_case(problem)
     raise SystemExit(f"sweep.py does not know kernel {kernel!r}; add a case for it")
 
 
@@ -424,6 +435,29 @@ def swiglu_case(problem: dict[str, Any]) -> Case:
     )
 
 
+def swiglu_per_channel_case(problem: dict[str, Any]) -> Case:
+    """swiglu_forward_and_per_channel_cast_and_transpose as in benchmarks/cases/quant_swiglu.py:
+    x (T, 2H) bf16, round_sf, no clamp (the op passes +inf); bytes x, q, sf. Every q and sf
+    element is written, so the outputs start uninitialised."""
+    ref = _reference("quant_swiglu", "swiglu_forward_and_per_channel_cast_and_transpose_ref")
+    npt, hidden, transposed = problem["npt"], problem["hidden"], not problem["without_transpose"]
+
+    def make(x: Inputs) -> Inputs:
+        tokens = x[0].shape[0]
+        q = torch.empty((hidden, tokens) if transposed else (tokens, hidden), device=DEVICE, dtype=torch.float8_e4m3fn)
+        sf = torch.empty(tokens // npt, hidden, device=DEVICE, dtype=torch.float32)
+        return (x[0], q, sf, float("inf"), 1)  # no clamp; 1: round_sf
+
+    return Case(
+        make=make,
+        new_x=lambda: (random_matrix(TOKENS, 2 * hidden),),
+        check_x=lambda: (check_matrix(TOKENS, 2 * hidden),),
+        outputs=lambda args: args[1:3],
+        reference=(lambda x: tuple(ref(x[0], npt, True, not transposed))) if ref else None,
+        counted=lambda args: args[:3],
+    )
+
+
 def same_bytes(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
     """Bit-identical, NaNs included (compared as raw bytes, not as numbers)."""
     return len(a) == len(b) and all(
@@ -532,7 +566,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="list problems, baselines and variants; no GPU")
     parser.add_argument("--package", choices=sorted(SWEEPS), default=DEFAULT_PACKAGE,
                         help=f"the tuning package to sweep (default {DEFAULT_PACKAGE}: sweep.yaml; "
-                             "tkc_tuning2: sweep2.yaml; tkc_tuning3: sweep3.yaml)")
+                             "tkc_tuning2: sweep2.yaml; tkc_tuning3: sweep3.yaml; tkc_tuning6: sweep6.yaml)")
     return parser.parse_args(argv)
 
 

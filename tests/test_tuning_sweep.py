@@ -105,6 +105,29 @@ def test_second_sweep_baselines_are_the_shipped_kernels() -> None:
         assert dict(v.knobs) == tuning.baseline(v.kernel, dict(v.problem))
 
 
+def test_sixth_sweep_baselines_render_the_shipped_kernels() -> None:
+    """sweep6.yaml: one shipped point per problem; with its knobs set, the shipped variants of both
+    archs render byte-identical sources (the knobs' defaults are the shipped forms), and the
+    candidates render the staged / split factories."""
+    found = _spec_variants("tkc_tuning6")
+    groups = sweep.problems(found)
+    assert len(groups) == 4 and len(found) <= 16
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    for v in found:
+        kernel = shipped.kernel(v.kernel)
+        matches = [x for x in expand(kernel) if all(x.param_dict[k] == val for k, val in v.problem)]
+        assert matches, v
+        for arch in ("sm90", "sm100"):
+            plain = render_source(matches[0], ARCHS[arch], TEMPLATES).split("\n", 2)[2]
+            knobbed = render_source(Variant(kernel=kernel, params=matches[0].params + v.knobs), ARCHS[arch],
+                                    TEMPLATES).split("\n", 2)[2]
+            if v.is_baseline:
+                assert knobbed == plain, (v, arch)
+            else:
+                assert f"\ndef {v.kernel}_kernel(" in knobbed, v  # the shipped factory stays, unused
+                assert "_staged_kernel(" in knobbed or "_split_kernel(" in knobbed, v
+
+
 def _shipped(kernel: str, **problem: Any) -> str:
     """The rendered source of the shipped variant of ``kernel`` with these grid values (sm90)."""
     variants = expand(load_specs([REPO / "kernel_specs"], TEMPLATES).kernel(kernel))
@@ -228,6 +251,11 @@ _SECOND = [
      lambda a: (a[0], a[1].view(-1, a[4]), a[2]), 64 * 256 * 2 + 64 * 8 * 4 + 4608 * 4 + 4608 * 256 * 2),
     ("swiglu_forward_and_per_token_cast", {"hidden": 256, "npc": 128, "with_weights": True,
                                            "with_pos_to_expert": True}, lambda a: a[:1], None),
+    # The sixth sweep's per-channel SwiGLU (transposed and not): x (T, 2H) bf16, q, sf (T / npt, H).
+    ("swiglu_forward_and_per_channel_cast_and_transpose", {"hidden": 256, "npt": 32, "without_transpose": False},
+     lambda a: a[:1], 256 * 512 * 2 + 256 * 256 + 8 * 256 * 4),
+    ("swiglu_forward_and_per_channel_cast_and_transpose", {"hidden": 256, "npt": 128, "without_transpose": True},
+     lambda a: a[:1], 256 * 512 * 2 + 256 * 256 + 2 * 256 * 4),
 ]
 
 

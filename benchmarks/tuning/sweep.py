@@ -121,6 +121,15 @@ SWEEPS["tkc_tuning5"] = Sweep(
         "per_channel_cast_fused": {"fp8_decode": "scalar", "threads": 128, "min_blocks": 4, "tile_k": 128},
     },
 )
+# The fused SwiGLU casts (sweep6.yaml): the shipped forms are the fragment one (staged false; its
+# tile_t / tile_h are unused and pinned at the staged defaults) and the whole-row one (row_split 1).
+SWEEPS["tkc_tuning6"] = Sweep(
+    "tkc_tuning6", "sweep6.yaml",
+    {
+        "swiglu_forward_and_per_channel_cast_and_transpose": {"staged": False, "tile_t": 128, "tile_h": 32},
+        "swiglu_forward_and_per_token_cast": {"row_split": 1, "threads": 128},
+    },
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -265,6 +274,8 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return gate_case(kernel, problem)
     if kernel == "per_block_cast_lossless":
         return lossless_case(problem)
+    if kernel == "swiglu_forward_and_per_channel_cast_and_transpose":
+        return swiglu_per_channel_case(problem)
     raise SystemExit(f"sweep.py does not know kernel {kernel!r}; add a case for it")
 
 
@@ -560,6 +571,29 @@ def lossless_case(problem: dict[str, Any]) -> Case:
         check_x=check_pair,
         outputs=lambda args: args[2:4],
         reference=(lambda x: tuple(ref(x[0], x[1], block))) if ref else None,
+    )
+
+
+def swiglu_per_channel_case(problem: dict[str, Any]) -> Case:
+    """swiglu_forward_and_per_channel_cast_and_transpose as in benchmarks/cases/quant_swiglu.py:
+    x (T, 2H) bf16, round_sf, no clamp (the op passes +inf); bytes x, q, sf. Every q and sf
+    element is written, so the outputs start uninitialised."""
+    ref = _reference("quant_swiglu", "swiglu_forward_and_per_channel_cast_and_transpose_ref")
+    npt, hidden, transposed = problem["npt"], problem["hidden"], not problem["without_transpose"]
+
+    def make(x: Inputs) -> Inputs:
+        tokens = x[0].shape[0]
+        q = torch.empty((hidden, tokens) if transposed else (tokens, hidden), device=DEVICE, dtype=torch.float8_e4m3fn)
+        sf = torch.empty(tokens // npt, hidden, device=DEVICE, dtype=torch.float32)
+        return (x[0], q, sf, float("inf"), 1)  # no clamp; 1: round_sf
+
+    return Case(
+        make=make,
+        new_x=lambda: (random_matrix(TOKENS, 2 * hidden),),
+        check_x=lambda: (check_matrix(TOKENS, 2 * hidden),),
+        outputs=lambda args: args[1:3],
+        reference=(lambda x: tuple(ref(x[0], npt, True, not transposed))) if ref else None,
+        counted=lambda args: args[:3],
     )
 
 

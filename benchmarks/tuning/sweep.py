@@ -1,7 +1,7 @@
 """Time every variant of a tuning package against its kernel's shipped setting, at production shapes.
 
 Needs only torch and the wheel of one tuning package (no TileLang): ``tkc_tuning`` built from
-``benchmarks/tuning/sweep.yaml`` or ``tkc_tuning2`` from ``sweep2.yaml``. Run from the repository
+``benchmarks/tuning/sweep.yaml``, ``tkc_tuning2`` from ``sweep2.yaml`` and so on (``SWEEPS``). Run from the repository
 root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tests/reference``
 (the plain-torch references) are importable:
 
@@ -105,6 +105,12 @@ SWEEPS["tkc_tuning3"] = Sweep(
     "tkc_tuning3", "sweep3.yaml",
     # Shipped since the first sweep for e4m3 128 x 128: 128 elements per thread, no launch bound.
     {"per_block_cast": {"elems_per_thread": 128, "min_blocks": 0}},
+)
+# The transpose as shipped: one 64 x 64 tile per block, 4 segments per thread; tiles_per_block 1
+# renders the shipped kernel whatever num_stages says (0: no pipelining).
+SWEEPS["tkc_tuning7"] = Sweep(
+    "tkc_tuning7", "sweep7.yaml",
+    {"batched_transpose": {"tile": 64, "segments_per_thread": 4, "tiles_per_block": 1, "num_stages": 0}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 
@@ -532,7 +538,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="list problems, baselines and variants; no GPU")
     parser.add_argument("--package", choices=sorted(SWEEPS), default=DEFAULT_PACKAGE,
                         help=f"the tuning package to sweep (default {DEFAULT_PACKAGE}: sweep.yaml; "
-                             "tkc_tuning2: sweep2.yaml; tkc_tuning3: sweep3.yaml)")
+                             "tkc_tuning2: sweep2.yaml; tkc_tuning3: sweep3.yaml; tkc_tuning7: sweep7.yaml)")
     return parser.parse_args(argv)
 
 

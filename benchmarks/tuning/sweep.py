@@ -130,6 +130,12 @@ SWEEPS["tkc_tuning6"] = Sweep(
         "swiglu_forward_and_per_token_cast": {"row_split": 1, "threads": 128},
     },
 )
+# The transpose as shipped: one 64 x 64 tile per block, 4 segments per thread; tiles_per_block 1
+# renders the shipped kernel whatever num_stages says (0: no pipelining).
+SWEEPS["tkc_tuning7"] = Sweep(
+    "tkc_tuning7", "sweep7.yaml",
+    {"batched_transpose": {"tile": 64, "segments_per_thread": 4, "tiles_per_block": 1, "num_stages": 0}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -1,0 +1,87 @@
+"""The compiled tensor check on real CUDA tensors: taken where it should be, declining where the Python
+checks must speak, and reading the same pointers and sizes as they do.
+
+Every other GPU test launches through it too (the launchers ask it first), so wrong pointers or sizes
+would show there as wrong results; these tests make sure the fast path is not silently skipped, e.g.
+by a torch whose DLPack export lacks float8.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+
+from tests.gpu.installed import installed_package
+
+tile_kernels_aot, quant, errors, runtime = installed_package()
+
+
+def _contract(launch: object) -> bytes | None:
+    module = sys.modules[launch.__module__]
+    return getattr(module, f"_{launch.__name__.upper()}_CONTRACT")
+
+
+def _per_token_launcher(fmt: str, npc: int) -> object:
+    return runtime.get_kernel("per_token_cast").select(in_dtype="bfloat16", hidden=7168, fmt=fmt, npc=npc,
+                                                       round_sf=False, sf_layout="row_major")
+
+
+def test_the_package_has_the_compiled_check() -> None:
+    assert runtime.NATIVE_LAUNCH and runtime.NATIVE_CHECK
+
+
+@pytest.mark.parametrize(("fmt", "npc"), [("e4m3", 128), ("e2m1", 32)])
+def test_check_accepts_well_formed_tensors_and_reads_what_python_reads(fmt: str, npc: int) -> None:
+    launch = _per_token_launcher(fmt, npc)
+    contract = _contract(launch)
+    assert contract is not None, "contract() packed nothing: this torch cannot export a dtype through DLPack"
+    wide = torch.randn(33, 7680, device="cuda", dtype=torch.bfloat16)
+    x = wide[:, :7168]  # strided rows, as the op allows
+    q = torch.empty(33, 7168 if fmt == "e4m3" else 3584, device="cuda",
+                    dtype=torch.float8_e4m3fn if fmt == "e4m3" else torch.int8)
+    sf = torch.empty(33, 7168 // npc, device="cuda")
+    assert runtime.check(contract, x, q, sf) == (x.get_device(), x.data_ptr(), q.data_ptr(), sf.data_ptr(), 33, 7680)
+
+
+def test_check_declines_and_the_python_checks_name_the_argument() -> None:
+    launch = _per_token_launcher("e4m3", 128)
+    contract = _contract(launch)
+    x = torch.randn(8, 7168, device="cuda", dtype=torch.bfloat16)
+    q = torch.empty(8, 7168, device="cuda", dtype=torch.float8_e4m3fn)
+    sf = torch.empty(8, 56, device="cuda")
+    bad = {
+        "x": (x.float(), "x: expected dtype torch.bfloat16"),
+        "q": (q[:7], r"q: expected shape \(8, 7168\)"),
+        "sf": (torch.empty(8, 57, device="cuda")[:, 1:], "sf: "),  # misaligned or strided: both refused
+    }
+    for name, (tensor, message) in bad.items():
+        args = {"x": x, "q": q, "sf": sf, name: tensor}
+        assert runtime.check(contract, args["x"], args["q"], args["sf"]) is None, name
+        with pytest.raises(errors.KernelArgumentError, match=message):
+            launch(args["x"], args["q"], args["sf"], 0)
+    q_cpu = q.cpu()
+    assert runtime.check(contract, x, q_cpu, sf) is None
+    with pytest.raises(errors.KernelArgumentError, match="^q: "):
+        launch(x, q_cpu, sf, 0)
+
+
+def test_every_catalogue_dtype_exports() -> None:
+    """Each dtype a launcher of the catalogue checks has a DLPack spelling in this torch."""
+    dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8,
+              torch.int32, torch.int64, torch.bool)
+    missing = [d for d in dtypes if runtime._dlpack_dtype(d) is None]
+    assert not missing, f"torch {torch.__version__} cannot export {missing} through DLPack"
+
+
+def test_launchers_of_every_kernel_module_hold_contracts() -> None:
+    info = importlib.import_module("tile_kernels_aot._build_info")
+    empty = []
+    for name in info.KERNELS:
+        kernel = runtime.get_kernel(name)
+        for launch in kernel.variants.values():
+            if _contract(launch) is None:
+                empty.append(launch.__name__)
+    assert not empty, f"{len(empty)} launchers have no compiled check, e.g. {empty[:3]}"

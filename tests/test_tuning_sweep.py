@@ -128,10 +128,16 @@ def test_second_sweep_baselines_are_the_shipped_kernels() -> None:
         assert dict(v.knobs) == tuning.baseline(v.kernel, dict(v.problem))
 
 
-def test_sixth_sweep_baselines_render_the_shipped_kernels() -> None:
-    """sweep6.yaml: one shipped point per problem; with its knobs set, the shipped variants of both
-    archs render byte-identical sources (the knobs' defaults are the shipped forms), and the
-    candidates render the staged / split factories."""
+def _sweep6_shipped_knobs(kernel: str, problem: dict[str, Any]) -> dict[str, Any]:
+    """The knobs the templates default to since the sixth sweep (its winners; the per-token split lost)."""
+    if kernel == "swiglu_forward_and_per_token_cast":
+        return {"row_split": 1, "threads": 128}
+    return {"staged": True, "tile_t": 64 if problem["npt"] == 32 else 128, "tile_h": 32}
+
+
+def test_sixth_sweep_winners_render_the_shipped_kernels() -> None:
+    """sweep6.yaml: with the winning knobs set (now the templates' defaults), the shipped variants of
+    both archs render byte-identical sources; every other point renders something else."""
     found = _spec_variants("tkc_tuning6")
     groups = sweep.problems(found)
     assert len(groups) == 4 and len(found) <= 16
@@ -144,11 +150,7 @@ def test_sixth_sweep_baselines_render_the_shipped_kernels() -> None:
             plain = render_source(matches[0], ARCHS[arch], TEMPLATES).split("\n", 2)[2]
             knobbed = render_source(Variant(kernel=kernel, params=matches[0].params + v.knobs), ARCHS[arch],
                                     TEMPLATES).split("\n", 2)[2]
-            if v.is_baseline:
-                assert knobbed == plain, (v, arch)
-            else:
-                assert f"\ndef {v.kernel}_kernel(" in knobbed, v  # the shipped factory stays, unused
-                assert "_staged_kernel(" in knobbed or "_split_kernel(" in knobbed, v
+            assert (knobbed == plain) == (dict(v.knobs) == _sweep6_shipped_knobs(v.kernel, dict(v.problem))), (v, arch)
 
 
 def _shipped(kernel: str, **problem: Any) -> str:
@@ -354,8 +356,10 @@ def test_references_import_when_run_as_a_script() -> None:
     assert result.stdout.split()[0] == "[]", result.stdout + result.stderr
 
 
-def test_fourth_sweep_baselines_render_the_shipped_gates() -> None:
-    # gate_impl=shuffle is the template default: the baselines are the shipped MoE gates, byte for byte.
+def test_fourth_sweep_winners_render_the_shipped_gates() -> None:
+    # gate_impl=redux (the sweep's winner) is the template default since: those points are the
+    # shipped MoE gates, byte for byte; the baselines (shuffle) and group_rank=count are not.
+    winners = {"topk_gate": {"gate_impl": "redux"}, "top2_sum_gate": {"gate_impl": "redux", "group_rank": "insert"}}
     found = _spec_variants("tkc_tuning4")
     groups = sweep.problems(found)
     assert {kernel for kernel, _ in groups} == {"topk_gate", "top2_sum_gate"} and len(found) <= 12
@@ -366,7 +370,7 @@ def test_fourth_sweep_baselines_render_the_shipped_gates() -> None:
         plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
         knobbed = render_source(Variant(kernel=kernel, params=match.params + v.knobs), ARCHS["sm90"],
                                 TEMPLATES).split("\n", 2)[2]
-        assert (knobbed == plain) == v.is_baseline, v
+        assert (knobbed == plain) == (dict(v.knobs) == winners[v.kernel]), v
         if dict(v.knobs)["gate_impl"] == "redux":
             assert "__reduce_max_sync" in knobbed
 
@@ -422,20 +426,24 @@ def test_fifth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_fifth_sweep_knobs_at_their_defaults_render_the_shipped_source(arch: str) -> None:
-    """Every shipped variant of the two templates renders byte-identical with the sweep5 baseline
-    knobs set (the knobs' jinja blocks at their defaults emit nothing new)."""
+def test_fifth_sweep_winners_render_the_shipped_source(arch: str) -> None:
+    """Every shipped variant of the two templates renders byte-identical with the sweep5 winners set:
+    the prmt decode with paired stores for the lossless re-cast, the paired fp8 decode for fp8 inputs
+    (bf16 and fp32 inputs keep the scalar path, which is theirs)."""
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
-    baselines = dict(sweep.SWEEPS["tkc_tuning5"].baselines)
-    # per_channel_cast_fused's threads / min_blocks / tile_k defaults are expressions (checked by
-    # test_second_sweep_baselines_are_the_shipped_kernels); sweep5 adds fp8_decode.
-    baselines["per_channel_cast_fused"] = {"fp8_decode": "scalar"}
-    for name, knobs in baselines.items():
+    winners = {
+        "per_block_cast_lossless": lambda params: {"decode": "prmt", "store": "pair", "min_blocks": 3},
+        # threads / min_blocks / tile_k defaults are expressions (test_second_sweep_baselines_are_the_shipped_kernels)
+        "per_channel_cast_fused": lambda params: {
+            "fp8_decode": "pairs" if params["in_dtype"] == "float8_e4m3fn" else "scalar"},
+    }
+    for name, knobs_of in winners.items():
         kernel = shipped.kernel(name)
         assert arch in kernel.archs
         for match in expand(kernel):
+            knobs = tuple(knobs_of(match.param_dict).items())
             plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
-            knobbed = render_source(Variant(kernel=kernel, params=match.params + tuple(knobs.items())), ARCHS[arch],
+            knobbed = render_source(Variant(kernel=kernel, params=match.params + knobs), ARCHS[arch],
                                     TEMPLATES).split("\n", 2)[2]
             assert knobbed == plain, (name, match.params)
 

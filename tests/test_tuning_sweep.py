@@ -499,3 +499,52 @@ def test_lossless_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatc
     sf_rows = -(-200 // block[0])
     nbytes = 200 * 128 + 200 * 8 * 4 + 200 * 256 + sf_rows * (256 // block[1]) * 4
     assert round(rows["base"].gb_s * 10.0 * 1e3) == nbytes
+
+
+def test_eleventh_sweep_baselines_render_the_shipped_swiglu_per_token_casts() -> None:
+    """sweep11.yaml: the shipped knobs render every shipped variant of both per-token SwiGLU
+    templates byte-identical (both archs, every grid point: npc = H and 128, with and without
+    weights); the staged points of the forward render the staged factory; the backward is its
+    shipped variant alone."""
+    found = _spec_variants("tkc_tuning11")
+    groups = sweep.problems(found)
+    assert len(groups) == 2 and len(found) <= 14
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    knobs = sweep.SWEEPS["tkc_tuning11"].baselines
+    for name in ("swiglu_forward_and_per_token_cast", "swiglu_backward_and_per_token_cast"):
+        kernel = shipped.kernel(name)
+        base = tuple(knobs[name].items())
+        for variant in expand(kernel):
+            for arch in ("sm90", "sm100"):
+                plain = render_source(variant, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
+                knobbed = render_source(Variant(kernel=kernel, params=variant.params + base), ARCHS[arch],
+                                        TEMPLATES).split("\n", 2)[2]
+                assert knobbed == plain, (variant.id, arch)
+    forward = shipped.kernel("swiglu_forward_and_per_token_cast")
+    for v in found:
+        if v.kernel != "swiglu_forward_and_per_token_cast":
+            assert v.is_baseline and v.knobs == ()
+            continue
+        match = next(x for x in expand(forward) if all(x.param_dict[k] == val for k, val in v.problem))
+        source = render_source(Variant(kernel=forward, params=match.params + v.knobs), ARCHS["sm90"], TEMPLATES)
+        assert ("staged_kernel(" in source) == dict(v.knobs)["staged"], v
+        if dict(v.knobs)["staged"]:
+            assert f"\nSLABS = {dict(v.knobs)['slabs']}" in source
+
+
+def test_swiglu_backward_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eleventh sweep's backward case on the CPU (small shapes): its inputs launch, the reference
+    matches itself, and weight_grad may differ by summation order but not by more."""
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.setattr(sweep, "SWIGLU_TOKENS", 64)
+    c = sweep.case("swiglu_backward_and_per_token_cast", {"hidden": 256, "npc": 128})
+    x = c.new_x()
+    args = c.make(x)
+    assert len(args) == 13 and args[0].shape == (args[2].shape[0], 512) and args[1].shape == (args[0].shape[0], 4)
+    want = c.reference(x)
+    assert c.matches(want, want)
+    nudged = (*want[:4], want[4] * (1 + 1e-7))
+    assert c.matches(nudged, want)
+    assert not c.matches((*want[:4], want[4] + 1.0), want)
+    check = c.check_x()
+    assert torch.isnan(check[1]).any()  # the NaN / Inf rows of check_matrix give NaN scales

@@ -136,6 +136,16 @@ SWEEPS["tkc_tuning7"] = Sweep(
     "tkc_tuning7", "sweep7.yaml",
     {"batched_transpose": {"tile": 64, "segments_per_thread": 4, "tiles_per_block": 1, "num_stages": 0}},
 )
+# The per-token SwiGLU casts (sweep11.yaml): shipped is the whole-row fragment form of the forward
+# (staged false; slabs, unused there, pinned at the staged default). The backward has no knob yet:
+# its shipped variant runs alone (reference check and time).
+SWEEPS["tkc_tuning11"] = Sweep(
+    "tkc_tuning11", "sweep11.yaml",
+    {
+        "swiglu_forward_and_per_token_cast": {"staged": False, "slabs": 2},
+        "swiglu_backward_and_per_token_cast": {},  # no candidate yet: the case and its time only
+    },
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -282,6 +292,8 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return lossless_case(problem)
     if kernel == "swiglu_forward_and_per_channel_cast_and_transpose":
         return swiglu_per_channel_case(problem)
+    if kernel == "swiglu_backward_and_per_token_cast":
+        return swiglu_backward_case(problem)
     raise SystemExit(f"sweep.py does not know kernel {kernel!r}; add a case for it")
 
 
@@ -600,6 +612,68 @@ def swiglu_per_channel_case(problem: dict[str, Any]) -> Case:
         outputs=lambda args: args[1:3],
         reference=(lambda x: tuple(ref(x[0], npt, True, not transposed))) if ref else None,
         counted=lambda args: args[:3],
+    )
+
+
+# ---- the eleventh sweep's SwiGLU backward (sweep11.yaml); inputs as benchmarks/cases/quant_swiglu.py ----
+
+SWIGLU_BF16_RTOL = 2.0**-7  # tests/gpu/test_quant_swiglu.py: bf16 outputs within one bf16 ulp of torch's
+SWIGLU_WGRAD_RTOL, SWIGLU_WGRAD_ATOL = 1e-5, 1e-6  # weight_grad: a row sum in the kernel's own order
+
+
+def swiglu_backward_case(problem: dict[str, Any]) -> Case:
+    """swiglu_backward_and_per_token_cast as benchmarks/cases/quant_swiglu.py runs it: the fp8 pair
+    per_token_cast_ref(randn (N, 2H), 'e4m3', npc), bf16 grad_out, top-2 weights, expert-major
+    routing of 8192 tokens (16448 rows, padding rows with weight 0), round_sf, no clamp (the op
+    passes +inf). Every output element is written (weight_grad entries without a row get 0), so
+    the outputs start uninitialised. Variants must equal the baseline byte for byte, weight_grad
+    included; the baseline meets the reference as tests/gpu/test_quant_swiglu.py asks: codes and
+    scales bit-identical, bf16 outputs within one ulp, weight_grad (summed in another order) to
+    1e-5 relative. The check input is check_matrix cast to the fp8 pair (zeros, -0.0, NaN and Inf
+    rows: NaN scales), with check_matrix as grad_out. Bytes counted: every tensor argument."""
+    hidden, npc = problem["hidden"], problem["npc"]
+    routing = _reference("quant_swiglu", "expert_major_routing")
+    ref = _reference("quant_swiglu", "swiglu_backward_ref")
+    cast = _reference("quant", "per_token_cast_ref")
+    if routing is None or cast is None:
+        raise SystemExit("swiglu_backward_and_per_token_cast needs tests/reference/quant*.py for its inputs")
+    _, pos_to_token_topk, token_topk_to_pos = routing(SWIGLU_TOKENS, SWIGLU_TOPK, device=DEVICE)
+    weights = torch.rand(SWIGLU_TOKENS, SWIGLU_TOPK, device=DEVICE,
+                         generator=torch.Generator(device=DEVICE).manual_seed(1))
+    rows = pos_to_token_topk.shape[0]
+
+    def inputs(x: torch.Tensor, g: torch.Tensor) -> Inputs:
+        xq, x_sf = cast(x.float(), "e4m3", npc)
+        return xq, x_sf, g
+
+    def make(x: Inputs) -> Inputs:
+        out = torch.empty(rows, hidden, device=DEVICE, dtype=torch.bfloat16)
+        q = torch.empty(rows, 2 * hidden, device=DEVICE, dtype=torch.float8_e4m3fn)
+        q_sf = torch.empty(rows, 2 * hidden // npc, device=DEVICE, dtype=torch.float32)
+        x_grad = torch.empty(rows, 2 * hidden, device=DEVICE, dtype=torch.bfloat16)
+        weight_grad = torch.empty(SWIGLU_TOKENS, SWIGLU_TOPK, device=DEVICE, dtype=torch.float32)
+        return (x[0], x[1], x[2], weights, pos_to_token_topk, token_topk_to_pos,
+                out, q, q_sf, x_grad, weight_grad, float("inf"), 1)  # no clamp; 1: round_sf
+
+    def reference(x: Inputs) -> tuple[torch.Tensor, ...]:
+        assert ref is not None
+        out, (q, q_sf), x_grad, weight_grad, _ = ref(x[0], x[1], x[2], weights, pos_to_token_topk,
+                                                     token_topk_to_pos, npc, True)
+        return out, q, q_sf, x_grad, weight_grad
+
+    def matches(out: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> bool:
+        return (same_bytes(out[1:3], want[1:3])
+                and all(torch.allclose(a.float(), b.float(), rtol=SWIGLU_BF16_RTOL, atol=0.0)
+                        for a, b in ((out[0], want[0]), (out[3], want[3])))
+                and torch.allclose(out[4], want[4], rtol=SWIGLU_WGRAD_RTOL, atol=SWIGLU_WGRAD_ATOL))
+
+    return Case(
+        make=make,
+        new_x=lambda: inputs(torch.randn(rows, 2 * hidden, device=DEVICE), random_matrix(rows, hidden)),
+        check_x=lambda: inputs(check_matrix(rows, 2 * hidden).float(), check_matrix(rows, hidden)),
+        outputs=lambda args: args[6:11],
+        reference=reference if ref else None,
+        matches=matches,
     )
 
 

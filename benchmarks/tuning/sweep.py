@@ -136,6 +136,12 @@ SWEEPS["tkc_tuning7"] = Sweep(
     "tkc_tuning7", "sweep7.yaml",
     {"batched_transpose": {"tile": 64, "segments_per_thread": 4, "tiles_per_block": 1, "num_stages": 0}},
 )
+# per_channel_cast_and_transpose as shipped (sweep12.yaml): the cast's 16 fp32 values kept in registers,
+# the first warp turning npt 128's segment maxima into scales, no launch bound, 128-token tiles.
+SWEEPS["tkc_tuning12"] = Sweep(
+    "tkc_tuning12", "sweep12.yaml",
+    {"per_channel_cast_and_transpose": {"recast": "keep", "scale_by": "first_warp", "min_blocks": 0, "tile_t": 128}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

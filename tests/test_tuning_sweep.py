@@ -548,3 +548,36 @@ def test_swiglu_backward_case_runs_against_its_reference(monkeypatch: pytest.Mon
     assert not c.matches((*want[:4], want[4] + 1.0), want)
     check = c.check_x()
     assert torch.isnan(check[1]).any()  # the NaN / Inf rows of check_matrix give NaN scales
+
+
+def test_twelfth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
+    found = _spec_variants("tkc_tuning12")
+    assert len(found) <= 14
+    groups = sweep.problems(found)  # raises unless each problem holds exactly one baseline
+    assert {dict(problem)["npt"] for _, problem in groups} == {32, 128}
+    tuning = sweep.SWEEPS["tkc_tuning12"]
+    for v in found:
+        if v.is_baseline:
+            assert dict(v.knobs) == tuning.baseline(v.kernel, dict(v.problem))
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_twelfth_sweep_baseline_renders_the_shipped_source(arch: str) -> None:
+    """Every shipped variant of per_channel_cast_and_transpose renders byte-identical with the sweep12
+    baseline knobs set (the knobs' defaults); the candidates render their paths."""
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_channel_cast_and_transpose")
+    baseline = tuple(sweep.SWEEPS["tkc_tuning12"].baselines["per_channel_cast_and_transpose"].items())
+    assert arch in shipped.archs
+    for match in expand(shipped):
+        plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
+        knobbed = render_source(Variant(kernel=shipped, params=match.params + baseline), ARCHS[arch],
+                                TEMPLATES).split("\n", 2)[2]
+        assert knobbed == plain, match.params
+    for v in _spec_variants("tkc_tuning12"):
+        match = next(x for x in expand(shipped) if all(x.param_dict[k] == val for k, val in v.problem))
+        source = render_source(Variant(kernel=shipped, params=match.params + v.knobs), ARCHS[arch], TEMPLATES)
+        knobs = dict(v.knobs)
+        assert ("v_local[i] = T.Cast" in source) == (knobs["recast"] == "keep")
+        assert ("if tid < TILE_H:" in source) == (knobs["scale_by"] == "first_warp")
+        assert ("T.annotate_min_blocks_per_sm(8)" in source) == (knobs["min_blocks"] == 8)
+        assert f"TILE_T = {knobs['tile_t']}" in source

@@ -146,6 +146,12 @@ SWEEPS["tkc_tuning11"] = Sweep(
         "swiglu_backward_and_per_token_cast": {},  # no candidate yet: the case and its time only
     },
 )
+# per_channel_cast_and_transpose as shipped (sweep12.yaml): the cast's 16 fp32 values kept in registers,
+# the first warp turning npt 128's segment maxima into scales, no launch bound, 128-token tiles.
+SWEEPS["tkc_tuning12"] = Sweep(
+    "tkc_tuning12", "sweep12.yaml",
+    {"per_channel_cast_and_transpose": {"recast": "keep", "scale_by": "first_warp", "min_blocks": 0, "tile_t": 128}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -136,6 +136,9 @@ SWEEPS["tkc_tuning7"] = Sweep(
     "tkc_tuning7", "sweep7.yaml",
     {"batched_transpose": {"tile": 64, "segments_per_thread": 4, "tiles_per_block": 1, "num_stages": 0}},
 )
+SWEEPS["tkc_tuning10"] = Sweep(
+    "tkc_tuning10", "sweep10.yaml", {"batched_transpose": {"gather": "shared", "column_bytes": 4}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -152,6 +152,9 @@ SWEEPS["tkc_tuning12"] = Sweep(
     "tkc_tuning12", "sweep12.yaml",
     {"per_channel_cast_and_transpose": {"recast": "keep", "scale_by": "first_warp", "min_blocks": 0, "tile_t": 128}},
 )
+SWEEPS["tkc_tuning10"] = Sweep(
+    "tkc_tuning10", "sweep10.yaml", {"batched_transpose": {"gather": "shared", "column_bytes": 4}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -502,7 +502,7 @@ def test_lossless_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatc
 
 
 _SWEEP9_DEFAULTS = {"topk_gate": {"gate_impl": "redux", "min_blocks": 0},
-                    "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "min_blocks": 0}}
+                    "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch", "min_blocks": 0}}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -539,6 +539,7 @@ def test_ninth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
         assert ("own_kept" in knobbed) == (knobs.get("group_rank") == "own")
         assert ("T.And(num_tp_ranks == 1, tp_rank == 0)" in knobbed) == bool(knobs.get("tp_fast"))
         assert ("T.annotate_min_blocks_per_sm(16)" in knobbed) == (knobs["min_blocks"] == 16)
+        assert ("second = T.max(second, T.min(first" in knobbed) == (knobs.get("pair_top2") == "minmax")
 
 
 def test_ninth_sweep_mapped_gate_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:

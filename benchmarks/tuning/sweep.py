@@ -142,7 +142,7 @@ SWEEPS["tkc_tuning9"] = Sweep(
     "tkc_tuning9", "sweep9.yaml",
     {
         "topk_gate": {"gate_impl": "redux", "min_blocks": 0},
-        "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "min_blocks": 0},
+        "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch", "min_blocks": 0},
     },
 )
 DEFAULT_PACKAGE = "tkc_tuning"

@@ -601,3 +601,77 @@ def test_twelfth_sweep_baseline_renders_the_shipped_source(arch: str) -> None:
         assert ("if tid < TILE_H:" in source) == (knobs["scale_by"] == "first_warp")
         assert ("T.annotate_min_blocks_per_sm(8)" in source) == (knobs["min_blocks"] == 8)
         assert f"TILE_T = {knobs['tile_t']}" in source
+
+
+_SWEEP9_DEFAULTS = {"topk_gate": {"gate_impl": "redux", "min_blocks": 0},
+                    "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch", "min_blocks": 0}}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_ninth_sweep_defaults_render_the_shipped_gates(arch: str) -> None:
+    """sweep9.yaml's knobs at their defaults render every shipped MoE gate variant byte for byte."""
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    for name, knobs in _SWEEP9_DEFAULTS.items():
+        kernel = shipped.kernel(name)
+        assert arch in kernel.archs
+        for match in expand(kernel):
+            plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
+            knobbed = render_source(Variant(kernel=kernel, params=match.params + tuple(knobs.items())),
+                                    ARCHS[arch], TEMPLATES).split("\n", 2)[2]
+            assert knobbed == plain, (name, match.params)
+
+
+def test_ninth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
+    found = _spec_variants("tkc_tuning9")
+    groups = sweep.problems(found)
+    assert len(groups) == 4 and len(found) <= 14  # topk_gate E 64 / 256, top2_sum_gate with and without the map
+    assert sweep.SWEEPS["tkc_tuning9"].baselines == _SWEEP9_DEFAULTS
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    for members in groups.values():
+        assert sum(v.is_baseline for v in members) == 1
+    for v in found:
+        kernel = shipped.kernel(v.kernel)
+        match = next(x for x in expand(kernel) if all(x.param_dict[k] == val for k, val in v.problem))
+        plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
+        knobbed = render_source(Variant(kernel=kernel, params=match.params + v.knobs), ARCHS["sm90"],
+                                TEMPLATES).split("\n", 2)[2]
+        assert (knobbed == plain) == v.is_baseline, v
+        knobs = dict(v.knobs)
+        assert ("__ballot_sync" in knobbed) == (knobs.get("gate_impl") == "ballot")
+        assert ("own_kept" in knobbed) == (knobs.get("group_rank") == "own")
+        assert ("T.And(num_tp_ranks == 1, tp_rank == 0)" in knobbed) == bool(knobs.get("tp_fast"))
+        assert ("T.annotate_min_blocks_per_sm(16)" in knobbed) == (knobs["min_blocks"] == 16)
+        assert ("second = T.max(second, T.min(first" in knobbed) == (knobs.get("pair_top2") == "minmax")
+
+
+def test_ninth_sweep_mapped_gate_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.setattr(sweep, "GATE_TOKENS", 64)
+    problem = {"scoring": "sigmoid", "num_experts": 256, "num_topk": 8, "num_groups": 8, "num_topk_groups": 4,
+               "physical_map": True}
+    c = sweep.case("top2_sum_gate", problem)
+    assert c.reference is not None
+    logits, _, to_physical, count = c.check_x()
+    assert logits.isnan().any() and (to_physical == -1).any() and (count == 0).any() and (count > 3).any()
+
+    def launch(*args: Any) -> None:
+        for out, ref in zip(c.outputs(args), c.reference(args[:4]), strict=True):
+            assert (out.shape, out.dtype) == (ref.shape, ref.dtype)
+            out.copy_(ref)
+
+    def swapped(*args: Any) -> None:  # the first two ids of one row exchanged
+        launch(*args)
+        ids = c.outputs(args)[0]
+        ids[5, :2] = ids[5, :2].flip(0)
+
+    group = [sweep.Variant(kernel="top2_sum_gate", name=name, problem=tuple(problem.items()),
+                           knobs=(("tp_fast", fast),), launch=fn, baseline=(("tp_fast", False),))
+             for name, fast, fn in (("base", False, launch), ("off", True, swapped))]
+    timer = SimpleNamespace(median_us=lambda fn, inputs: 1.0)
+    bench = SimpleNamespace(rotating_inputs=lambda make: [make()], tensor_bytes=lambda t: (
+        t.nbytes if isinstance(t, torch.Tensor) else 0), reason=lambda exc: f"{type(exc).__name__}: {exc}")
+    rows = {r.variant: r for r in sweep.run_problem(timer, bench, 4000.0, "top2_sum_gate", problem, group)}
+    assert rows["base"].note == "baseline == reference", rows["base"].note
+    assert rows["off"].bit_exact is False
+    per_token = 256 * 4 + 8 * 8 + 8 * 4
+    assert round(rows["base"].gb_s * 1e3) == 64 * per_token + 256 * 4 + 256 * 3 * 4 + 256 * 4  # + bias, map, count

@@ -8,6 +8,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --out "$OUT"                          # on the GPU machine
     python benchmarks/tuning/sweep.py --package tkc_tuning2 --out "$OUT"    # the second sweep
     python benchmarks/tuning/sweep.py --package tkc_tuning4 --out "$OUT"    # the MoE gates (sweep4.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning9 --out "$OUT"    # the MoE gates again (sweep9.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -155,6 +156,14 @@ SWEEPS["tkc_tuning12"] = Sweep(
 SWEEPS["tkc_tuning10"] = Sweep(
     "tkc_tuning10", "sweep10.yaml", {"batched_transpose": {"gather": "shared", "column_bytes": 4}},
 )
+# The MoE gates after the fourth sweep (its winners are the defaults): every new knob at its default.
+SWEEPS["tkc_tuning9"] = Sweep(
+    "tkc_tuning9", "sweep9.yaml",
+    {
+        "topk_gate": {"gate_impl": "redux", "min_blocks": 0},
+        "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch", "min_blocks": 0},
+    },
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -295,6 +304,8 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return expand_case(problem)
     if kernel == "swiglu_forward_and_per_token_cast":
         return swiglu_case(problem)
+    if kernel == "top2_sum_gate" and problem["physical_map"]:
+        return mapped_gate_case(problem)
     if kernel in ("topk_gate", "top2_sum_gate"):
         return gate_case(kernel, problem)
     if kernel == "per_block_cast_lossless":
@@ -683,6 +694,52 @@ def swiglu_backward_case(problem: dict[str, Any]) -> Case:
         outputs=lambda args: args[6:11],
         reference=reference if ref else None,
         matches=matches,
+    )
+
+
+# ---- the ninth sweep's mapped top2_sum_gate (sweep9.yaml) -----------------------------------------------------
+
+MAP_COPIES, MAP_EP_RANK, MAP_EP_RANKS = 3, 1, 2  # as tests/gpu/test_moe_gate.py: 1..3 copies per expert
+
+
+def mapped_gate_case(problem: dict[str, Any]) -> Case:
+    """top2_sum_gate with to_physical_map / logical_count (no shared experts), EP rank 1 of 2 (so the
+    hash's ep_rank term is not 0), one TP rank; the logits and bias as gate_case. The check map
+    also holds -1 entries (ids masked to -1) and counts of 0 and above the copies (clamped)."""
+    experts, topk = problem["num_experts"], problem["num_topk"]
+    groups, top_groups = problem["num_groups"], problem["num_topk_groups"]
+    plain = gate_case("top2_sum_gate", {**problem, "physical_map": False})
+    ref = _reference("moe_gate", "top2_sum_gate_ref")
+    per_rank = (experts + MAP_COPIES - 1) // MAP_EP_RANKS
+
+    def physical_map(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        to_physical = torch.randperm(experts * MAP_COPIES, device=DEVICE, generator=gen).view(experts, MAP_COPIES)
+        count = torch.randint(1, MAP_COPIES + 1, (experts,), device=DEVICE, dtype=torch.int32, generator=gen)
+        return to_physical.int(), count
+
+    def check_x() -> Inputs:
+        to_physical, count = physical_map(4)
+        rows = torch.arange(experts, device=DEVICE)
+        to_physical[rows % 5 == 0, 0] = -1
+        count[rows % 7 == 1] = 0
+        count[rows % 7 == 2] = MAP_COPIES + 2
+        return (*plain.check_x(), to_physical, count)
+
+    def make(x: Inputs) -> Inputs:
+        shape = (x[0].shape[0], topk)
+        outputs = (torch.empty(shape, device=DEVICE, dtype=torch.int64), torch.empty(shape, device=DEVICE))
+        # routed_scaling_factor, ep_rank, experts_per_rank, tp_rank, num_tp_ranks
+        return (*x, *outputs, GATE_SCALE, MAP_EP_RANK, per_rank, 0, 1)
+
+    return Case(
+        make=make,
+        new_x=lambda: (*plain.new_x(), *physical_map(5)),
+        check_x=check_x,
+        outputs=lambda args: args[4:6],
+        reference=(lambda x: ref(x[0], x[1], topk, top_groups, groups, 0, GATE_SCALE, MAP_EP_RANK, MAP_EP_RANKS, 0, 1,
+                                 "sigmoid", x[2], x[3])) if ref else None,
+        matches=plain.matches,
     )
 
 

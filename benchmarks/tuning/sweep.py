@@ -8,6 +8,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --out "$OUT"                          # on the GPU machine
     python benchmarks/tuning/sweep.py --package tkc_tuning2 --out "$OUT"    # the second sweep
     python benchmarks/tuning/sweep.py --package tkc_tuning4 --out "$OUT"    # the MoE gates (sweep4.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning8 --out "$OUT"    # the FP4 e2m1 casts (sweep8.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -135,6 +136,15 @@ SWEEPS["tkc_tuning6"] = Sweep(
 SWEEPS["tkc_tuning7"] = Sweep(
     "tkc_tuning7", "sweep7.yaml",
     {"batched_transpose": {"tile": 64, "segments_per_thread": 4, "tiles_per_block": 1, "num_stages": 0}},
+)
+# The FP4 e2m1 casts (sweep8.yaml) as shipped: fp32 x widened before the amax, 128 threads (per_token_cast;
+# per_block_cast derives its own), no launch bound (0).
+SWEEPS["tkc_tuning8"] = Sweep(
+    "tkc_tuning8", "sweep8.yaml",
+    {
+        "per_token_cast": {"threads": 128, "x_convert": "early", "min_blocks": 0},
+        "per_block_cast": {"x_convert": "early", "min_blocks": 0},
+    },
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 
@@ -265,6 +275,8 @@ def _benchmark_case(name: str) -> Any:
 
 
 def case(kernel: str, problem: dict[str, Any]) -> Case:
+    if kernel == "per_token_cast" and problem["npc"] == 0:
+        return per_token_row_case(problem)
     first = first_sweep_case(kernel, problem)
     if first is not None:
         return first
@@ -602,6 +614,31 @@ def swiglu_per_channel_case(problem: dict[str, Any]) -> Case:
         counted=lambda args: args[:3],
     )
 
+
+def per_token_row_case(problem: dict[str, Any]) -> Case:
+    """per_token_cast with one scale per row (grid npc 0, npc = H; sweep8.yaml): x (T, H) bf16 -> q, sf
+    (T, 1) row-major; bytes x, q, sf as bench.py counts them (every input and output). The check
+    input's special rows (zeros, -0.0, the e2m1 ties with 6 in the row, a NaN, an Inf) are whole rows,
+    so each one is a scale group of its own here too."""
+    assert problem["sf_layout"] == "row_major", problem
+    ref = _reference("quant", "per_token_cast_ref")
+
+    def make(x: Inputs) -> Inputs:
+        tokens, hidden = x[0].shape
+        q = torch.empty(tokens, hidden // 2 if problem["fmt"] == "e2m1" else hidden, device=DEVICE,
+                        dtype=torch.int8 if problem["fmt"] == "e2m1" else torch.float8_e4m3fn)
+        sf = torch.empty(tokens, 1, device=DEVICE, dtype=torch.float32)
+        return (x[0], q, sf, 0)  # mode 0: cast (q and sf)
+
+    return Case(
+        make=make,
+        new_x=lambda: (random_matrix(TOKENS, HIDDEN),),
+        check_x=lambda: (check_matrix(TOKENS, HIDDEN),),
+        outputs=lambda args: args[1:3],
+        reference=(lambda x: ref(x[0], fmt=problem["fmt"], npc=x[0].shape[1], round_sf=problem["round_sf"]))
+        if ref else None,
+        counted=lambda args: args[:3],
+    )
 
 def same_bytes(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
     """Bit-identical, NaNs included (compared as raw bytes, not as numbers)."""

@@ -138,11 +138,11 @@ SWEEPS["tkc_tuning7"] = Sweep(
     {"batched_transpose": {"tile": 64, "segments_per_thread": 4, "tiles_per_block": 1, "num_stages": 0}},
 )
 # The FP4 e2m1 casts (sweep8.yaml) as shipped: fp32 x widened before the amax, 128 threads (per_token_cast;
-# per_block_cast derives its own), no launch bound (0).
+# per_block_cast derives its own), no launch bound (0), the fragment kernel for npc = H.
 SWEEPS["tkc_tuning8"] = Sweep(
     "tkc_tuning8", "sweep8.yaml",
     {
-        "per_token_cast": {"threads": 128, "x_convert": "early", "min_blocks": 0},
+        "per_token_cast": {"threads": 128, "x_convert": "early", "min_blocks": 0, "row_impl": "fragment"},
         "per_block_cast": {"x_convert": "early", "min_blocks": 0},
     },
 )

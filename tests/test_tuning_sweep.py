@@ -531,6 +531,7 @@ def test_eighth_sweep_baselines_render_the_shipped_e2m1_casts() -> None:
             warps = p.get("row_impl") == "warps"
             assert ("prim_func = per_token_cast_row_kernel(" in source) == warps
             assert ("__vimax3_u16x2" in source) == (warps and p["row_amax"] == "pairs")
+            assert ("pair & T.uint32(0xFFFF0000)" in source) == (warps and p["row_decode"] == "words")
             if not warps:
                 assert ("x_f32 = T.alloc_fragment" in source) == (p["x_convert"] == "early")
             assert ("T.annotate_min_blocks_per_sm(" in source) == (p["min_blocks"] != 0)

@@ -143,7 +143,7 @@ SWEEPS["tkc_tuning8"] = Sweep(
     "tkc_tuning8", "sweep8.yaml",
     {
         "per_token_cast": {"threads": 128, "x_convert": "early", "min_blocks": 0, "row_impl": "fragment",
-                           "row_amax": "scalar"},
+                           "row_amax": "scalar", "row_decode": "cast"},
         "per_block_cast": {"x_convert": "early", "min_blocks": 0},
     },
 )

@@ -203,7 +203,10 @@ def test_baseline_is_the_pre_sweep_setting() -> None:
     names.add("segments_per_thread")  # the transpose factory's default argument
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
     grid_keys = {k for kernel in shipped.kernels for k in kernel.grid_keys}  # defaults of grid keys: no knobs
-    assert names - grid_keys == set(sweep.BASELINE)
+    # Knobs added for later sweeps carry their baselines in SWEEPS (sweep8: x_convert), not in BASELINE.
+    later = {k for kernel in ("per_token_cast", "per_block_cast")
+             for k in sweep.SWEEPS["tkc_tuning8"].baselines[kernel]} - set(sweep.BASELINE)
+    assert names - grid_keys - later == set(sweep.BASELINE)
 
 
 def _fake_cast(kernel: str, problem: dict[str, Any], wrong: bool = False) -> Any:
@@ -675,3 +678,54 @@ def test_ninth_sweep_mapped_gate_case_runs_against_its_reference(monkeypatch: py
     assert rows["off"].bit_exact is False
     per_token = 256 * 4 + 8 * 8 + 8 * 4
     assert round(rows["base"].gb_s * 1e3) == 64 * per_token + 256 * 4 + 256 * 3 * 4 + 256 * 4  # + bias, map, count
+
+
+def test_eighth_sweep_baselines_render_the_shipped_e2m1_casts() -> None:
+    """sweep8.yaml: one shipped point per problem (per_token_cast npc 32 and npc = H, per_block_cast
+    32 x 32), at most 14 variants; the baseline knobs render every shipped variant of both templates
+    byte-identical on both archs; the candidates render their paths."""
+    found = _spec_variants("tkc_tuning8")
+    assert len(found) <= 14
+    groups = sweep.problems(found)
+    assert {(kernel, dict(problem).get("npc")) for kernel, problem in groups} == {
+        ("per_token_cast", 32), ("per_token_cast", 0), ("per_block_cast", None)}
+    tuning = sweep.SWEEPS["tkc_tuning8"]
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    for name in ("per_token_cast", "per_block_cast"):
+        kernel = shipped.kernel(name)
+        knobs = tuple(tuning.baselines[name].items())
+        for match in expand(kernel):
+            for arch in ("sm90", "sm100"):
+                plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
+                knobbed = render_source(Variant(kernel=kernel, params=match.params + knobs), ARCHS[arch],
+                                        TEMPLATES).split("\n", 2)[2]
+                assert knobbed == plain, (name, match.params, arch)
+    for kernel in ("per_token_cast", "per_block_cast"):
+        for v in expand(load_specs([TUNING / "sweep8.yaml"], TEMPLATES).kernel(kernel)):
+            source = render_source(v, ARCHS["sm90"], TEMPLATES)
+            p = v.param_dict
+            warps = p.get("row_impl") == "warps"
+            assert ("prim_func = per_token_cast_row_kernel(" in source) == warps
+            assert ("__vimax3_u16x2" in source) == (warps and p["row_amax"] == "pairs")
+            assert ("pair & T.uint32(0xFFFF0000)" in source) == (warps and p["row_decode"] == "words")
+            if not warps:
+                assert ("x_f32 = T.alloc_fragment" in source) == (p["x_convert"] == "early")
+            assert ("T.annotate_min_blocks_per_sm(" in source) == (p["min_blocks"] != 0)
+
+
+def test_per_token_row_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """npc 0 (one scale per row) has its own case: sf (T, 1), the reference at npc = H."""
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.setattr(sweep, "TOKENS", 7)
+    monkeypatch.setattr(sweep, "HIDDEN", 256)
+    problem = {"in_dtype": "bfloat16", "hidden": 7168, "fmt": "e2m1", "npc": 0, "round_sf": False,
+               "sf_layout": "row_major"}
+    c = sweep.case("per_token_cast", problem)
+    x = c.check_x()
+    args = c.make(x)
+    q, sf = c.outputs(args)
+    assert args[3] == 0 and q.shape == (7, 128) and q.dtype == torch.int8 and sf.shape == (7, 1)
+    ref_q, ref_sf = c.reference(x)
+    assert ref_q.shape == q.shape and ref_sf.shape == sf.shape
+    assert ref_sf[2].item() == 1.0  # the row of e2m1 ties holds 6: scale 1, every tie exact
+    assert torch.isnan(ref_sf[3]).all() and torch.isnan(ref_sf[4]).all()  # NaN and Inf rows

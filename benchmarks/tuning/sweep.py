@@ -9,6 +9,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning2 --out "$OUT"    # the second sweep
     python benchmarks/tuning/sweep.py --package tkc_tuning4 --out "$OUT"    # the MoE gates (sweep4.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning9 --out "$OUT"    # the MoE gates again (sweep9.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning8 --out "$OUT"    # the FP4 e2m1 casts (sweep8.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -164,6 +165,16 @@ SWEEPS["tkc_tuning9"] = Sweep(
         "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch", "min_blocks": 0},
     },
 )
+# The FP4 e2m1 casts (sweep8.yaml) as shipped: fp32 x widened before the amax, 128 threads (per_token_cast;
+# per_block_cast derives its own), no launch bound (0), the fragment kernel for npc = H.
+SWEEPS["tkc_tuning8"] = Sweep(
+    "tkc_tuning8", "sweep8.yaml",
+    {
+        "per_token_cast": {"threads": 128, "x_convert": "early", "min_blocks": 0, "row_impl": "fragment",
+                           "row_amax": "scalar", "row_decode": "cast"},
+        "per_block_cast": {"x_convert": "early", "min_blocks": 0},
+    },
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -293,6 +304,8 @@ def _benchmark_case(name: str) -> Any:
 
 
 def case(kernel: str, problem: dict[str, Any]) -> Case:
+    if kernel == "per_token_cast" and problem["npc"] == 0:
+        return per_token_row_case(problem)
     first = first_sweep_case(kernel, problem)
     if first is not None:
         return first
@@ -740,6 +753,32 @@ def mapped_gate_case(problem: dict[str, Any]) -> Case:
         reference=(lambda x: ref(x[0], x[1], topk, top_groups, groups, 0, GATE_SCALE, MAP_EP_RANK, MAP_EP_RANKS, 0, 1,
                                  "sigmoid", x[2], x[3])) if ref else None,
         matches=plain.matches,
+    )
+
+
+def per_token_row_case(problem: dict[str, Any]) -> Case:
+    """per_token_cast with one scale per row (grid npc 0, npc = H; sweep8.yaml): x (T, H) bf16 -> q, sf
+    (T, 1) row-major; bytes x, q, sf as bench.py counts them (every input and output). The check
+    input's special rows (zeros, -0.0, the e2m1 ties with 6 in the row, a NaN, an Inf) are whole rows,
+    so each one is a scale group of its own here too."""
+    assert problem["sf_layout"] == "row_major", problem
+    ref = _reference("quant", "per_token_cast_ref")
+
+    def make(x: Inputs) -> Inputs:
+        tokens, hidden = x[0].shape
+        q = torch.empty(tokens, hidden // 2 if problem["fmt"] == "e2m1" else hidden, device=DEVICE,
+                        dtype=torch.int8 if problem["fmt"] == "e2m1" else torch.float8_e4m3fn)
+        sf = torch.empty(tokens, 1, device=DEVICE, dtype=torch.float32)
+        return (x[0], q, sf, 0)  # mode 0: cast (q and sf)
+
+    return Case(
+        make=make,
+        new_x=lambda: (random_matrix(TOKENS, HIDDEN),),
+        check_x=lambda: (check_matrix(TOKENS, HIDDEN),),
+        outputs=lambda args: args[1:3],
+        reference=(lambda x: ref(x[0], fmt=problem["fmt"], npc=x[0].shape[1], round_sf=problem["round_sf"]))
+        if ref else None,
+        counted=lambda args: args[:3],
     )
 
 

@@ -195,7 +195,7 @@ def test_generated_launchers_hold_a_contract_and_decline_cpu_tensors(small_packa
     module = importlib.import_module(launch.__module__)
     contract = getattr(module, f"_{launch.__name__.upper()}_CONTRACT")
     assert isinstance(contract, bytes) and len(contract) % 8 == 0
-    x, q, sf = token_tensors(tokens=4)
+    x, q, _ = token_tensors(tokens=4)
     assert runtime.check(contract, x.contiguous(), q, torch.empty(4, 16)) is None
     with pytest.raises((errors.KernelArgumentError, errors.NoGpuError), match="^x: "):
         launch(x.contiguous(), q, torch.empty(4, 16), 0)

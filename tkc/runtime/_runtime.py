@@ -378,12 +378,12 @@ def _dlpack_dtype(dtype: torch.dtype) -> int | None:
     if dtype not in _dlpack_dtypes:
         try:
             _dlpack_dtypes[dtype] = _native.dlpack_dtype(_to_dlpack(torch.empty(0, dtype=dtype)))
-        except Exception:  # noqa: BLE001 - e.g. float8 in a torch whose DLPack predates it
+        except Exception:  # e.g. float8 in a torch whose DLPack predates it
             _dlpack_dtypes[dtype] = None
     return _dlpack_dtypes[dtype]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _expression(text: str, sizes: tuple[str, ...]) -> tuple[int, ...]:
     """A shape or stride expression (``"((num_tokens + 127) - 127) // 128"``) in reverse Polish
     (op, operand) pairs over the size slots; raises ValueError for anything else."""
@@ -430,10 +430,8 @@ def contract(
         code = _dlpack_dtype(dtype)
         if code is None:
             return None
-        if strides is None or isinstance(strides, str):
-            layout = _LAYOUTS[strides]  # a KeyError for a layout this module does not know
-        else:
-            layout = 0
+        # per dimension (0), or a named layout: a KeyError for one this module does not know
+        layout = _LAYOUTS[strides] if strides is None or isinstance(strides, str) else 0
         words += [code, len(shape), layout]
         for item in (*shape, *(strides if layout == 0 else ())):
             words += (1, _OP_CONST, item) if isinstance(item, int) else _expression(item, names)

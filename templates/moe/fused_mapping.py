@@ -47,7 +47,7 @@ def num_blocks(num_entries: int, device: int) -> int:
     """The cooperative grid: at most one block per SM, so every block is resident at once.
 
     The kernel's grid-wide barrier deadlocks unless all blocks run together; one block of 128
-    threads and 17 KiB of shared memory per SM always fits (the driver refuses a cooperative
+    threads, 48 registers and under 19 KiB of shared memory per SM always fits (the driver refuses a cooperative
     grid that cannot, rather than hanging). Blocks own whole runs of chunks, so the grid is
     trimmed to the fewest blocks that take the same number of chunks each. ``device`` is a
     CUDA index, or -1 for a tensor elsewhere (the launcher then refuses it by name).

@@ -128,9 +128,9 @@ def test_fused_mapping_too_small_buffer_drops_entries_without_faulting() -> None
 
 @pytest.mark.parametrize("num_experts,size", [(32, None), (9, None), (32, 150000)])
 def test_fused_mapping_blocks_of_several_chunks(num_experts: int, size: int | None) -> None:
-    # 400008 entries are 196 chunks of 2048: on a device of fewer SMs each block of the
-    # cooperative grid walks two or more chunks, carrying its running positions between them
-    # (the shapes above fit one chunk per block on an H200). 150000 drops entries mid-run.
+    # 400008 entries are 196 chunks of 2048: with at most 148 SMs (one block each) every block
+    # of the cooperative grid walks two chunks, carrying its running positions from one to the
+    # next (the shapes above give one chunk per block on an H200). 150000 drops entries mid-run.
     topk_idx = routing(50001, 8, num_experts, seed=13)
     n = upper_bound(50001, 8, num_experts, 128) if size is None else size
     poison_allocator()

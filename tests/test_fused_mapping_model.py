@@ -4,9 +4,9 @@ The GPU tests compare the kernel with tests/reference/moe_route.py; this CPU tes
 algorithm the template implements (block runs of whole chunks, per-thread rows, the redundant
 per-block scan over lanes, the chunk-by-chunk assignment with a carried running position) for
 every grid size a device could give it, including grids with idle blocks: the mapping must not
-depend on the SM count. It also checks that every token_topk_to_pos entry is written (the op
-never pre-fills it) and that the -1 fill and the assignment never write the same position twice
-in one phase.
+depend on the SM count. It also checks that every token_topk_to_pos entry is written exactly
+once (the op never pre-fills it), that the grid-stride -1 fill covers each position once and that
+no position is assigned twice.
 """
 
 from __future__ import annotations

@@ -118,19 +118,50 @@ def test_good_arguments_reach_the_launcher(moe: ModuleType) -> None:
 
 def test_fused_mapping_outputs_are_aligned_disjoint_views_of_one_buffer(moe: ModuleType,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    # The direct path carves the outputs and the kernels' scratch tables out of one allocation:
-    # every view must start on the kernels' alignment and none may overlap another.
+    # The direct path carves the outputs and the kernel's block-count table out of one
+    # allocation and launches one kernel: every view must start on the kernel's alignment and
+    # none may overlap another. The kernel writes the -1 of pos_to_* itself.
     module = importlib.import_module("tkc_moe_small.moe._fused_mapping")
     launches: list[tuple[object, ...]] = []
-    monkeypatch.setattr(module, "_launchers_of", lambda num_experts: (lambda *args: launches.append(args),) * 3)
-    out = moe.get_fused_mapping(IDX, 4, 8, 1)
-    assert out[7] == [] and len(launches) == 3
-    for pos in out[:3]:
-        assert pos.shape == (8,) and pos.dtype == torch.int32 and bool((pos == -1).all())
-    assert out[3].shape == (2, 2) and all(t.shape == (4,) for t in out[4:7])
-    block_counts, block_offsets = launches[0][1], launches[1][1]
-    views = [*out[:7], block_counts, block_offsets]
-    assert all(isinstance(v, torch.Tensor) and v.data_ptr() % 16 == 0 for v in views)
-    spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * 4) for v in views if v.numel())
-    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
-    assert len({v.untyped_storage().data_ptr() for v in views}) == 1  # one allocation
+    monkeypatch.setattr(module, "_launcher_of", lambda num_experts: lambda *args: launches.append(args))
+    for idx, size in ((IDX, 8), (IDX, 7), (torch.zeros((0, 3), dtype=torch.int64), 0)):
+        launches.clear()
+        out = moe.get_fused_mapping(idx, 4, size, 1, force_no_sync=True)
+        assert out[7] == [] and len(launches) == 1
+        (topk_idx, block_counts, tk2p, p2e, p2t, p2tk, start, end, count, alignment) = launches[0]
+        assert topk_idx is idx and alignment == 1
+        assert all(a is b for a, b in zip((p2e, p2t, p2tk, tk2p, start, end, count), out[:7], strict=True))
+        assert all(pos.shape == (size,) and pos.dtype == torch.int32 for pos in out[:3])
+        assert out[3].shape == idx.shape and all(t.shape == (4,) for t in out[4:7])
+        assert isinstance(block_counts, torch.Tensor) and block_counts.shape == (1, 4)  # a CPU tensor: one block
+        views = [*out[:7], block_counts]
+        assert all(v.data_ptr() % 16 == 0 for v in views)
+        spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * 4) for v in views if v.numel())
+        assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
+        assert len({v.untyped_storage().data_ptr() for v in views}) == 1  # one allocation
+
+
+def test_fused_mapping_custom_op_body_allocates_every_output(moe: ModuleType,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # The torch.compile path: a custom op's outputs may not alias each other or share storage.
+    module = importlib.import_module("tkc_moe_small.moe._fused_mapping")
+    launches: list[tuple[object, ...]] = []
+    monkeypatch.setattr(module, "_launcher_of", lambda num_experts: lambda *args: launches.append(args))
+    out = module._mapping(IDX, 4, 8, 1)
+    assert len(launches) == 1 and len(out) == 7
+    assert len({t.untyped_storage().data_ptr() for t in out}) == 7
+    assert launches[0][1].shape == (1, 4)
+
+
+def test_fused_mapping_grid_fits_the_device(moe: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every block must be resident for the grid barrier: never more blocks than SMs, never an
+    # idle one, always one (T = 0 still writes the segments and the -1 fill).
+    module = importlib.import_module("tkc_moe_small.moe._fused_mapping")
+    monkeypatch.setattr(module, "sm_count", lambda device: 132)
+    chunk = module.CHUNK
+    assert module.num_blocks(0, 0) == 1 and module.num_blocks(10**6, -1) == 1
+    for entries in (1, chunk, chunk + 1, 64 * chunk, 132 * chunk, 132 * chunk + 1, 133 * chunk, 10**7):
+        blocks = module.num_blocks(entries, 0)
+        chunks = (entries + chunk - 1) // chunk
+        per_block = (chunks + blocks - 1) // blocks  # what the kernel derives from the grid
+        assert 1 <= blocks <= 132 and blocks * per_block >= chunks and (blocks - 1) * per_block < chunks

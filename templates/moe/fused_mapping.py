@@ -1,16 +1,18 @@
 """moe.get_fused_mapping: the expert-major layout of a top-k routing and the maps into and out of it.
 
-Three prebuilt kernels run in sequence (templates/moe/fused_mapping_{count,scan,assign}.py.j2):
-per-block expert counts of the flattened topk_idx, a one-block scan into expert segments, and
-the position assignment. Layout: expert e owns positions [expert_start[e], expert_end[e]), a
-segment of align(count_e, alignment) rows; its count_e entries come first, in ascending
-(token, k) order (flat index token * K + k), the rest is padding. Every position that holds no
-entry reads -1 in pos_to_expert, pos_to_token and pos_to_token_topk. Ids outside
-[0, num_experts) (-1 = masked) take no position: their token_topk_to_pos is -1.
+One prebuilt cooperative kernel (templates/moe/fused_mapping.py.j2) does it all: the -1 fill of
+pos_to_*, per-block expert counts of the flattened topk_idx, a grid-wide barrier, the scan into
+expert segments (every block redundantly) and the position assignment. Layout: expert e owns
+positions [expert_start[e], expert_end[e]), a segment of align(count_e, alignment) rows; its
+count_e entries come first, in ascending (token, k) order (flat index token * K + k), the rest
+is padding. Every position that holds no entry reads -1 in pos_to_expert, pos_to_token and
+pos_to_token_topk. Ids outside [0, num_experts) (-1 = masked) take no position: their
+token_topk_to_pos is -1.
 
 TileKernels orders the entries of an expert by warp and SM of its persistent kernel, which
 depends on the device's SM count; this build fixes ascending (token, k) instead, so the
-mapping is the same on every device and equal to tests/reference/moe_route.py bit for bit.
+mapping is the same on every device (and for every grid size) and equal to
+tests/reference/moe_route.py bit for bit.
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ import torch
 
 from .._args import matrix, positive_int
 from .._build_info import ALIGNMENT
-from .._runtime import custom_op, get_kernel
+from .._runtime import custom_op, get_kernel, sm_count
 
 __all__ = ["get_fused_mapping"]
 
-CHUNK = 2048  # flattened entries per block of the count and assign kernels (their CHUNK)
+CHUNK = 2048  # flattened entries per chunk of the kernel (its CHUNK): the unit a block owns
 
-_count = get_kernel("moe_fused_mapping_count")
-_scan = get_kernel("moe_fused_mapping_scan")
-_assign = get_kernel("moe_fused_mapping_assign")
+_kernel = get_kernel("moe_fused_mapping")
 _STEP = ALIGNMENT // 4  # int32 elements from one aligned view start to the next
+# The kernel's int32 indices run up to a grid's worth past the data (blocks own whole chunks,
+# the -1 fill is grid-stride): 2**24 of headroom covers grids of up to 8192 blocks.
+_INT32_LIMIT = 2**31 - 2**24
 
 Mapping = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -38,6 +41,23 @@ Mapping = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
 def upper_bound(num_tokens: int, num_topk: int, num_experts: int, alignment: int) -> int:
     """The largest fused size any routing of (num_tokens, num_topk) ids can need."""
     return (num_tokens * num_topk + (alignment - 1) * num_experts + alignment - 1) // alignment * alignment
+
+
+def num_blocks(num_entries: int, device: int) -> int:
+    """The cooperative grid: at most one block per SM, so every block is resident at once.
+
+    The kernel's grid-wide barrier deadlocks unless all blocks run together; one block of 128
+    threads, 48 registers and under 19 KiB of shared memory per SM always fits (the driver refuses a cooperative
+    grid that cannot, rather than hanging). Blocks own whole runs of chunks, so the grid is
+    trimmed to the fewest blocks that take the same number of chunks each. ``device`` is a
+    CUDA index, or -1 for a tensor elsewhere (the launcher then refuses it by name).
+    """
+    chunks = (num_entries + CHUNK - 1) // CHUNK
+    if chunks <= 1 or device < 0:
+        return 1  # also T = 0: one block still writes the segments and the -1 fill
+    sms = sm_count(device)
+    per_block = (chunks + sms - 1) // sms
+    return (chunks + per_block - 1) // per_block
 
 
 def _outputs(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
@@ -52,61 +72,49 @@ def _outputs(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int,
             vector(num_experts), vector(num_experts), vector(num_experts))
 
 
-Launchers = tuple[Callable[..., None], Callable[..., None], Callable[..., None]]
-
-
-def _launchers_of(num_experts: int) -> Launchers:
-    """(count, scan, assign) for E; VariantNotFoundError for an unbuilt E, before anything is allocated."""
-    return _count.variant(num_experts), _scan.variant(num_experts), _assign.variant(num_experts)
-
-
-def _run(launchers: Launchers, topk_idx: torch.Tensor, alignment: int, outputs: Mapping, block_counts: torch.Tensor,
-         block_offsets: torch.Tensor) -> Mapping:
-    """Launch the three kernels into ``outputs`` (the pos_to_* vectors already -1); no host synchronization."""
-    pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert = outputs
-    count, scan, assign = launchers
-    flat = topk_idx.contiguous().view(-1)
-    count(flat, block_counts)
-    scan(block_counts, block_offsets, expert_start, expert_end, per_expert, alignment)
-    assign(flat, block_offsets, token_topk_to_pos.view(-1), pos_to_expert, pos_to_token, pos_to_token_topk,
-           topk_idx.shape[1])
-    return outputs
+def _launcher_of(num_experts: int) -> Callable[..., None]:
+    """The kernel for E; VariantNotFoundError for an unbuilt E, before anything is allocated."""
+    return _kernel.variant(num_experts)
 
 
 def _mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
     """The torch custom op's body: every output a tensor of its own (a custom op's outputs may not alias)."""
-    launchers = _launchers_of(num_experts)
-    device = topk_idx.device
+    launch = _launcher_of(num_experts)
+    topk_idx = topk_idx if topk_idx.is_contiguous() else topk_idx.contiguous()
     outputs = _outputs(topk_idx, num_experts, num_expanded_tokens, alignment)
-    for pos in outputs[:3]:  # positions that receive no entry (segment padding, an oversized tail) read -1
-        pos.fill_(-1)
-    num_blocks = (topk_idx.numel() + CHUNK - 1) // CHUNK
-    block_counts = torch.empty((num_blocks, num_experts), dtype=torch.int32, device=device)
-    return _run(launchers, topk_idx, alignment, outputs, block_counts, torch.empty_like(block_counts))
+    pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert = outputs
+    blocks = num_blocks(topk_idx.numel(), topk_idx.get_device())
+    block_counts = torch.empty((blocks, num_experts), dtype=torch.int32, device=topk_idx.device)
+    launch(topk_idx, block_counts, token_topk_to_pos, pos_to_expert, pos_to_token, pos_to_token_topk,
+           expert_start, expert_end, per_expert, alignment)
+    return outputs
 
 
 def _mapping_eager(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
-    """The direct path: the seven outputs and the two scratch tables are views of one int32 buffer.
+    """The direct path: the seven outputs and the block-count table are views of one int32 buffer.
 
-    One allocation and one fill instead of nine allocations and three fills: the host cost of
-    this op is its allocations and launches, not its kernels. Each view starts on an ALIGNMENT
-    boundary (the kernels' vector accesses need it); the outputs keep the buffer alive, which
-    costs the scratch tables' few bytes per block of 2048 entries.
+    Host cost is what this op is made of (its kernel runs a few microseconds), so it takes one
+    torch.empty, one split_with_sizes and two reshapes, then one launch; the kernel itself
+    writes the -1 of pos_to_*. Each view starts on an ALIGNMENT boundary (the launcher checks
+    it): the split interleaves gap pieces of -size % _STEP elements (usually 0) after every
+    view but the last, so no view needs trimming. The outputs keep the buffer alive, which
+    costs the block-count table's E ints per SM.
     """
-    launchers = _launchers_of(num_experts)
+    launch = _launcher_of(num_experts)
+    topk_idx = topk_idx if topk_idx.is_contiguous() else topk_idx.contiguous()
     num_tokens, num_topk = topk_idx.shape
-    num_blocks = (num_tokens * num_topk + CHUNK - 1) // CHUNK
-    sizes = (num_expanded_tokens, num_expanded_tokens, num_expanded_tokens, num_tokens * num_topk,
-             num_experts, num_experts, num_experts, num_blocks * num_experts, num_blocks * num_experts)
-    padded = [(size + _STEP - 1) // _STEP * _STEP for size in sizes]
-    buffer = torch.empty((sum(padded),), dtype=torch.int32, device=topk_idx.device)
-    # One split into nine views (slicing nine times costs twice as much host time); only views
-    # whose size is not a whole number of alignment steps are trimmed.
-    views = [view if size == step else view[:size] for view, size, step in zip(buffer.split(padded), sizes, padded)]
-    buffer[:3 * padded[0]].fill_(-1)  # the three pos_to_* vectors (and their padding)
-    outputs = (views[0], views[1], views[2], views[3].view(num_tokens, num_topk), views[4], views[5], views[6])
-    return _run(launchers, topk_idx, alignment, outputs, views[7].view(num_blocks, num_experts),
-                views[8].view(num_blocks, num_experts))
+    entries = num_tokens * num_topk
+    blocks = num_blocks(entries, topk_idx.get_device())
+    n, n_gap, e_gap = num_expanded_tokens, -num_expanded_tokens % _STEP, -num_experts % _STEP
+    sizes = (n, n_gap, n, n_gap, n, n_gap, entries, -entries % _STEP, num_experts, e_gap, num_experts, e_gap,
+             num_experts, e_gap, blocks * num_experts)
+    buffer = torch.empty((sum(sizes),), dtype=torch.int32, device=topk_idx.device)
+    (pos_to_expert, _, pos_to_token, _, pos_to_token_topk, _, token_topk_to_pos, _, expert_start, _, expert_end, _,
+     per_expert, _, block_counts) = buffer.split_with_sizes(sizes)
+    token_topk_to_pos = token_topk_to_pos.view(num_tokens, num_topk)
+    launch(topk_idx, block_counts.view(blocks, num_experts), token_topk_to_pos, pos_to_expert, pos_to_token,
+           pos_to_token_topk, expert_start, expert_end, per_expert, alignment)
+    return pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert
 
 
 _mapping_op = custom_op("moe_get_fused_mapping", fake=_outputs)(_mapping)
@@ -160,14 +168,17 @@ def get_fused_mapping(
     if num_expanded_tokens < 0:
         raise ValueError(f"num_expanded_tokens: expected 0 (size it here) or a positive int, got {num_expanded_tokens}")
     num_tokens, num_topk = (int(s) for s in topk_idx.shape)
-    if num_tokens * num_topk + num_experts * alignment >= 2**31:
-        raise ValueError(f"topk_idx: {num_tokens} x {num_topk} entries overflow the kernels' int32 positions")
+    if num_tokens * num_topk + num_experts * alignment >= _INT32_LIMIT:
+        raise ValueError(f"topk_idx: {num_tokens} x {num_topk} entries overflow the kernel's int32 positions")
     sync = num_expanded_tokens == 0 and not force_no_sync
     compiling = torch.compiler.is_compiling()
     if sync and compiling:
         raise ValueError("num_expanded_tokens: under torch.compile pass the fused buffer size (or "
                          "force_no_sync=True); trimming it needs a host synchronization")
     size = num_expanded_tokens or upper_bound(num_tokens, num_topk, num_experts, alignment)
+    if size >= _INT32_LIMIT:
+        raise ValueError(f"num_expanded_tokens: {size} positions overflow the kernel's int32 indices "
+                         f"(at most {_INT32_LIMIT - 1})")
     if compiling:
         return (*_mapping_op(topk_idx, num_experts, size, alignment), [])
     mapping = _mapping_eager(topk_idx, num_experts, size, alignment)

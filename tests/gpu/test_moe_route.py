@@ -126,6 +126,30 @@ def test_fused_mapping_too_small_buffer_drops_entries_without_faulting() -> None
     check_mapping(topk_idx, 32, 1000, 128, tuple(got[:7]))
 
 
+@pytest.mark.parametrize("num_experts,size", [(32, None), (9, None), (32, 150000)])
+def test_fused_mapping_blocks_of_several_chunks(num_experts: int, size: int | None) -> None:
+    # 400008 entries are 196 chunks of 2048: with at most 148 SMs (one block each) every block
+    # of the cooperative grid walks two chunks, carrying its running positions from one to the
+    # next (the shapes above give one chunk per block on an H200). 150000 drops entries mid-run.
+    topk_idx = routing(50001, 8, num_experts, seed=13)
+    n = upper_bound(50001, 8, num_experts, 128) if size is None else size
+    poison_allocator()
+    check_mapping(topk_idx, num_experts, n, 128, tuple(moe.get_fused_mapping(topk_idx, num_experts, n, 128)[:7]))
+
+
+def test_fused_mapping_strided_ids_and_repeated_calls() -> None:
+    # A non-contiguous topk_idx is copied by the op; twenty calls give the same bits (a missing
+    # barrier in the one-launch kernel would show as a run-to-run difference).
+    topk_idx = routing(8192, 8, 32, seed=17).t().contiguous().t()
+    assert not topk_idx.is_contiguous()
+    size = upper_bound(8192, 8, 32, 128)
+    first = moe.get_fused_mapping(topk_idx, 32, size, 128)[:7]
+    check_mapping(topk_idx, 32, size, 128, tuple(first))
+    for _ in range(20):
+        for name, g, w in zip(MAPPING_NAMES, moe.get_fused_mapping(topk_idx, 32, size, 128)[:7], first, strict=True):
+            assert_equal(name, g, w)
+
+
 def test_fused_mapping_all_masked() -> None:
     topk_idx = torch.full((4001, 8), -1, dtype=torch.int64, device="cuda")
     got = moe.get_fused_mapping(topk_idx, 9, 256, 128)

@@ -85,6 +85,9 @@ def test_cooperative_and_cluster_launches_are_recorded(tmp_path: Path, cluster: 
     source = launcher_source(func="f", doc="", cubin="f.cubin", key="()", contract=contract)
     (function,) = (expr for _, expr in source.functions)  # the Function(...) of the one launch
     assert ("cooperative=True" in function) is cooperative
+    # A cooperative launch takes the compiled fast path too; a cluster launch goes through ctypes.
+    assert ("launch_cooperative(" in "\n".join(source.body)) is cooperative
+    assert (f"{source.functions[0][0]}.launch(device, grid," in "\n".join(source.body)) is (expected_cluster is not None)
     assert ("cluster=(2, 1, 1)" in function) is (expected_cluster is not None)
     if expected_cluster is not None:  # the grid is checked against the cluster before the launch
         assert "must be a multiple of the thread-block cluster" in "\n".join(source.body)

@@ -72,8 +72,10 @@ _STUB_DRIVER = r"""
 unsigned long long seen_kernel, seen_stream, seen_slots[8], seen_params[8];
 unsigned seen_dims[7];
 int current_device, next_result, param_count;  /* param_count: how many params to record */
-int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                   unsigned smem, void *stream, void **params, void **extra) {
+/* static: the export below calls it directly, not through the PLT, where a libcuda stub that
+ * TileLang loaded earlier in the process would interpose its own cuLaunchKernel. */
+static int record(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                  unsigned smem, void *stream, void **params) {
     unsigned dims[7] = {gx, gy, gz, bx, by, bz, smem};
     memcpy(seen_dims, dims, sizeof dims);
     seen_kernel = (unsigned long long)f;
@@ -84,7 +86,22 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     }
     return next_result;
 }
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned smem, void *stream, void **params, void **extra) {
+    return record(f, gx, gy, gz, bx, by, bz, smem, stream, params);
+}
 int cuCtxGetDevice(int *device) { *device = current_device; return 0; }
+/* cuLaunchKernelEx: the same record, plus the first attribute's id and first value word. */
+typedef struct { int id; char pad[4]; unsigned value[16]; } attribute;
+typedef struct { unsigned grid[3], block[3], smem; void *stream; attribute *attrs; unsigned num_attrs; } config;
+int seen_attr_id, seen_attr_value, seen_num_attrs;
+int cuLaunchKernelEx(const config *c, void *f, void **params, void **extra) {
+    seen_num_attrs = c->num_attrs;
+    seen_attr_id = c->num_attrs ? c->attrs[0].id : -1;
+    seen_attr_value = c->num_attrs ? (int)c->attrs[0].value[0] : -1;
+    return record(f, c->grid[0], c->grid[1], c->grid[2], c->block[0], c->block[1], c->block[2], c->smem,
+                  c->stream, params);
+}
 """
 # One value of every argument kind, as the generated launchers pass them.
 _KINDS = b"QqiIfdTQ"
@@ -96,6 +113,11 @@ def stub_driver(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     (folder / "stub.c").write_text(_STUB_DRIVER)
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "stub.c", "-o", "libstub.so"], cwd=folder, check=True)
     return ctypes.CDLL(str(folder / "libstub.so"))
+
+
+def _bind(native: ModuleType, lib: ctypes.CDLL) -> None:
+    native.bind(*(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                  for name in ("cuLaunchKernel", "cuCtxGetDevice", "cuLaunchKernelEx")))
 
 
 def _seen(lib: ctypes.CDLL) -> tuple[object, ...]:
@@ -114,20 +136,27 @@ def test_both_launch_paths_hand_the_driver_the_same_arguments(package: ModuleTyp
     runtime = importlib.import_module("tkc_small_kernels._runtime")
     native = importlib.import_module("tkc_small_kernels._launch")  # compiled by tkc build on this host
     assert runtime.NATIVE_LAUNCH and runtime._launch is native.launch
-    native.bind(ctypes.cast(stub_driver.cuLaunchKernel, ctypes.c_void_p).value,
-                ctypes.cast(stub_driver.cuCtxGetDevice, ctypes.c_void_p).value)
+    _bind(native, stub_driver)
     monkeypatch.setattr(runtime, "_DRIVER_LIB", [stub_driver])
     monkeypatch.setattr(runtime, "_current_device", lambda: 0)
     keep, tensormap = runtime._aligned_tensor_map()
     address = ctypes.addressof(tensormap)
     values = (0xDEAD_BEEF_0000, -(2**40), -7, 2**32 - 1, 1.5, -2.25, address, 2**64 - 1)
     expected = (0x1234, 0x5678, (70000, 2, 3, 128, 1, 1, 512), (*values[:6], address, values[7]))
-    for launch in (native.launch, runtime._ctypes_launch):
+    # Plain launches go to cuLaunchKernel, cooperative ones to cuLaunchKernelEx with the cooperative
+    # attribute (id 2, value 1): the compiled and the ctypes path alike.
+    paths = ((native.launch, 0), (runtime._ctypes_launch, 0), (native.launch_cooperative, 1),
+             (runtime._ctypes_launch_cooperative, 1))
+    for launch, cooperative in paths:
         ctypes.c_int.in_dll(stub_driver, "param_count").value = len(values)
         ctypes.c_int.in_dll(stub_driver, "next_result").value = 0
         ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value = 0
+        ctypes.c_int.in_dll(stub_driver, "seen_num_attrs").value = 0
         assert launch(0x1234, 0, (70000, 2, 3), (128, 1, 1), 512, 0x5678, _KINDS, *values) == 0
         assert _seen(stub_driver) == expected, launch
+        attributes = tuple(ctypes.c_int.in_dll(stub_driver, n).value
+                           for n in ("seen_num_attrs", "seen_attr_id", "seen_attr_value"))
+        assert attributes == ((1, 2, 1) if cooperative else (0, 0, 0)), launch
         ctypes.c_int.in_dll(stub_driver, "param_count").value = 1
         ctypes.c_int.in_dll(stub_driver, "next_result").value = 719  # a driver error comes back as is
         assert launch(0x1234, 0, (1, 1, 1), (32, 1, 1), 0, 0, b"Q", 16) == 719
@@ -149,8 +178,7 @@ def test_native_launch_refuses_values_that_do_not_fit(package: ModuleType, stub_
                                                       kinds: bytes, values: tuple[object, ...],
                                                       error: type[Exception]) -> None:
     native = importlib.import_module("tkc_small_kernels._launch")
-    native.bind(ctypes.cast(stub_driver.cuLaunchKernel, ctypes.c_void_p).value,
-                ctypes.cast(stub_driver.cuCtxGetDevice, ctypes.c_void_p).value)
+    _bind(native, stub_driver)
     ctypes.c_int.in_dll(stub_driver, "param_count").value = 0
     ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value = 0
     with pytest.raises(error):

@@ -287,18 +287,19 @@ def _launch_lines(launch: Launch, function_var: str) -> list[str]:
             f'a multiple of the thread-block cluster {launch.cluster}")',
         ]
     values = ", ".join(_launch_values(launch))
-    if launch.cooperative or launch.cluster is not None:  # cuLaunchKernelEx with attributes: the slow path
+    if launch.cluster is not None:  # cuLaunchKernelEx with a cluster attribute: the ctypes path
         return [*lines, f"{function_var}.launch(device, grid, {values})"]
     # The launch call is spelled out (what the driver gets, in the cubin's order) rather than
     # hidden in Function.launch: that saves a Python call per launch. Anything but a kernel
     # ready on this device and a successful launch (first call, another device's context,
     # an error) goes to launch_slow, which loads, retries or raises.
     kinds = "".join("Q" if a.kind == "tensor" else "T" if a.kind == "tma" else _KINDS[a.ctype] for a in launch.args)
+    call = "launch_cooperative" if launch.cooperative else "launch"  # a grid-wide barrier: all blocks resident
     return [
         *lines,
         f"values = ({values}{',' if len(launch.args) == 1 else ''})",
         f"kernel = {function_var}.handles.get(device)",
-        f"if kernel is None or launch(kernel, device, grid, {launch.block}, {launch.dynamic_smem}, "
+        f"if kernel is None or {call}(kernel, device, grid, {launch.block}, {launch.dynamic_smem}, "
         f'current_stream(device), b"{kinds}", *values):',
         f"    {function_var}.launch_slow(device, grid, values)",
     ]

@@ -139,6 +139,7 @@ def _kernel_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, 
         tkc_version=tkc.__version__, package=specs.package.name, version=specs.package.version, arch=arch,
         kernel=kernel, variants=launchers, keys=repr(kernel.grid_keys),
         uses_errors=any("KernelArgumentError" in line for v in launchers for line in v.body),
+        uses_cooperative=any("launch_cooperative(" in line for v in launchers for line in v.body),
     )
 
 

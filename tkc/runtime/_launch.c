@@ -32,8 +32,28 @@ typedef int (*launch_kernel_fn)(void *, unsigned, unsigned, unsigned, unsigned, 
 /* CUresult cuCtxGetDevice(CUdevice *) */
 typedef int (*ctx_get_device_fn)(int *);
 
+/* cuLaunchKernelEx's CUlaunchAttribute and CUlaunchConfig (cuda.h, CUDA 12+): only the
+ * cooperative attribute is set here; clusters stay on _runtime.py's ctypes path. */
+typedef struct {
+    int id;
+    char pad[4];
+    uint32_t value[16];
+} launch_attribute;
+typedef struct {
+    unsigned grid[3];
+    unsigned block[3];
+    unsigned shared_bytes;
+    void *stream;
+    launch_attribute *attrs;
+    unsigned num_attrs;
+} launch_config;
+/* CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **kernelParams, void **extra) */
+typedef int (*launch_kernel_ex_fn)(const launch_config *, void *, void **, void **);
+#define CU_LAUNCH_ATTRIBUTE_COOPERATIVE 2
+
 static launch_kernel_fn cu_launch_kernel;
 static ctx_get_device_fn cu_ctx_get_device;
+static launch_kernel_ex_fn cu_launch_kernel_ex;
 
 /* Returned instead of a CUresult when the calling thread's current context belongs to another
  * device than the tensors: _runtime.py then makes the tensors' device current and retries. */
@@ -41,15 +61,18 @@ static ctx_get_device_fn cu_ctx_get_device;
 #define MAX_ARGS 64
 
 static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "bind(cuLaunchKernel address, cuCtxGetDevice address)");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError,
+                        "bind(cuLaunchKernel address, cuCtxGetDevice address, cuLaunchKernelEx address)");
         return NULL;
     }
     void *launch = PyLong_AsVoidPtr(args[0]);
     void *get_device = PyLong_AsVoidPtr(args[1]);
+    void *launch_ex = PyLong_AsVoidPtr(args[2]);
     if (PyErr_Occurred()) return NULL;
     cu_launch_kernel = (launch_kernel_fn)launch;
     cu_ctx_get_device = (ctx_get_device_fn)get_device;
+    cu_launch_kernel_ex = (launch_kernel_ex_fn)launch_ex;
     Py_RETURN_NONE;
 }
 
@@ -127,9 +150,10 @@ static int pack(char kind, PyObject *value, uint64_t *slot, void **param, Py_ssi
  * kernel: a CUkernel (or CUfunction) handle as int; device: the tensors' device ordinal;
  * grid, block: 3-tuples; kinds: bytes, one struct letter per value (Q q i I f d, T for a
  * tensor map's address). The driver copies the arguments during the call, so the stack
- * buffer may go when it returns. */
-static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (cu_launch_kernel == NULL) {
+ * buffer may go when it returns. cooperative: through cuLaunchKernelEx with the cooperative
+ * attribute (a kernel with a grid-wide barrier), else cuLaunchKernel. */
+static PyObject *launch_with(PyObject *const *args, Py_ssize_t nargs, int cooperative) {
+    if (cu_launch_kernel == NULL || cu_launch_kernel_ex == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "launch() before bind(): the driver is not loaded");
         return NULL;
     }
@@ -161,11 +185,26 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
      * (or none yet: the driver then says CUDA_ERROR_INVALID_CONTEXT) is for the caller to fix. */
     int current;
     if (cu_ctx_get_device(&current) == 0 && current != device) return PyLong_FromLong(WRONG_DEVICE);
-    int result = cu_launch_kernel(kernel, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                                  (unsigned)shared, stream, params, NULL);
+    int result;
+    if (cooperative) {
+        launch_attribute attribute = {CU_LAUNCH_ATTRIBUTE_COOPERATIVE, {0}, {1}};
+        launch_config config = {{grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, (unsigned)shared,
+                                stream, &attribute, 1};
+        result = cu_launch_kernel_ex(&config, kernel, params, NULL);
+    } else {
+        result = cu_launch_kernel(kernel, grid[0], grid[1], grid[2], block[0], block[1], block[2], (unsigned)shared,
+                                  stream, params, NULL);
+    }
     return PyLong_FromLong(result);
 }
 
+static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return launch_with(args, nargs, 0);
+}
+
+static PyObject *launch_cooperative(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return launch_with(args, nargs, 1);
+}
 
 /* ---- check(): the tensors against the lowered contract, through DLPack ------------------ */
 
@@ -419,7 +458,10 @@ static PyObject *dlpack_dtype(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
-     "bind(cuLaunchKernel address, cuCtxGetDevice address): the driver entry points launch() calls."},
+     "bind(cuLaunchKernel, cuCtxGetDevice, cuLaunchKernelEx addresses): the driver entry points launch() calls."},
+    {"launch_cooperative", (PyCFunction)(void (*)(void))launch_cooperative, METH_FASTCALL,
+     "launch_cooperative(kernel, device, grid, block, shared_bytes, stream, kinds, *values): launch() of a kernel "
+     "with a grid-wide barrier (cuLaunchKernelEx, cooperative attribute)."},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(kernel, device, grid, block, shared_bytes, stream, kinds, *values) -> CUresult, or -1 when "
      "the current context is another device's."},

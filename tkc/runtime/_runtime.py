@@ -105,7 +105,8 @@ def driver() -> _Driver:
                 if _native is not None:  # the compiled launch calls the driver through these addresses
                     lib = _driver_instance.lib
                     _native.bind(ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value,
-                                 ctypes.cast(lib.cuCtxGetDevice, ctypes.c_void_p).value)
+                                 ctypes.cast(lib.cuCtxGetDevice, ctypes.c_void_p).value,
+                                 ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value)
     return _driver_instance
 
 
@@ -332,16 +333,35 @@ def _ctypes_launch(kernel: int, device: int, grid: tuple[int, int, int], block: 
     return result
 
 
+def _ctypes_launch_cooperative(kernel: int, device: int, grid: tuple[int, int, int], block: tuple[int, int, int],
+                               smem: int, stream: int, kinds: bytes, *values: Any) -> int:
+    """``_launch.launch_cooperative`` through ctypes: cuLaunchKernelEx with the cooperative attribute."""
+    if _current_device() != device:
+        return _WRONG_DEVICE
+    attrs = (_LaunchAttribute * 1)()
+    attrs[0].id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+    attrs[0].value[0] = 1
+    config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem, ctypes.c_void_p(stream),
+                           attrs, 1)
+    result: int = _DRIVER_LIB[0].cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(kernel),
+                                                  _Slots.of(kinds).pack(values), None)
+    return result
+
+
 try:
     # Compiled by tkc next to this module where it could (source: _launch.c, shipped with it).
     from . import _launch as _native  # type: ignore[attr-defined]
 except ImportError:  # a pure build: the same launch through ctypes, about 2 µs slower per call
     _native = None
 _launch: Callable[..., int] = _native.launch if _native is not None else _ctypes_launch
+_launch_cooperative: Callable[..., int] = (_native.launch_cooperative if _native is not None
+                                           else _ctypes_launch_cooperative)
 NATIVE_LAUNCH = _native is not None  # for benchmarks and bug reports: which launch path this package takes
 # What the generated launchers call: launch(kernel, device, grid, block, smem, stream, kinds, *values)
-# returns the CUresult (0: launched), or -1 when the current context is another device's.
+# returns the CUresult (0: launched), or -1 when the current context is another device's;
+# launch_cooperative the same for kernels with a grid-wide barrier.
 launch = _launch
+launch_cooperative = _launch_cooperative
 
 
 # ---- the compiled tensor check ---------------------------------------------------------------
@@ -497,8 +517,10 @@ class Function:
         self.kinds = kinds.encode()
         self.cooperative = cooperative  # a grid-wide barrier: every block must be resident at once
         self.cluster = cluster  # thread-block cluster shape
-        self.handles: dict[int, int] = {}  # device index -> CUkernel, once launched there (plain launches)
-        self._extended: dict[int, int] = {}  # the same for launches with attributes, which never take the fast path
+        self.handles: dict[int, int] = {}  # device index -> CUkernel, once launched there (fast-path launches)
+        self._extended: dict[int, int] = {}  # the same for cluster launches, which never take the fast path
+        # Plain and cooperative launches have a compiled fast path; clusters go through ctypes.
+        self._fast = _launch_cooperative if cooperative else _launch
 
     def launch(self, device: int, grid: tuple[int, int, int], *values: Any) -> None:
         """Launch on torch's current stream of cuda:``device``; ``values`` in the cubin's argument order.
@@ -515,7 +537,7 @@ class Function:
         Called after the fast path found no kernel handle for ``device`` or the driver refused
         the launch: a failed launch never ran, so launching again here is safe.
         """
-        extended = self.cooperative or self.cluster is not None
+        extended = self.cluster is not None
         kernel = (self._extended if extended else self.handles).get(device)
         if kernel is None:
             kernel = self.cubin.kernel(self.symbol, device, self.smem)
@@ -534,13 +556,13 @@ class Function:
         if result:
             driver().check(result, f"cuLaunchKernel({self.symbol}, grid={grid}, block={self.block}, "
                                    f"smem={self.smem})")
-        (self._extended if extended else self.handles)[device] = kernel  # plain ones now take the fast path
+        (self._extended if extended else self.handles)[device] = kernel  # the others now take the fast path
 
     def _launch_plain(self, kernel: int, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> int:
-        return _launch(kernel, device, grid, self.block, self.smem, _current_stream(device), self.kinds, *values)
+        return self._fast(kernel, device, grid, self.block, self.smem, _current_stream(device), self.kinds, *values)
 
     def _launch_ex(self, kernel: int, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> int:
-        """cuLaunchKernelEx with the cooperative and cluster attributes."""
+        """cuLaunchKernelEx with the cluster (and, where set, the cooperative) attribute."""
         if _current_device() != device:
             return _WRONG_DEVICE
         attrs = (_LaunchAttribute * 2)()

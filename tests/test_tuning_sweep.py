@@ -382,7 +382,8 @@ def test_references_import_when_run_as_a_script() -> None:
 def test_fourth_sweep_winners_render_the_shipped_gates() -> None:
     # gate_impl=redux (the sweep's winner) is the template default since: those points are the
     # shipped MoE gates, byte for byte; the baselines (shuffle) and group_rank=count are not.
-    winners = {"topk_gate": {"gate_impl": "redux"}, "top2_sum_gate": {"gate_impl": "redux", "group_rank": "insert"}}
+    # top2_sum_gate's shipped form has since taken the ninth sweep's knobs, which sweep4 does not set.
+    winners = {"topk_gate": {"gate_impl": "redux"}, "top2_sum_gate": None}
     found = _spec_variants("tkc_tuning4")
     groups = sweep.problems(found)
     assert {kernel for kernel, _ in groups} == {"topk_gate", "top2_sum_gate"} and len(found) <= 12
@@ -586,11 +587,13 @@ def test_twelfth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_twelfth_sweep_baseline_renders_the_shipped_source(arch: str) -> None:
+def test_twelfth_sweep_winner_renders_the_shipped_source(arch: str) -> None:
     """Every shipped variant of per_channel_cast_and_transpose renders byte-identical with the sweep12
-    baseline knobs set (the knobs' defaults); the candidates render their paths."""
+    winner's knobs set (the knobs' defaults); the candidates render their paths."""
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_channel_cast_and_transpose")
-    baseline = tuple(sweep.SWEEPS["tkc_tuning12"].baselines["per_channel_cast_and_transpose"].items())
+    # The winner, now the default: the baseline with a launch bound of 8 blocks per SM.
+    baseline = tuple({**sweep.SWEEPS["tkc_tuning12"].baselines["per_channel_cast_and_transpose"],
+                      "min_blocks": 8}.items())
     assert arch in shipped.archs
     for match in expand(shipped):
         plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
@@ -609,13 +612,16 @@ def test_twelfth_sweep_baseline_renders_the_shipped_source(arch: str) -> None:
 
 _SWEEP9_DEFAULTS = {"topk_gate": {"gate_impl": "redux", "min_blocks": 0},
                     "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch", "min_blocks": 0}}
+# The template defaults since the ninth sweep: its top2_sum_gate winner (topk_gate kept redux).
+_SWEEP9_SHIPPED = {"topk_gate": {"gate_impl": "redux", "min_blocks": 0},
+                   "top2_sum_gate": {"tp_fast": True, "group_rank": "own", "pair_top2": "minmax", "min_blocks": 0}}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_ninth_sweep_defaults_render_the_shipped_gates(arch: str) -> None:
-    """sweep9.yaml's knobs at their defaults render every shipped MoE gate variant byte for byte."""
+def test_ninth_sweep_winners_render_the_shipped_gates(arch: str) -> None:
+    """sweep9.yaml's winning knobs render every shipped MoE gate variant byte for byte."""
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
-    for name, knobs in _SWEEP9_DEFAULTS.items():
+    for name, knobs in _SWEEP9_SHIPPED.items():
         kernel = shipped.kernel(name)
         assert arch in kernel.archs
         for match in expand(kernel):
@@ -639,7 +645,7 @@ def test_ninth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
         plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
         knobbed = render_source(Variant(kernel=kernel, params=match.params + v.knobs), ARCHS["sm90"],
                                 TEMPLATES).split("\n", 2)[2]
-        assert (knobbed == plain) == v.is_baseline, v
+        assert (knobbed == plain) == (dict(v.knobs) == _SWEEP9_SHIPPED[v.kernel]), v
         knobs = dict(v.knobs)
         assert ("__ballot_sync" in knobbed) == (knobs.get("gate_impl") == "ballot")
         assert ("own_kept" in knobbed) == (knobs.get("group_rank") == "own")

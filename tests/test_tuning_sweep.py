@@ -79,49 +79,6 @@ def test_third_sweep_baseline_renders_the_shipped_kernel() -> None:
     assert "T.annotate_min_blocks_per_sm(4)" in source
 
 
-def test_seventh_sweep_baselines_render_the_shipped_transpose() -> None:
-    # tiles_per_block 1 must render the shipped one-tile kernel byte for byte (num_stages unused),
-    # on both archs; the multi-tile points render the pipelined factory instead.
-    found = _spec_variants("tkc_tuning7")
-    groups = sweep.problems(found)
-    assert {dict(problem)["dtype"] for _, problem in groups} == {"bfloat16", "float8_e4m3fn"}
-    assert len(found) <= 14
-    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("batched_transpose")
-    for v in found:
-        match = next(x for x in expand(shipped) if x.param_dict["dtype"] == dict(v.problem)["dtype"])
-        for arch in ("sm90", "sm100"):
-            plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
-            knobbed = render_source(Variant(kernel=shipped, params=match.params + v.knobs), ARCHS[arch],
-                                    TEMPLATES).split("\n", 2)[2]
-            if v.is_baseline:
-                assert knobbed == plain, (v, arch)
-            else:
-                knobs = dict(v.knobs)
-                assert "for k in T.Pipelined(tiles_per_block, num_stages=num_stages):" in knobbed
-                assert (f"tiles_per_block={knobs['tiles_per_block']}, num_stages={knobs['num_stages']}"
-                        in knobbed.rsplit("\n", 2)[1])
-
-
-def test_tenth_sweep_baselines_render_the_shipped_transpose() -> None:
-    # gather "shared" must render the shipped kernel byte for byte on both archs (column_bytes
-    # unused); the register points render the PRMT factory with their column width.
-    found = _spec_variants("tkc_tuning10")
-    assert {dict(problem)["dtype"] for _, problem in sweep.problems(found)} == {"bfloat16", "float8_e4m3fn"}
-    assert len(found) <= 14
-    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("batched_transpose")
-    for v in found:
-        match = next(x for x in expand(shipped) if x.param_dict["dtype"] == dict(v.problem)["dtype"])
-        for arch in ("sm90", "sm100"):
-            plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
-            knobbed = render_source(Variant(kernel=shipped, params=match.params + v.knobs), ARCHS[arch],
-                                    TEMPLATES).split("\n", 2)[2]
-            if v.is_baseline:
-                assert knobbed == plain, (v, arch)
-            else:
-                assert "T.Shuffle(" in knobbed and "T.alloc_shared" not in knobbed.split("def batched_transpose_register_kernel")[1]
-                assert f"column_bytes={dict(v.knobs)['column_bytes']})" in knobbed.rsplit("\n", 2)[1]
-
-
 def test_second_sweep_baselines_are_the_shipped_kernels() -> None:
     """Rendering a shipped variant with its sweep2 baseline knobs set changes nothing (or, where the
     template's default is an expression, only that line, to the value the expression has)."""

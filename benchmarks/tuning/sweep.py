@@ -132,12 +132,6 @@ SWEEPS["tkc_tuning6"] = Sweep(
         "swiglu_forward_and_per_token_cast": {"row_split": 1, "threads": 128},
     },
 )
-# The transpose as shipped: one 64 x 64 tile per block, 4 segments per thread; tiles_per_block 1
-# renders the shipped kernel whatever num_stages says (0: no pipelining).
-SWEEPS["tkc_tuning7"] = Sweep(
-    "tkc_tuning7", "sweep7.yaml",
-    {"batched_transpose": {"tile": 64, "segments_per_thread": 4, "tiles_per_block": 1, "num_stages": 0}},
-)
 # The per-token SwiGLU casts (sweep11.yaml): shipped is the whole-row fragment form of the forward
 # (staged false; slabs, unused there, pinned at the staged default). The backward has no knob yet:
 # its shipped variant runs alone (reference check and time).
@@ -153,9 +147,6 @@ SWEEPS["tkc_tuning11"] = Sweep(
 SWEEPS["tkc_tuning12"] = Sweep(
     "tkc_tuning12", "sweep12.yaml",
     {"per_channel_cast_and_transpose": {"recast": "keep", "scale_by": "first_warp", "min_blocks": 0, "tile_t": 128}},
-)
-SWEEPS["tkc_tuning10"] = Sweep(
-    "tkc_tuning10", "sweep10.yaml", {"batched_transpose": {"gather": "shared", "column_bytes": 4}},
 )
 # The MoE gates after the fourth sweep (its winners are the defaults): every new knob at its default.
 SWEEPS["tkc_tuning9"] = Sweep(

@@ -338,12 +338,13 @@ def test_references_import_when_run_as_a_script() -> None:
 
 def test_fourth_sweep_winners_render_the_shipped_gates() -> None:
     # gate_impl=redux (the sweep's winner) is the template default since: those points are the
-    # shipped MoE gates, byte for byte; the baselines (shuffle) and group_rank=count are not.
-    # top2_sum_gate's shipped form has since taken the ninth sweep's knobs, which sweep4 does not set.
+    # shipped MoE gates, byte for byte; the baselines (shuffle) are not. group_rank=count lost and
+    # left the template. top2_sum_gate's shipped form has since taken the ninth sweep's knobs
+    # (group_rank=own among them), which sweep4 does not set or sets to insert.
     winners = {"topk_gate": {"gate_impl": "redux"}, "top2_sum_gate": None}
     found = _spec_variants("tkc_tuning4")
     groups = sweep.problems(found)
-    assert {kernel for kernel, _ in groups} == {"topk_gate", "top2_sum_gate"} and len(found) <= 12
+    assert {kernel for kernel, _ in groups} == {"topk_gate", "top2_sum_gate"} and len(found) == 6
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
     for v in found:
         kernel = shipped.kernel(v.kernel)
@@ -567,11 +568,11 @@ def test_twelfth_sweep_winner_renders_the_shipped_source(arch: str) -> None:
         assert f"TILE_T = {knobs['tile_t']}" in source
 
 
-_SWEEP9_DEFAULTS = {"topk_gate": {"gate_impl": "redux", "min_blocks": 0},
-                    "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch", "min_blocks": 0}}
+_SWEEP9_DEFAULTS = {"topk_gate": {"gate_impl": "redux"},
+                    "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch"}}
 # The template defaults since the ninth sweep: its top2_sum_gate winner (topk_gate kept redux).
-_SWEEP9_SHIPPED = {"topk_gate": {"gate_impl": "redux", "min_blocks": 0},
-                   "top2_sum_gate": {"tp_fast": True, "group_rank": "own", "pair_top2": "minmax", "min_blocks": 0}}
+_SWEEP9_SHIPPED = {"topk_gate": {"gate_impl": "redux"},
+                   "top2_sum_gate": {"tp_fast": True, "group_rank": "own", "pair_top2": "minmax"}}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -591,7 +592,8 @@ def test_ninth_sweep_winners_render_the_shipped_gates(arch: str) -> None:
 def test_ninth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
     found = _spec_variants("tkc_tuning9")
     groups = sweep.problems(found)
-    assert len(groups) == 4 and len(found) <= 14  # topk_gate E 64 / 256, top2_sum_gate with and without the map
+    # topk_gate E 64 / 256 (redux alone since ballot and min_blocks lost), top2_sum_gate with and without the map
+    assert len(groups) == 4 and len(found) == 9
     assert sweep.SWEEPS["tkc_tuning9"].baselines == _SWEEP9_DEFAULTS
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
     for members in groups.values():
@@ -604,11 +606,23 @@ def test_ninth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
                                 TEMPLATES).split("\n", 2)[2]
         assert (knobbed == plain) == (dict(v.knobs) == _SWEEP9_SHIPPED[v.kernel]), v
         knobs = dict(v.knobs)
-        assert ("__ballot_sync" in knobbed) == (knobs.get("gate_impl") == "ballot")
         assert ("own_kept" in knobbed) == (knobs.get("group_rank") == "own")
         assert ("T.And(num_tp_ranks == 1, tp_rank == 0)" in knobbed) == bool(knobs.get("tp_fast"))
-        assert ("T.annotate_min_blocks_per_sm(16)" in knobbed) == (knobs["min_blocks"] == 16)
         assert ("second = T.max(second, T.min(first" in knobbed) == (knobs.get("pair_top2") == "minmax")
+
+
+
+@pytest.mark.parametrize("package", ["tkc_tuning4", "tkc_tuning9"])
+def test_gate_sweep_knobs_are_read_by_their_templates(package: str) -> None:
+    """Every knob a gate sweep sets is one its template reads: jinja2 ignores extra variables, so a
+    knob whose candidates left the template (ballot, count, min_blocks) would build copies of one kernel."""
+    specs = load_specs([TUNING / sweep.SWEEPS[package].spec], TEMPLATES)
+    for kernel in specs.kernels:
+        source = (TEMPLATES / kernel.template).read_text()
+        for knob in sweep.SWEEPS[package].knob_names(kernel.name):
+            assert f"{knob} | default(" in source, (kernel.name, knob)
+        assert "min_blocks" not in source and "ballot" not in source, kernel.template
+        assert 'group_rank | default("own") == "count"' not in source
 
 
 def test_ninth_sweep_mapped_gate_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -148,12 +148,12 @@ SWEEPS["tkc_tuning12"] = Sweep(
     "tkc_tuning12", "sweep12.yaml",
     {"per_channel_cast_and_transpose": {"recast": "keep", "scale_by": "first_warp", "min_blocks": 0, "tile_t": 128}},
 )
-# The MoE gates after the fourth sweep (its winners are the defaults): every new knob at its default.
+# The MoE gates after the fourth sweep (its winners are the defaults), before the ninth: the values shipped then.
 SWEEPS["tkc_tuning9"] = Sweep(
     "tkc_tuning9", "sweep9.yaml",
     {
-        "topk_gate": {"gate_impl": "redux", "min_blocks": 0},
-        "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch", "min_blocks": 0},
+        "topk_gate": {"gate_impl": "redux"},
+        "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch"},
     },
 )
 # The FP4 e2m1 casts (sweep8.yaml) as shipped: fp32 x widened before the amax, 128 threads (per_token_cast;

@@ -9,7 +9,6 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning2 --out "$OUT"    # the second sweep
     python benchmarks/tuning/sweep.py --package tkc_tuning4 --out "$OUT"    # the MoE gates (sweep4.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning9 --out "$OUT"    # the MoE gates again (sweep9.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning8 --out "$OUT"    # the FP4 e2m1 casts (sweep8.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -123,24 +122,11 @@ SWEEPS["tkc_tuning5"] = Sweep(
         "per_channel_cast_fused": {"fp8_decode": "scalar", "threads": 128, "min_blocks": 4, "tile_k": 128},
     },
 )
-# The fused SwiGLU casts (sweep6.yaml): the shipped forms are the fragment one (staged false; its
-# tile_t / tile_h are unused and pinned at the staged defaults) and the whole-row one (row_split 1).
+# The fused SwiGLU per-channel cast (sweep6.yaml): shipped before it, the fragment form (staged false;
+# its tile_t / tile_h are unused and pinned at the staged defaults).
 SWEEPS["tkc_tuning6"] = Sweep(
     "tkc_tuning6", "sweep6.yaml",
-    {
-        "swiglu_forward_and_per_channel_cast_and_transpose": {"staged": False, "tile_t": 128, "tile_h": 32},
-        "swiglu_forward_and_per_token_cast": {"row_split": 1, "threads": 128},
-    },
-)
-# The per-token SwiGLU casts (sweep11.yaml): shipped is the whole-row fragment form of the forward
-# (staged false; slabs, unused there, pinned at the staged default). The backward has no knob yet:
-# its shipped variant runs alone (reference check and time).
-SWEEPS["tkc_tuning11"] = Sweep(
-    "tkc_tuning11", "sweep11.yaml",
-    {
-        "swiglu_forward_and_per_token_cast": {"staged": False, "slabs": 2},
-        "swiglu_backward_and_per_token_cast": {},  # no candidate yet: the case and its time only
-    },
+    {"swiglu_forward_and_per_channel_cast_and_transpose": {"staged": False, "tile_t": 128, "tile_h": 32}},
 )
 # per_channel_cast_and_transpose as shipped (sweep12.yaml): the cast's 16 fp32 values kept in registers,
 # the first warp turning npt 128's segment maxima into scales, no launch bound, 128-token tiles.
@@ -154,16 +140,6 @@ SWEEPS["tkc_tuning9"] = Sweep(
     {
         "topk_gate": {"gate_impl": "redux"},
         "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch"},
-    },
-)
-# The FP4 e2m1 casts (sweep8.yaml) as shipped: fp32 x widened before the amax, 128 threads (per_token_cast;
-# per_block_cast derives its own), no launch bound (0), the fragment kernel for npc = H.
-SWEEPS["tkc_tuning8"] = Sweep(
-    "tkc_tuning8", "sweep8.yaml",
-    {
-        "per_token_cast": {"threads": 128, "x_convert": "early", "min_blocks": 0, "row_impl": "fragment",
-                           "row_amax": "scalar", "row_decode": "cast"},
-        "per_block_cast": {"x_convert": "early", "min_blocks": 0},
     },
 )
 DEFAULT_PACKAGE = "tkc_tuning"
@@ -639,7 +615,7 @@ def swiglu_per_channel_case(problem: dict[str, Any]) -> Case:
     )
 
 
-# ---- the eleventh sweep's SwiGLU backward (sweep11.yaml); inputs as benchmarks/cases/quant_swiglu.py ----
+# ---- the eleventh sweep's SwiGLU backward (sweep11.yaml at 874b437); inputs as cases/quant_swiglu.py ----
 
 SWIGLU_BF16_RTOL = 2.0**-7  # tests/gpu/test_quant_swiglu.py: bf16 outputs within one bf16 ulp of torch's
 SWIGLU_WGRAD_RTOL, SWIGLU_WGRAD_ATOL = 1e-5, 1e-6  # weight_grad: of sum |products|, a row sum in its own order
@@ -759,7 +735,7 @@ def mapped_gate_case(problem: dict[str, Any]) -> Case:
 
 
 def per_token_row_case(problem: dict[str, Any]) -> Case:
-    """per_token_cast with one scale per row (grid npc 0, npc = H; sweep8.yaml): x (T, H) bf16 -> q, sf
+    """per_token_cast with one scale per row (grid npc 0, npc = H; sweep8.yaml at 874b437): x (T, H) bf16 -> q, sf
     (T, 1) row-major; bytes x, q, sf as bench.py counts them (every input and output). The check
     input's special rows (zeros, -0.0, the e2m1 ties with 6 in the row, a NaN, an Inf) are whole rows,
     so each one is a scale group of its own here too."""

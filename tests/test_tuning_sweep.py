@@ -37,6 +37,14 @@ def test_sweep_spec_builds_sm90_only_with_one_baseline_per_problem() -> None:
     assert len(groups) == 5
 
 
+def _renders(match: Variant, knobs: tuple[tuple[str, Any], ...], arch: str) -> tuple[str, str]:
+    """The render of the shipped variant ``match`` and of the same variant with ``knobs`` added to its
+    grid values, both without the two header lines (they name the variant and its parameters)."""
+    plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
+    knobbed = render_source(Variant(kernel=match.kernel, params=match.params + knobs), ARCHS[arch], TEMPLATES)
+    return plain, knobbed.split("\n", 2)[2]
+
+
 def _spec_variants(package: str) -> list[sweep.Variant]:
     """The variants of a tuning spec as sweep.py splits them (no launchers); sm90, production H only."""
     tuning = sweep.SWEEPS[package]
@@ -70,9 +78,7 @@ def test_third_sweep_baseline_renders_the_shipped_kernel() -> None:
     (baseline,) = [v for v in found if v.is_baseline]
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast")
     match = next(x for x in expand(shipped) if all(x.param_dict[k] == val for k, val in baseline.problem))
-    plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
-    knobbed = render_source(Variant(kernel=shipped, params=match.params + baseline.knobs), ARCHS["sm90"],
-                            TEMPLATES).split("\n", 2)[2]
+    plain, knobbed = _renders(match, baseline.knobs, "sm90")
     assert knobbed == plain
     capped = next(v for v in found if dict(v.knobs)["min_blocks"] == 4)
     source = render_source(Variant(kernel=shipped, params=match.params + capped.knobs), ARCHS["sm90"], TEMPLATES)
@@ -89,10 +95,7 @@ def test_second_sweep_baselines_are_the_shipped_kernels() -> None:
             continue
         kernel = shipped.kernel(v.kernel)
         match = next(x for x in expand(kernel) if all(x.param_dict[k] == val for k, val in v.problem))
-        # Without the two header lines, which name the variant and its parameters.
-        plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
-        knobbed = render_source(Variant(kernel=kernel, params=match.params + v.knobs), ARCHS["sm90"],
-                                TEMPLATES).split("\n", 2)[2]
+        plain, knobbed = _renders(match, v.knobs, "sm90")
         if v.kernel != "per_channel_cast_fused":
             assert knobbed == plain, v
             continue
@@ -122,9 +125,7 @@ def test_sixth_sweep_winners_render_the_shipped_kernels() -> None:
         matches = [x for x in expand(kernel) if all(x.param_dict[k] == val for k, val in v.problem)]
         assert matches, v
         for arch in ("sm90", "sm100"):
-            plain = render_source(matches[0], ARCHS[arch], TEMPLATES).split("\n", 2)[2]
-            knobbed = render_source(Variant(kernel=kernel, params=matches[0].params + v.knobs), ARCHS[arch],
-                                    TEMPLATES).split("\n", 2)[2]
+            plain, knobbed = _renders(matches[0], v.knobs, arch)
             assert (knobbed == plain) == (dict(v.knobs) == _sweep6_shipped_knobs(dict(v.problem))), (v, arch)
 
 
@@ -344,9 +345,7 @@ def test_fourth_sweep_winners_render_the_shipped_gates() -> None:
     for v in found:
         kernel = shipped.kernel(v.kernel)
         match = next(x for x in expand(kernel) if all(x.param_dict[k] == val for k, val in v.problem))
-        plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
-        knobbed = render_source(Variant(kernel=kernel, params=match.params + v.knobs), ARCHS["sm90"],
-                                TEMPLATES).split("\n", 2)[2]
+        plain, knobbed = _renders(match, v.knobs, "sm90")
         assert (knobbed == plain) == (dict(v.knobs) == winners[v.kernel]), v
         if dict(v.knobs)["gate_impl"] == "redux":
             assert "__reduce_max_sync" in knobbed
@@ -419,9 +418,7 @@ def test_fifth_sweep_winners_render_the_shipped_source(arch: str) -> None:
         assert arch in kernel.archs
         for match in expand(kernel):
             knobs = tuple(knobs_of(match.param_dict).items())
-            plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
-            knobbed = render_source(Variant(kernel=kernel, params=match.params + knobs), ARCHS[arch],
-                                    TEMPLATES).split("\n", 2)[2]
+            plain, knobbed = _renders(match, knobs, arch)
             assert knobbed == plain, (name, match.params)
 
 
@@ -518,9 +515,7 @@ def test_twelfth_sweep_winner_renders_the_shipped_source(arch: str) -> None:
                       "min_blocks": 8}.items())
     assert arch in shipped.archs
     for match in expand(shipped):
-        plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
-        knobbed = render_source(Variant(kernel=shipped, params=match.params + baseline), ARCHS[arch],
-                                TEMPLATES).split("\n", 2)[2]
+        plain, knobbed = _renders(match, baseline, arch)
         assert knobbed == plain, match.params
     for v in _spec_variants("tkc_tuning12"):
         match = next(x for x in expand(shipped) if all(x.param_dict[k] == val for k, val in v.problem))
@@ -547,9 +542,7 @@ def test_ninth_sweep_winners_render_the_shipped_gates(arch: str) -> None:
         kernel = shipped.kernel(name)
         assert arch in kernel.archs
         for match in expand(kernel):
-            plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
-            knobbed = render_source(Variant(kernel=kernel, params=match.params + tuple(knobs.items())),
-                                    ARCHS[arch], TEMPLATES).split("\n", 2)[2]
+            plain, knobbed = _renders(match, tuple(knobs.items()), arch)
             assert knobbed == plain, (name, match.params)
 
 
@@ -565,9 +558,7 @@ def test_ninth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
     for v in found:
         kernel = shipped.kernel(v.kernel)
         match = next(x for x in expand(kernel) if all(x.param_dict[k] == val for k, val in v.problem))
-        plain = render_source(match, ARCHS["sm90"], TEMPLATES).split("\n", 2)[2]
-        knobbed = render_source(Variant(kernel=kernel, params=match.params + v.knobs), ARCHS["sm90"],
-                                TEMPLATES).split("\n", 2)[2]
+        plain, knobbed = _renders(match, v.knobs, "sm90")
         assert (knobbed == plain) == (dict(v.knobs) == _SWEEP9_SHIPPED[v.kernel]), v
         knobs = dict(v.knobs)
         assert ("own_kept" in knobbed) == (knobs.get("group_rank") == "own")

@@ -128,12 +128,6 @@ SWEEPS["tkc_tuning6"] = Sweep(
     "tkc_tuning6", "sweep6.yaml",
     {"swiglu_forward_and_per_channel_cast_and_transpose": {"staged": False, "tile_t": 128, "tile_h": 32}},
 )
-# per_channel_cast_and_transpose as shipped (sweep12.yaml): the cast's 16 fp32 values kept in registers,
-# the first warp turning npt 128's segment maxima into scales, no launch bound, 128-token tiles.
-SWEEPS["tkc_tuning12"] = Sweep(
-    "tkc_tuning12", "sweep12.yaml",
-    {"per_channel_cast_and_transpose": {"recast": "keep", "scale_by": "first_warp", "min_blocks": 0, "tile_t": 128}},
-)
 # The MoE gates after the fourth sweep (its winners are the defaults), before the ninth: the values shipped then.
 SWEEPS["tkc_tuning9"] = Sweep(
     "tkc_tuning9", "sweep9.yaml",
@@ -141,6 +135,12 @@ SWEEPS["tkc_tuning9"] = Sweep(
         "topk_gate": {"gate_impl": "redux"},
         "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch"},
     },
+)
+# per_channel_cast_and_transpose as shipped (sweep12.yaml): the cast's 16 fp32 values kept in registers,
+# the first warp turning npt 128's segment maxima into scales, no launch bound, 128-token tiles.
+SWEEPS["tkc_tuning12"] = Sweep(
+    "tkc_tuning12", "sweep12.yaml",
+    {"per_channel_cast_and_transpose": {"recast": "keep", "scale_by": "first_warp", "min_blocks": 0, "tile_t": 128}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

@@ -763,7 +763,8 @@ def test_thirteenth_sweep_baselines_render_the_shipped_decodes() -> None:
     for v in expand(spec.kernel("per_block_cast_lossless")):
         source = render_source(v, ARCHS["sm90"], TEMPLATES)
         p = v.param_dict
-        assert ("e4m3_of_fp4_word_by_table(x_local[r, w], table, False)" in source) == (p["fallback"] == "table")
+        assert ("e4m3_of_fp4_word_by_table(x_local[r, w], table" in source) == (p["fallback"] == "table")
+        assert ("prim_func = per_block_cast_lossless_half_kernel(" in source) == (p["split"] == "half")
         assert f"T.annotate_min_blocks_per_sm({p['min_blocks']})" in source
     for v in expand(spec.kernel("per_token_cast_back")):
         source = render_source(v, ARCHS["sm90"], TEMPLATES)

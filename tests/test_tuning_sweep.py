@@ -631,70 +631,22 @@ def test_per_token_row_case_runs_against_its_reference(monkeypatch: pytest.Monke
     assert torch.isnan(ref_sf[3]).all() and torch.isnan(ref_sf[4]).all()  # NaN and Inf rows
 
 
-def test_thirteenth_sweep_baselines_render_the_shipped_decodes() -> None:
-    """sweep13.yaml: one shipped point per problem (lossless 1x128 and 128x128, cast back e4m3 and
-    e2m1), at most 14 variants; the baseline knobs render every shipped variant of both templates
-    byte-identical on both archs; the candidates render their paths."""
+def test_thirteenth_sweep_winner_renders_the_shipped_lossless_cast() -> None:
+    """sweep13.yaml: the float-path baseline and the table fallback (now the default) per problem; the
+    winner's knobs render every shipped variant byte-identical on both archs, the baseline's do not,
+    and each point renders its fallback and launch bound."""
     found = _spec_variants("tkc_tuning13")
-    assert len(found) <= 14
+    assert len(found) == 6
     groups = sweep.problems(found)
-    assert {(kernel, dict(problem).get("block_m"), dict(problem).get("fmt")) for kernel, problem in groups} == {
-        ("per_block_cast_lossless", 1, None), ("per_block_cast_lossless", 128, None),
-        ("per_token_cast_back", None, "e4m3"), ("per_token_cast_back", None, "e2m1")}
-    tuning = sweep.SWEEPS["tkc_tuning13"]
-    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
-    for name in ("per_block_cast_lossless", "per_token_cast_back"):
-        kernel = shipped.kernel(name)
-        knobs = tuple(tuning.baselines[name].items())
-        for match in expand(kernel):
-            for arch in ("sm90", "sm100"):
-                plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
-                knobbed = render_source(Variant(kernel=kernel, params=match.params + knobs), ARCHS[arch],
-                                        TEMPLATES).split("\n", 2)[2]
-                assert knobbed == plain, (name, match.params, arch)
-    spec = load_specs([TUNING / "sweep13.yaml"], TEMPLATES)
-    for v in expand(spec.kernel("per_block_cast_lossless")):
+    assert {dict(problem)["block_m"] for _, problem in groups} == {1, 128}
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast_lossless")
+    for match in expand(kernel):
+        for arch in ("sm90", "sm100"):
+            plain, winner = _renders(match, (("fallback", "table"), ("min_blocks", 3)), arch)
+            _, baseline = _renders(match, tuple(sweep.SWEEPS["tkc_tuning13"].baselines[kernel.name].items()), arch)
+            assert winner == plain and baseline != plain, (match.params, arch)
+    for v in expand(load_specs([TUNING / "sweep13.yaml"], TEMPLATES).kernel("per_block_cast_lossless")):
         source = render_source(v, ARCHS["sm90"], TEMPLATES)
         p = v.param_dict
         assert ("e4m3_of_fp4_word_by_table(x_local[r, w], table" in source) == (p["fallback"] == "table")
-        assert ("prim_func = per_block_cast_lossless_half_kernel(" in source) == (p["split"] == "half")
         assert f"T.annotate_min_blocks_per_sm({p['min_blocks']})" in source
-    for v in expand(spec.kernel("per_token_cast_back")):
-        source = render_source(v, ARCHS["sm90"], TEMPLATES)
-        p = v.param_dict
-        assert ("scale_local = T.alloc_local((chunks,)" in source) == (p["body"] == "thread")
-        assert ("T.copy(out_frag, out_shared)" in source) == (p["body"] == "parallel")
-        assert ("pair01, pair23 = e2m1_bf16_pairs(" in source) == (p["e2m1_decode"] == "prmt")
-
-
-def test_thirteenth_sweep_e2m1_prmt_decode_equals_e2m1_value() -> None:
-    """The cast back's e2m1_decode prmt (e2m1_bf16_pairs, emulated with PRMT's byte selection) gives
-    the fp32 bits of e2m1_value for every code in every nibble of a word."""
-
-    def byte_perm(a: int, b: int, selector: int) -> int:
-        data = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
-        return sum(data[(selector >> (4 * i)) & 7] << (8 * i) for i in range(4))
-
-    def pairs(word: int, high: bool) -> tuple[int, int]:
-        index = ((word >> 16) if high else word) & 0x7777
-        hi = byte_perm(0x3F3F3F00, 0x40404040, index)
-        lo = byte_perm(0xC0800000, 0xC0804000, index)
-        signs = byte_perm((word << 4) & 0xFFFFFFFF, word, 0x7362 if high else 0x5140)
-        hi |= signs & 0x80808080
-        return byte_perm(lo, hi, 0x5140), byte_perm(lo, hi, 0x7362)
-
-    codes = torch.arange(16, dtype=torch.int64)
-    bits = ((codes & 8) << 28) | ((codes & 7) << 22)
-    expected = (bits.to(torch.int32).view(torch.float32) * 2.0**126).view(torch.int32).tolist()
-    template = (TEMPLATES / "quant/per_token_cast_back.py.j2").read_text()
-    assert "T.uint32(0x3F3F3F00), T.uint32(0x40404040)" in template  # the tables emulated here
-    assert "T.uint32(0xC0800000), T.uint32(0xC0804000)" in template
-    for shift in range(8):
-        for code in range(16):
-            word = (code << (4 * shift)) | (0x9 << (4 * ((shift + 3) % 8)))  # a neighbour nibble too
-            values = []
-            for high in (False, True):
-                p01, p23 = pairs(word, high)
-                values += [(p01 << 16) & 0xFFFFFFFF, p01 & 0xFFFF0000, (p23 << 16) & 0xFFFFFFFF, p23 & 0xFFFF0000]
-            for k in range(8):
-                assert values[k] == expected[(word >> (4 * k)) & 15] & 0xFFFFFFFF, (hex(word), k)

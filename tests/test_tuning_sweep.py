@@ -567,7 +567,7 @@ def test_ninth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
 
 
 
-@pytest.mark.parametrize("package", ["tkc_tuning4", "tkc_tuning9"])
+@pytest.mark.parametrize("package", ["tkc_tuning4", "tkc_tuning9", "tkc_tuning14"])
 def test_gate_sweep_knobs_are_read_by_their_templates(package: str) -> None:
     """Every knob a gate sweep sets is one its template reads: jinja2 ignores extra variables, so a
     knob whose candidates left the template (ballot, count, min_blocks) would build copies of one kernel."""
@@ -650,3 +650,25 @@ def test_thirteenth_sweep_winner_renders_the_shipped_lossless_cast() -> None:
         p = v.param_dict
         assert ("e4m3_of_fp4_word_by_table(x_local[r, w], table" in source) == (p["fallback"] == "table")
         assert f"T.annotate_min_blocks_per_sm({p['min_blocks']})" in source
+
+
+def test_fourteenth_sweep_baseline_renders_the_shipped_topk_gate() -> None:
+    """sweep14.yaml: tokens_per_warp 1 (the baseline) renders every shipped topk_gate variant byte for
+    byte on both archs; 2 and 4 render the interleaved path with the grid over WARPS * tokens_per_warp."""
+    found = _spec_variants("tkc_tuning14")
+    assert len(found) == 6
+    groups = sweep.problems(found)
+    assert {(dict(p)["num_experts"], dict(p)["num_topk"]) for _, p in groups} == {(64, 6), (256, 8)}
+    assert sweep.SWEEPS["tkc_tuning14"].baselines == {"topk_gate": {"tokens_per_warp": 1}}
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("topk_gate")
+    for match in expand(kernel):
+        for arch in ("sm90", "sm100"):
+            assert arch in kernel.archs
+            plain, baseline = _renders(match, (("tokens_per_warp", 1),), arch)
+            assert baseline == plain, (match.params, arch)
+    for v in expand(load_specs([TUNING / "sweep14.yaml"], TEMPLATES).kernel("topk_gate")):
+        source = render_source(v, ARCHS["sm90"], TEMPLATES)
+        tpw = v.param_dict["tokens_per_warp"]
+        assert ("T.ceildiv(num_tokens, WARPS * TOKENS_PER_WARP)" in source) == (tpw > 1), v.params
+        assert (f"TOKENS_PER_WARP = {tpw}" in source) == (tpw > 1), v.params
+        assert source.count("warp_max(") == 3  # the helper and the round's two reductions, once either way

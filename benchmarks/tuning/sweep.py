@@ -147,6 +147,8 @@ SWEEPS["tkc_tuning12"] = Sweep(
 SWEEPS["tkc_tuning13"] = Sweep(
     "tkc_tuning13", "sweep13.yaml", {"per_block_cast_lossless": {"fallback": "float", "min_blocks": 3}},
 )
+# topk_gate as shipped before the fourteenth sweep (sweep14.yaml): redux, one token per warp.
+SWEEPS["tkc_tuning14"] = Sweep("tkc_tuning14", "sweep14.yaml", {"topk_gate": {"tokens_per_warp": 1}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

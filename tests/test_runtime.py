@@ -144,10 +144,14 @@ def test_both_launch_paths_hand_the_driver_the_same_arguments(package: ModuleTyp
     values = (0xDEAD_BEEF_0000, -(2**40), -7, 2**32 - 1, 1.5, -2.25, address, 2**64 - 1)
     expected = (0x1234, 0x5678, (70000, 2, 3, 128, 1, 1, 512), (*values[:6], address, values[7]))
     # Plain launches go to cuLaunchKernel, cooperative ones to cuLaunchKernelEx with the cooperative
-    # attribute (id 2, value 1): the compiled and the ctypes path alike.
-    paths = ((native.launch, 0), (runtime._ctypes_launch, 0), (native.launch_cooperative, 1),
-             (runtime._ctypes_launch_cooperative, 1))
-    for launch, cooperative in paths:
+    # attribute (id 2, value 1): the compiled and the ctypes path alike; cluster launches (ctypes
+    # only) with the cluster attribute (id 4, its x dimension first).
+    def cluster(*args: object) -> int:
+        return runtime._ctypes_launch_ex(*args[:7], args[7:], cooperative=False, cluster=(2, 1, 1))
+
+    paths = ((native.launch, (0, 0, 0)), (runtime._ctypes_launch, (0, 0, 0)), (native.launch_cooperative, (1, 2, 1)),
+             (runtime._ctypes_launch_cooperative, (1, 2, 1)), (cluster, (1, 4, 2)))
+    for launch, attributes_seen in paths:
         ctypes.c_int.in_dll(stub_driver, "param_count").value = len(values)
         ctypes.c_int.in_dll(stub_driver, "next_result").value = 0
         ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value = 0
@@ -156,7 +160,7 @@ def test_both_launch_paths_hand_the_driver_the_same_arguments(package: ModuleTyp
         assert _seen(stub_driver) == expected, launch
         attributes = tuple(ctypes.c_int.in_dll(stub_driver, n).value
                            for n in ("seen_num_attrs", "seen_attr_id", "seen_attr_value"))
-        assert attributes == ((1, 2, 1) if cooperative else (0, 0, 0)), launch
+        assert attributes == attributes_seen, launch  # the plain paths run first: nothing recorded yet
         ctypes.c_int.in_dll(stub_driver, "param_count").value = 1
         ctypes.c_int.in_dll(stub_driver, "next_result").value = 719  # a driver error comes back as is
         assert launch(0x1234, 0, (1, 1, 1), (32, 1, 1), 0, 0, b"Q", 16) == 719

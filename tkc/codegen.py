@@ -120,6 +120,11 @@ def _contiguous(shape: tuple[int | str, ...], strides: tuple[int | str, ...]) ->
     return True
 
 
+def _size_ctypes(contract: LaunchContract) -> dict[str, str]:
+    """Runtime size -> the C type of the kernel parameter it is passed as (its range is checked)."""
+    return {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
+
+
 def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
     """One boolean expression that accepts well-formed arguments in a few attribute reads per tensor.
 
@@ -154,7 +159,7 @@ def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
             terms.append(f"{strides_of.get(p.name, p.name + '.stride()')} == "
                          f"{_shape_tuple([str(d) for d in p.strides])}")
     terms.append(f"not ({' | '.join(f'{p.name}_ptr' for p in tensors)}) & {alignment - 1}")
-    ctypes_of = {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
+    ctypes_of = _size_ctypes(contract)
     terms += [f"{s.name} < {_INT_LIMITS[ctypes_of[s.name]]}" for s in contract.sizes
               if ctypes_of.get(s.name) in _INT_LIMITS]
     return [
@@ -181,7 +186,7 @@ def _contract_source(contract: LaunchContract, alignment: int) -> str:
     (integers or expressions of the sizes, or ROW_MAJOR where ``is_contiguous()`` tests them),
     and per runtime size where it is read and the range of its kernel parameter.
     """
-    ctypes_of = {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
+    ctypes_of = _size_ctypes(contract)
     lines = ["contract(", "    (", ]
     for p in contract.params:
         if not isinstance(p, TensorParam):
@@ -223,7 +228,7 @@ def _checked_lines(contract: LaunchContract, contract_var: str, fast: list[str])
 
 def _size_limits(contract: LaunchContract) -> list[str]:
     """Sizes passed as 32-bit kernel arguments must fit, or the kernel would index wrongly."""
-    ctypes_of = {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
+    ctypes_of = _size_ctypes(contract)
     lines = []
     for size in contract.sizes:
         limit = _INT_LIMITS.get(ctypes_of.get(size.name, ""))

@@ -333,19 +333,33 @@ def _ctypes_launch(kernel: int, device: int, grid: tuple[int, int, int], block: 
     return result
 
 
-def _ctypes_launch_cooperative(kernel: int, device: int, grid: tuple[int, int, int], block: tuple[int, int, int],
-                               smem: int, stream: int, kinds: bytes, *values: Any) -> int:
-    """``_launch.launch_cooperative`` through ctypes: cuLaunchKernelEx with the cooperative attribute."""
+def _ctypes_launch_ex(kernel: int, device: int, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+                      stream: int, kinds: bytes, values: Sequence[Any], *, cooperative: bool,
+                      cluster: tuple[int, int, int] | None) -> int:
+    """cuLaunchKernelEx through ctypes with the cooperative and / or the cluster attribute."""
     if _current_device() != device:
         return _WRONG_DEVICE
-    attrs = (_LaunchAttribute * 1)()
-    attrs[0].id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-    attrs[0].value[0] = 1
+    attrs = (_LaunchAttribute * 2)()
+    count = 0
+    if cooperative:
+        attrs[count].id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        attrs[count].value[0] = 1
+        count += 1
+    if cluster is not None:
+        attrs[count].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attrs[count].value[0], attrs[count].value[1], attrs[count].value[2] = cluster
+        count += 1
     config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem, ctypes.c_void_p(stream),
-                           attrs, 1)
+                           attrs, count)
     result: int = _DRIVER_LIB[0].cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(kernel),
                                                   _Slots.of(kinds).pack(values), None)
     return result
+
+
+def _ctypes_launch_cooperative(kernel: int, device: int, grid: tuple[int, int, int], block: tuple[int, int, int],
+                               smem: int, stream: int, kinds: bytes, *values: Any) -> int:
+    """``_launch.launch_cooperative`` through ctypes, for a package built without its compiled module."""
+    return _ctypes_launch_ex(kernel, device, grid, block, smem, stream, kinds, values, cooperative=True, cluster=None)
 
 
 try:
@@ -528,7 +542,7 @@ class Function:
         The generated launchers spell this method's fast path out inline (one Python call less).
         """
         kernel = self.handles.get(device)
-        if kernel is None or self._launch_plain(kernel, device, grid, values):
+        if kernel is None or self._launch_fast(kernel, device, grid, values):
             self.launch_slow(device, grid, values)
 
     def launch_slow(self, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> None:
@@ -541,7 +555,7 @@ class Function:
         kernel = (self._extended if extended else self.handles).get(device)
         if kernel is None:
             kernel = self.cubin.kernel(self.symbol, device, self.smem)
-        launch = self._launch_ex if extended else self._launch_plain
+        launch = self._launch_ex if extended else self._launch_fast
         result = launch(kernel, device, grid, values)
         if result in (_WRONG_DEVICE, _CUDA_ERROR_INVALID_CONTEXT):
             # The launch goes to the thread's current context: make it the tensors' device
@@ -558,28 +572,13 @@ class Function:
                                    f"smem={self.smem})")
         (self._extended if extended else self.handles)[device] = kernel  # the others now take the fast path
 
-    def _launch_plain(self, kernel: int, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> int:
+    def _launch_fast(self, kernel: int, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> int:
         return self._fast(kernel, device, grid, self.block, self.smem, _current_stream(device), self.kinds, *values)
 
     def _launch_ex(self, kernel: int, device: int, grid: tuple[int, int, int], values: tuple[Any, ...]) -> int:
         """cuLaunchKernelEx with the cluster (and, where set, the cooperative) attribute."""
-        if _current_device() != device:
-            return _WRONG_DEVICE
-        attrs = (_LaunchAttribute * 2)()
-        count = 0
-        if self.cooperative:
-            attrs[count].id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-            attrs[count].value[0] = 1
-            count += 1
-        if self.cluster is not None:
-            attrs[count].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            attrs[count].value[0], attrs[count].value[1], attrs[count].value[2] = self.cluster
-            count += 1
-        config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*self.block), self.smem,
-                               ctypes.c_void_p(_current_stream(device)), attrs, count)
-        result: int = driver().lib.cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(kernel),
-                                                    _Slots.of(self.kinds).pack(values), None)
-        return result
+        return _ctypes_launch_ex(kernel, device, grid, self.block, self.smem, _current_stream(device), self.kinds,
+                                 values, cooperative=self.cooperative, cluster=self.cluster)
 
 
 # torch's raw getters: the public torch.cuda.current_stream(...).cuda_stream builds a Stream

@@ -99,7 +99,14 @@ def ops() -> dict[str, Callable[[], object]]:
         out["per_token_cast launcher only, Python checks"] = python_checks(launch, x, q, sf, 0)
     out["torch.empty x2 (the op's outputs)"] = lambda: (
         torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 16, device="cuda"))
+    # out=: the caller's tensors instead of two allocations (the op checks that they do not overlap x)
+    out["per_token_cast e4m3/128 out="] = partial(quant.per_token_cast, x, "e4m3", 128, out=(q, sf))
+    y = torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16)
+    out["per_token_cast_back e4m3/128 bf16"] = partial(quant.per_token_cast_back, (q, sf), "bf16", 128)
+    out["per_token_cast_back e4m3/128 bf16 out="] = partial(quant.per_token_cast_back, (q, sf), "bf16", 128, out=y)
+    yt = torch.empty_like(xt)
     out["batched_transpose bf16"] = lambda: transpose.batched_transpose(xt)
+    out["batched_transpose bf16 out="] = lambda: transpose.batched_transpose(xt, out=yt)
     moe = getattr(tk, "moe", None)
     if moe is not None:
         # One token of the MoE chain (E = 256 global experts, K = 8, 32 local experts, H = 7168).
@@ -111,11 +118,18 @@ def ops() -> dict[str, Callable[[], object]]:
         p2e, tk2p = mapping[0], mapping[3]
         xh = torch.randn(1, 7168, device="cuda", dtype=torch.bfloat16)
         xe = moe.expand_to_fused(xh, tk2p, p2e)
+        idx, xe_out, xh_out = torch.empty(1, 8, device="cuda", dtype=torch.int64), torch.empty_like(xe), \
+            torch.empty_like(xh)
+        denominator, normalized = torch.empty(1, device="cuda"), torch.empty_like(w)
         out["moe.topk_gate E=256 K=8"] = lambda: moe.topk_gate(scores, 8)
+        out["moe.topk_gate E=256 K=8 out="] = lambda: moe.topk_gate(scores, 8, out=idx)
         out["moe.get_fused_mapping E=32 (no sync)"] = lambda: moe.get_fused_mapping(ids, 32, n, 128)
         out["moe.expand_to_fused H=7168"] = lambda: moe.expand_to_fused(xh, tk2p, p2e)
+        out["moe.expand_to_fused H=7168 out="] = lambda: moe.expand_to_fused(xh, tk2p, p2e, out=xe_out)
         out["moe.reduce_fused H=7168"] = lambda: moe.reduce_fused(xe, w, tk2p)
+        out["moe.reduce_fused H=7168 out="] = lambda: moe.reduce_fused(xe, w, tk2p, out=xh_out)
         out["moe.normalize_weight K=8"] = lambda: moe.normalize_weight(w)
+        out["moe.normalize_weight K=8 out="] = lambda: moe.normalize_weight(w, out=(denominator, normalized))
     return out
 
 

@@ -186,3 +186,56 @@ def test_transpose_launcher_follows_the_dtype(transpose: tuple[dict[str, ModuleT
             assert y.shape == (2, 128, 64) and y.dtype == dtype and y.is_contiguous()
     with pytest.raises(ValueError, match="contiguous"):  # still checked for a cached dtype
         op.batched_transpose(torch.zeros(2, 128, 64).transpose(1, 2))
+
+
+def _launched_with(runtime: Any, *tensors: torch.Tensor) -> bool:
+    """Whether the last launch was handed each of these very tensors (or, for a view made by the op,
+    a tensor over the same memory)."""
+    args = [a for a in runtime.LAUNCHES[-1][2] if isinstance(a, torch.Tensor)]
+    return all(any(a is t or (a.data_ptr() == t.data_ptr() and a.numel() == t.numel()) for a in args) for t in tensors)
+
+
+def test_out_tensors_are_launched_into_and_returned(moe: tuple[dict[str, ModuleType], Any],
+                                                    transpose: tuple[dict[str, ModuleType], Any],
+                                                    quant: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = moe
+    idx = torch.empty(3, 8, dtype=torch.int64)
+    assert modules["topk_gate"].topk_gate(torch.zeros(3, 256), 8, out=idx) is idx
+    assert _launched_with(runtime, idx)
+    denominator, normalized = torch.empty(3), torch.empty(3, 8)
+    result = modules["normalize_weight"].normalize_weight(torch.ones(3, 8), out=(denominator, normalized))
+    assert result[0] is denominator and result[1] is normalized and _launched_with(runtime, denominator, normalized)
+    pos = torch.tensor([[0, 1]], dtype=torch.int32)
+    fused = torch.empty(2, 2048, dtype=torch.bfloat16)
+    assert modules["expand"].expand_to_fused(torch.zeros(1, 2048, dtype=torch.bfloat16), pos,
+                                             torch.tensor([0, 1], dtype=torch.int32), out=fused) is fused
+    assert _launched_with(runtime, fused)
+    reduced = torch.empty(1, 2048, dtype=torch.bfloat16)
+    assert modules["reduce"].reduce_fused(fused, torch.ones(1, 2), pos, out=reduced) is reduced
+    assert _launched_with(runtime, reduced)
+
+    modules, runtime = transpose
+    y = torch.empty(2, 128, 64)
+    assert modules["batched_transpose"].batched_transpose(torch.zeros(2, 64, 128), out=y) is y
+    assert _launched_with(runtime, y)
+    y = torch.empty(128, 64)
+    assert modules["batched_transpose"].transpose(torch.zeros(64, 128), out=y) is y
+    assert _launched_with(runtime, y)
+    with pytest.raises(ValueError, match="^out: its memory overlaps x's"):
+        x = torch.zeros(1, 64, 64)
+        modules["batched_transpose"].batched_transpose(x, out=x)
+
+    modules, runtime = quant
+    x = torch.zeros(3, 2048, dtype=torch.bfloat16)
+    q, sf = torch.empty(3, 2048, dtype=torch.float8_e4m3fn), torch.empty(3, 16)
+    for _ in range(2):  # uncached, then cached
+        result = modules["per_token_cast"].per_token_cast(x, "e4m3", 128, out=(q, sf))
+        assert result[0] is q and result[1] is sf and _launched_with(runtime, q, sf)
+        y = torch.empty(3, 2048, dtype=torch.bfloat16)
+        assert modules["per_token_cast_back"].per_token_cast_back((q, sf), "bf16", 128, out=y) is y
+        assert _launched_with(runtime, y)
+        assert modules["per_token_cast_back"].cast_back((q, sf), "bf16", (1, 128), out=y) is y
+    with pytest.raises(ValueError, match=r"^out: its memory overlaps x\[0\] \(q\)'s"):
+        modules["per_token_cast_back"].per_token_cast_back((q, sf), "bf16", 128, out=q.view(torch.bfloat16)[:, :1024])
+    with pytest.raises(ValueError, match="^out: E5M6"):
+        modules["per_token_cast_back"].per_token_cast_back((q, sf), "bf16", 128, x_special_fmt="e5m6", out=y)

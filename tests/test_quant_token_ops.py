@@ -218,3 +218,57 @@ def test_cast_back_per_block_scales(ops: tuple[ModuleType, ModuleType], fmt: str
         _same(back.cast_back((q, scales), "bf16", block), per_block_cast_back_ref(q, sf, "bf16", block))
     # FP4 is built for npc 16 and 32: 128-wide blocks are read as four 32-channel groups
     assert back._kernel.selected[-1]["npc"] == (32 if fmt == "e2m1" else block[1])
+
+
+def _poisoned(t: torch.Tensor) -> torch.Tensor:
+    """t with every byte of its storage set to 0x7F, so that an unwritten element shows."""
+    t.untyped_storage().fill_(0x7F)
+    return t
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 9])
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=["row_major", "col_major", "ue8m0", "per_row"])
+def test_out_is_written_in_place_and_returned(ops: tuple[ModuleType, ModuleType], case: tuple[Any, ...],
+                                              num_tokens: int) -> None:
+    cast, _ = ops
+    fmt, npc, round_sf, flags = case
+    x = torch.randn(num_tokens, 2560 + 64).bfloat16()[:, :2560]
+    expected = cast.per_token_cast(x, fmt, npc, round_sf=round_sf, **flags)
+    # out as an earlier call returned it (col_major / ue8m0: a view of padded storage), poisoned
+    out = tuple(_poisoned(t) for t in cast.per_token_cast(torch.randn_like(x), fmt, npc, round_sf=round_sf, **flags))
+    for _ in range(2):  # the first call fills the variant cache, the second takes the cached path
+        result = cast.per_token_cast(x, fmt, npc, round_sf=round_sf, **flags, out=out)
+        assert result[0] is out[0] and result[1] is out[1]
+        _same(out[0], expected[0])
+        _same(out[1], expected[1])
+        q = _poisoned(torch.empty_like(expected[0]))
+        given = cast.per_token_cast_with_precomputed_sf(x, fmt, npc, expected[1], round_sf=round_sf, **flags, out=q)
+        assert given is q
+        values = ue8m0_unpack(expected[1], 2560 // npc) if flags.get("use_packed_ue8m0") else expected[1]
+        _same(q, precomputed_sf_cast_ref(x, fmt, npc, values))
+
+
+def test_out_errors_name_the_argument(ops: tuple[ModuleType, ModuleType]) -> None:
+    from tkc_small_kernels.errors import KernelArgumentError
+
+    cast, _ = ops
+    x = torch.randn(9, 2560).bfloat16()
+    q, sf = cast.per_token_cast(x, "e4m3", 128)
+    for _ in range(2):  # uncached, then cached
+        with pytest.raises(TypeError, match=r"^out: expected \(q, sf\)"):
+            cast.per_token_cast(x, "e4m3", 128, out=q)
+        with pytest.raises(KernelArgumentError, match=r"^q: its memory overlaps x's"):
+            cast.per_token_cast(x, "e4m3", 128, out=(x.view(torch.float8_e4m3fn)[:, :2560], sf))
+        with pytest.raises(KernelArgumentError, match=r"^sf: its memory overlaps q's"):
+            cast.per_token_cast(x, "e4m3", 128, out=(q, q.view(torch.float32)[:, :20]))
+        with pytest.raises(KernelArgumentError, match=r"^q: its memory overlaps sf's"):
+            cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, sf, out=sf.view(torch.float8_e4m3fn))
+    q, sf = cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True)
+    with pytest.raises(KernelArgumentError, match=r"^sf: expected the column-major layout"):
+        cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True, out=(q, sf.contiguous()))
+    with pytest.raises(KernelArgumentError, match=r"^sf: expected torch.float32 of shape \(9, 80\)"):
+        cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True, out=(q, sf[:, :40]))
+    with pytest.raises(ValueError, match=r"^out: fmt 'e5m6'"):
+        cast.per_token_cast(x, "e5m6", 128, out=(q, sf))
+    with pytest.raises(ValueError, match=r"^out: a quantized \(data, sf\) pair"):
+        cast.per_token_cast((q, sf), "e4m3", 128, x_block_size=(1, 32), out=(q, sf))

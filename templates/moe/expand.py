@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._args import matrix, not_built
+from .._args import check_disjoint, matrix, not_built, out_tensors
 from .._runtime import custom_op, dtype_name, get_kernel
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
@@ -41,8 +41,18 @@ def _check_mapping(num_tokens: int, token_topk_to_pos: object,
 
 
 def _expand(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
+    return _run(x, token_topk_to_pos, pos_to_expert, None)
+
+
+def _run(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
+         out: torch.Tensor | None) -> torch.Tensor:
+    """Launch into out, or into a fresh tensor; the launcher checks every tensor."""
     launch = _launcher(x, False, False)
-    out = x.new_empty((pos_to_expert.shape[0], x.shape[1]))
+    if out is None:
+        out = x.new_empty((pos_to_expert.shape[0], x.shape[1]))
+    else:
+        check_disjoint((("out", out),), (("x", x), ("token_topk_to_pos", token_topk_to_pos),
+                                         ("pos_to_expert", pos_to_expert)))
     launch(x, token_topk_to_pos.view(-1), pos_to_expert, out, int(token_topk_to_pos.shape[1]))
     return out
 
@@ -54,13 +64,16 @@ def _fake_expand(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert
 _expand_op = custom_op("moe_expand_to_fused", fake=_fake_expand)(_expand)
 
 
-def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
+def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Expand token rows into the fused expert-major layout of get_fused_mapping.
 
     Args:
         x: bf16 CUDA tensor (num_tokens, hidden), contiguous.
         token_topk_to_pos: int32 (num_tokens, num_topk), -1 = slot not routed.
         pos_to_expert: int32 (num_expanded_tokens,), -1 = padding row.
+        out: a contiguous (num_expanded_tokens, hidden) tensor of x's dtype to write into
+            instead (not overlapping the inputs), returned as given.
 
     Returns:
         (num_expanded_tokens, hidden) of x's dtype: row pos holds x[t] for pos =
@@ -68,9 +81,12 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     """
     x = matrix("x", x)
     token_topk_to_pos, pos_to_expert = _check_mapping(int(x.shape[0]), token_topk_to_pos, pos_to_expert)
+    if out is not None:
+        (out,) = out_tensors(out, ("out",))
     if torch.compiler.is_compiling():
-        return _expand_op(x, token_topk_to_pos, pos_to_expert)
-    return _expand(x, token_topk_to_pos, pos_to_expert)
+        result = _expand_op(x, token_topk_to_pos, pos_to_expert)
+        return result if out is None else out.copy_(result)
+    return _run(x, token_topk_to_pos, pos_to_expert, out)
 
 
 def _sf_outputs(x: torch.Tensor, x_sf: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import matrix
+from .._args import check_disjoint, matrix, out_tensors
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["normalize_weight"]
@@ -25,9 +25,19 @@ def _outputs(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _launch(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run(topk_weights, None)
+
+
+def _run(topk_weights: torch.Tensor, out: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch into out, or into fresh tensors; the launcher checks every tensor."""
     num_topk = int(topk_weights.shape[1])
     launch = _kernel.variant(num_topk)
-    denominator, normalized = _outputs(topk_weights)
+    if out is None:
+        denominator, normalized = _outputs(topk_weights)
+    else:
+        denominator, normalized = out_tensors(out, ("denominator", "normalized_weights"))
+        check_disjoint((("denominator", denominator), ("normalized_weights", normalized)),
+                       (("topk_weights", topk_weights),))
     launch(topk_weights, denominator, normalized)
     return denominator, normalized
 
@@ -35,11 +45,14 @@ def _launch(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _normalize_weight_op = custom_op("normalize_weight", fake=_outputs)(_launch)
 
 
-def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def normalize_weight(topk_weights: torch.Tensor, *,
+                     out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalize each token's top-k weights to sum to one.
 
     Args:
         topk_weights: float32 CUDA tensor (num_tokens, num_topk), contiguous.
+        out: ``(denominator, normalized_weights)`` to write into instead, as this call would
+            return them (contiguous; not overlapping topk_weights); returned as given.
 
     Returns:
         ``(denominator, normalized_weights)``: float32 (num_tokens,) holding 1e-20 + the row sum,
@@ -47,5 +60,9 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     """
     topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
     if torch.compiler.is_compiling():
-        return _normalize_weight_op(topk_weights)
-    return _launch(topk_weights)
+        result = _normalize_weight_op(topk_weights)
+        if out is None:
+            return result  # type: ignore[no-any-return]
+        denominator, normalized = out_tensors(out, ("denominator", "normalized_weights"))
+        return denominator.copy_(result[0]), normalized.copy_(result[1])
+    return _run(topk_weights, out)

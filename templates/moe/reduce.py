@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._args import matrix, not_built, one_of
+from .._args import check_disjoint, matrix, not_built, one_of, out_tensors
 from .._runtime import custom_op, dtype_name, get_kernel
 from ._expand import expand_to_fused
 
@@ -36,13 +36,27 @@ _nothing: dict[torch.device, torch.Tensor] = {}
 
 def _reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
             token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None) -> torch.Tensor:
+    return _run(x, x_sf, topk_weights, token_topk_to_pos, fp8_format, sf, None)
+
+
+def _run(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
+         token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None,
+         out: torch.Tensor | None) -> torch.Tensor:
+    """Launch into out, or into a fresh tensor; the launcher checks every tensor."""
     out_fp8 = fp8_format == "e4m3"
     hidden, weighted = int(x.shape[1]), topk_weights is not None
     # Grid order: hidden, in_dtype, out_dtype, with_weights.
     launch = _kernel.variant(hidden, dtype_name(x.dtype), "float8_e4m3fn" if out_fp8 else "bfloat16", weighted)
     num_tokens = int(token_topk_to_pos.shape[0])
     device = x.device
-    out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16, device=device)
+    if out is None:
+        out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16,
+                          device=device)
+    else:
+        inputs = [("x", x), ("token_topk_to_pos", token_topk_to_pos)]
+        inputs += [(name, t) for name, t in (("x_sf", x_sf), ("topk_weights", topk_weights), ("sf", sf))
+                   if t is not None]
+        check_disjoint((("out", out),), inputs)
     empty = _nothing.get(device)
     if empty is None:
         empty = _nothing[device] = torch.empty((0,), dtype=torch.float32, device=device)
@@ -89,7 +103,8 @@ def reduce_fused(
         token_topk_to_pos: int32 (num_tokens, num_topk), -1 = slot not routed (contributes 0).
         fp8_format: '' (bf16 output) or 'e4m3'.
         sf: float32 (1,) output scale for e4m3 (out = cast(acc * sf)); None means 1.
-        out: not supported (must be None): the output is always allocated.
+        out: a contiguous (num_tokens, hidden) tensor of the output dtype to write into
+            instead of allocating (not overlapping the inputs), returned as given.
 
     Returns:
         (num_tokens, hidden) bf16, or float8_e4m3fn for fp8_format='e4m3'.
@@ -106,7 +121,7 @@ def reduce_fused(
     if hidden % HIDDEN_MULTIPLE:
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of {HIDDEN_MULTIPLE}")
     if out is not None:
-        raise not_built("out", "writing into a caller's tensor", "moe_reduce")
+        (out,) = out_tensors(out, ("out",))
     if x_sf is not None:
         if x.dtype != torch.float8_e4m3fn:
             raise not_built("x", f"per-row scales with {x.dtype} data (only float8_e4m3fn)", "moe_reduce")
@@ -124,8 +139,9 @@ def reduce_fused(
                              f"{tuple(topk_weights.shape)}")
         topk_weights = topk_weights.contiguous()
     if torch.compiler.is_compiling():
-        return _reduce_op(x, x_sf, topk_weights, pos, fp8_format, sf)
-    return _reduce(x, x_sf, topk_weights, pos, fp8_format, sf)
+        result = _reduce_op(x, x_sf, topk_weights, pos, fp8_format, sf)
+        return result if out is None else out.copy_(result)
+    return _run(x, x_sf, topk_weights, pos, fp8_format, sf, out)
 
 
 class ExpandToFused(torch.autograd.Function):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import matrix, positive_int
+from .._args import check_disjoint, matrix, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["topk_gate"]
@@ -23,9 +23,18 @@ def _outputs(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
 
 
 def _topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+    return _run(scores, num_topk, None)
+
+
+def _run(scores: torch.Tensor, num_topk: int, out: torch.Tensor | None) -> torch.Tensor:
+    """Launch into out, or into a fresh tensor; the launcher checks every tensor."""
     num_experts = int(scores.shape[1])
     launch = _kernel.variant(num_experts, num_topk)
-    topk_idx = _outputs(scores, num_topk)
+    if out is None:
+        topk_idx = _outputs(scores, num_topk)
+    else:
+        topk_idx = out
+        check_disjoint((("topk_idx", topk_idx),), (("scores", scores),))
     launch(scores, topk_idx)
     return topk_idx
 
@@ -33,12 +42,14 @@ def _topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
 _topk_gate_op = custom_op("topk_gate", fake=_outputs)(_topk_gate)
 
 
-def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+def topk_gate(scores: torch.Tensor, num_topk: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Ids of the num_topk largest scores of each token, in descending score order.
 
     Args:
         scores: float32 CUDA tensor (num_tokens, num_experts), contiguous.
         num_topk: experts per token, 1 <= num_topk <= num_experts.
+        out: an int64 (num_tokens, num_topk) contiguous tensor to write the ids into instead
+            (checked by the launcher as topk_idx; not overlapping scores), returned as given.
 
     Returns:
         int64 (num_tokens, num_topk), contiguous; equal scores are ranked by the lower id.
@@ -47,6 +58,9 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     k = positive_int("num_topk", num_topk)
     if k > scores.shape[1]:
         raise ValueError(f"num_topk: expected at most num_experts ({scores.shape[1]}) experts, got {k}")
+    if out is not None:
+        (out,) = out_tensors(out, ("topk_idx",))
     if torch.compiler.is_compiling():
-        return _topk_gate_op(scores, k)
-    return _topk_gate(scores, k)
+        topk_idx = _topk_gate_op(scores, k)
+        return topk_idx if out is None else out.copy_(topk_idx)
+    return _run(scores, k, out)

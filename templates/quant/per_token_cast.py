@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._args import matrix, not_built, one_of, positive_int
+from .._args import check_disjoint, matrix, not_built, one_of, out_tensors, positive_int
 from .._build_info import ALIGNMENT
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
@@ -139,6 +139,19 @@ def _run(launch: Callable[..., None], x: torch.Tensor, fmt: str, npc: int, sf_la
     return q, sf
 
 
+def _run_into(launch: Callable[..., None], x: torch.Tensor, out: object, npc: int,
+              sf_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast into the caller's (q, sf), laid out as the op returns them; returns them.
+
+    The launcher checks q and the kernel's view of sf against the contract, under those names.
+    """
+    q, sf = out_tensors(out, ("q", "sf"))
+    sf_arg = sf if sf_layout == "row_major" else _out_scales(sf, x, npc, sf_layout)
+    check_disjoint((("q", q), ("sf", sf)), (("x", x),))
+    launch(x, q, sf_arg, _MODE_CAST)
+    return q, sf
+
+
 def _cast(
     x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str = "row_major", sf_only: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,8 +178,14 @@ def _select_given(x: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> Callab
     return _select(x, fmt, npc, sf_layout == "ue8m0", sf_layout)
 
 
-def _run_given(launch: Callable[..., None], x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int) -> torch.Tensor:
-    q, _, _ = _allocate(x, fmt, npc, "row_major")
+def _run_given(launch: Callable[..., None], x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int,
+               out: object = None) -> torch.Tensor:
+    """Launch with the given scales into a fresh q, or into out (checked by the launcher as q)."""
+    if out is None:
+        q, _, _ = _allocate(x, fmt, npc, "row_major")
+    else:
+        (q,) = out_tensors(out, ("q",))
+        check_disjoint((("q", q),), (("x", x), ("sf", sf_arg)))
     launch(x, q, sf_arg, _MODE_GIVEN_SF)
     return q
 
@@ -264,24 +283,32 @@ def _e5m6(x: torch.Tensor, num_per_channels: int, **flags: object) -> tuple[torc
 
 def _cast_form(
     x: object, fmt: str, num_per_channels: int, x_block_size: object, use_tma_aligned_col_major_sf: bool,
-    round_sf: bool, use_packed_ue8m0: bool, sf_only: bool,
+    round_sf: bool, use_packed_ue8m0: bool, sf_only: bool, out: object = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """per_token_cast and per_token_cast_with_sf_only: one variant (the mode is a runtime argument), one cache.
 
     A signature seen before (see _VARIANTS) skips the option checks and select; while compiling,
-    the custom op.
+    the custom op (whose result is copied into out, if given: torch.compile sees a pure op).
     """
     mode = _MODE_SF_ONLY if sf_only else _MODE_CAST
     key = _key(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     variant = _cached(key)
     if variant is not None:
-        return _run(variant.launch, _check_row_stride(x), variant.fmt, variant.npc, variant.sf_layout,  # type: ignore[arg-type]
-                    mode)
+        x = _check_row_stride(x)  # type: ignore[arg-type]
+        if out is not None:
+            return _run_into(variant.launch, x, out, variant.npc, variant.sf_layout)
+        return _run(variant.launch, x, variant.fmt, variant.npc, variant.sf_layout, mode)
     x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                                        round_sf, use_packed_ue8m0)
     if torch.compiler.is_compiling():
-        return _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, sf_only)  # type: ignore[no-any-return]
+        result = _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, sf_only)
+        if out is None:
+            return result  # type: ignore[no-any-return]
+        q, sf = out_tensors(out, ("q", "sf"))
+        return q.copy_(result[0]), sf.copy_(result[1])
     variant = _remember(key, _Variant(_select(x, fmt, npc, bool(round_sf), sf_layout), fmt, npc, sf_layout))
+    if out is not None:
+        return _run_into(variant.launch, x, out, npc, sf_layout)
     return _run(variant.launch, x, fmt, npc, sf_layout, mode)
 
 
@@ -293,6 +320,8 @@ def per_token_cast(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast x (num_tokens, hidden) to FP8/FP4 with one scale per token and npc channels.
 
@@ -311,6 +340,10 @@ def per_token_cast(
         round_sf: round each scale up to a power of two.
         use_packed_ue8m0: return the scales' UE8M0 exponents, four per int32 word; needs
             use_tma_aligned_col_major_sf and round_sf (ValueError otherwise).
+        out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
+            return it (dtype, shape, and layout: contiguous q; sf row-major, or for the
+            column-major flags the (T, G) view with strides (1, P), P >= T, over its storage);
+            they must not overlap x. Returned as given. Not for e5m6 or a quantized pair x.
 
     Returns:
         ``(q, sf)``: q is float8_e4m3fn (num_tokens, hidden) for e4m3, or int8
@@ -326,12 +359,16 @@ def per_token_cast(
     """
     if fmt not in _KERNEL_FORMATS:  # e5m6 goes to its own op; anything else is refused naming fmt
         one_of("fmt", fmt, _FORMATS)
+        if out is not None:
+            raise ValueError("out: fmt 'e5m6' allocates its outputs (call per_token_cast_e5m6); pass None")
         if x_block_size is not None:
             raise ValueError("x_block_size: fmt 'e5m6' casts plain bf16 / fp32 tensors only (must be None)")
         return _e5m6(x, num_per_channels, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
                      round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0)
+    if out is not None and x_block_size is not None:
+        raise ValueError("out: a quantized (data, sf) pair x is cast through an fp32 copy; pass None")
     return _cast_form(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-                      use_packed_ue8m0, sf_only=False)
+                      use_packed_ue8m0, sf_only=False, out=out)
 
 
 def per_token_cast_with_sf_only(
@@ -359,23 +396,58 @@ def _given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torc
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"sf: expected a torch.Tensor of scale factors, got {type(sf).__name__}")
     num_tokens, hidden = x.shape
-    groups = hidden // npc
-    width, dtype = ((groups + 3) // 4, torch.int32) if sf_layout == "ue8m0" else (groups, torch.float32)
+    width, dtype = _scale_width(hidden, npc, sf_layout)
     if sf.dtype != dtype or tuple(sf.shape) != (num_tokens, width):
         raise KernelArgumentError(f"sf: expected {dtype} of shape {(num_tokens, width)} for this layout, "
                                   f"got {sf.dtype} of shape {tuple(sf.shape)}")
     if sf_layout == "row_major":
         return sf
+    storage = _storage(sf, num_tokens, width)
+    if storage is None:
+        storage = sf.new_empty((width, num_tokens)).copy_(sf.t())  # fresh: standard strides
+    return _kernel_view(storage, sf_layout)
+
+
+def _scale_width(hidden: int, npc: int, sf_layout: str) -> tuple[int, torch.dtype]:
+    """(columns, dtype) of the (T, columns) scale tensor the op returns in sf_layout."""
+    groups = hidden // npc
+    return ((groups + 3) // 4, torch.int32) if sf_layout == "ue8m0" else (groups, torch.float32)
+
+
+def _storage(sf: torch.Tensor, num_tokens: int, width: int) -> torch.Tensor | None:
+    """The (width, P) storage behind a column-major (T, width) sf with strides (1, P), P >= T; None otherwise.
+
+    That is what per_token_cast returns (P = align(T, 4)); the kernel reads or writes it in place.
+    """
     padded = sf.stride(1)
     in_place = num_tokens > 0 and sf.stride(0) == 1 and padded >= num_tokens and \
         sf.untyped_storage().nbytes() >= (sf.storage_offset() + width * padded) * sf.element_size()
-    if in_place:
-        storage = sf.as_strided((width, padded), (padded, 1))
-    else:
-        storage = sf.new_empty((width, num_tokens)).copy_(sf.t())  # fresh: standard strides
+    return sf.as_strided((width, padded), (padded, 1)) if in_place else None
+
+
+def _kernel_view(storage: torch.Tensor, sf_layout: str) -> torch.Tensor:
+    """What the kernel takes for a (width, P) scale storage: itself, or for UE8M0 its bytes (width, P, 4)."""
     if sf_layout == "col_major":
         return storage
     return storage.view(torch.uint8).view(storage.shape[0], storage.shape[1], 4)
+
+
+def _out_scales(sf: torch.Tensor, x: torch.Tensor, npc: int, sf_layout: str) -> torch.Tensor:
+    """The kernel's view of a column-major out sf (the layout per_token_cast returns), or an error naming sf."""
+    num_tokens, hidden = x.shape
+    width, dtype = _scale_width(hidden, npc, sf_layout)
+    if sf.dtype != dtype or tuple(sf.shape) != (num_tokens, width):
+        raise KernelArgumentError(f"sf: expected {dtype} of shape {(num_tokens, width)} for this layout, "
+                                  f"got {sf.dtype} of shape {tuple(sf.shape)}")
+    if num_tokens == 0:  # nothing is written: any storage of the right rank will do
+        return _kernel_view(sf.new_empty((width, 0)), sf_layout)
+    storage = _storage(sf, num_tokens, width)
+    if storage is None:
+        raise KernelArgumentError(
+            f"sf: expected the column-major layout per_token_cast returns with these flags, strides (1, P) "
+            f"with P >= {num_tokens} over whole storage, got strides {tuple(sf.stride())}; pass the sf of an "
+            "earlier call with the same flags, or torch.empty((G, align(T, 4)), ...).T[:T]")
+    return _kernel_view(storage, sf_layout)
 
 
 def per_token_cast_with_precomputed_sf(
@@ -387,11 +459,14 @@ def per_token_cast_with_precomputed_sf(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The codes of x cast with the given scales: q = cast(x_f32 * (1 / sf)), 1 / sf an IEEE division.
 
     sf is laid out as the flags say (as ``per_token_cast`` returns it with the same flags);
-    round_sf only matters for use_packed_ue8m0 (which needs it), the scales being given.
+    round_sf only matters for use_packed_ue8m0 (which needs it), the scales being given. out: a
+    q to write into (as this call would return it; not overlapping x or sf), returned as given.
     """
     # Its own cache: the variant differs from per_token_cast's for round_sf with fp32 scales.
     key = _key(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
@@ -399,11 +474,12 @@ def per_token_cast_with_precomputed_sf(
     if variant is not None:
         x = _check_row_stride(x)  # type: ignore[arg-type]
         sf_arg = _given_scales(sf, x, variant.npc, variant.sf_layout)
-        return _run_given(variant.launch, x, sf_arg, variant.fmt, variant.npc)
+        return _run_given(variant.launch, x, sf_arg, variant.fmt, variant.npc, out)
     x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                                        round_sf, use_packed_ue8m0)
     sf_arg = _given_scales(sf, x, npc, sf_layout)
     if torch.compiler.is_compiling():
-        return _per_token_cast_given_op(x, sf_arg, fmt, npc, sf_layout)
+        q = _per_token_cast_given_op(x, sf_arg, fmt, npc, sf_layout)
+        return q if out is None else out_tensors(out, ("q",))[0].copy_(q)
     variant = _remember(key, _Variant(_select_given(x, fmt, npc, sf_layout), fmt, npc, sf_layout), _GIVEN_VARIANTS)
-    return _run_given(variant.launch, x, sf_arg, fmt, npc)
+    return _run_given(variant.launch, x, sf_arg, fmt, npc, out)

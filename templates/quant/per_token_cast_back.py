@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import OUT_DTYPES, matrix, not_built, output_dtype, positive_int
+from .._args import OUT_DTYPES, check_disjoint, matrix, not_built, out_tensors, output_dtype, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
@@ -94,9 +94,16 @@ def _scale_argument(sf: torch.Tensor) -> tuple[str, torch.Tensor]:
 
 
 def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> torch.Tensor:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
-    out = _outputs(q, sf, out_fmt, npc)
+    return _run(q, sf, out_fmt, npc, None)
+
+
+def _run(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int, out: torch.Tensor | None) -> torch.Tensor:
+    """Pick the variant and launch it into out or a fresh tensor; the launcher checks every tensor and names it."""
     sf_layout, sf_arg = _scale_argument(sf)
+    if out is None:
+        out = _outputs(q, sf, out_fmt, npc)
+    else:
+        check_disjoint((("out", out),), (("x[0] (q)", q), ("x[1] (sf)", sf_arg)))
     hidden = int(out.shape[1])
     grid_npc = 0 if npc == hidden else npc  # the grid spells one scale per row npc = 0
     # Grid order: fmt, npc, out_dtype, hidden, sf_layout.
@@ -114,6 +121,8 @@ def per_token_cast_back(
     fmt: str | torch.dtype,
     num_per_channels: int,
     x_special_fmt: str | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dequantize (q, sf) with one scale per token and npc channels: out = decode(q) * sf.
 
@@ -127,6 +136,8 @@ def per_token_cast_back(
         num_per_channels: channels sharing one scale factor (npc).
         x_special_fmt: None, or ``'e5m6'`` for E5M6 codes (routed to ``cast_back_e5m6``, which
             needs a package built with the E5M6 kernels: NotImplementedError naming it otherwise).
+        out: a contiguous (num_tokens, hidden) tensor of the output dtype to write into instead
+            of allocating (not overlapping q or sf), returned as given. Not for E5M6 codes.
 
     Returns:
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
@@ -135,9 +146,13 @@ def per_token_cast_back(
     out_dtype = output_dtype(fmt)
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     if x_special_fmt == "e5m6":
+        if out is not None:
+            raise ValueError("out: E5M6 codes are decoded into a fresh tensor (cast_back_e5m6); pass None")
         return _e5m6(x, out_fmt, (1, num_per_channels))
     if x_special_fmt is not None:
         raise ValueError(f"x_special_fmt: expected None or 'e5m6', got {x_special_fmt!r}")
+    if out is not None:
+        (out,) = out_tensors(out, ("out",))
     npc = positive_int("num_per_channels", num_per_channels)
     q, sf = _pair(x)
     hidden = int(q.shape[1]) * (2 if q.dtype == torch.int8 else 1)
@@ -155,8 +170,9 @@ def per_token_cast_back(
         )
 
     if torch.compiler.is_compiling():
-        return _per_token_cast_back_op(q, sf, out_fmt, npc)
-    return _cast_back(q, sf, out_fmt, npc)
+        result = _per_token_cast_back_op(q, sf, out_fmt, npc)
+        return result if out is None else out.copy_(result)
+    return _run(q, sf, out_fmt, npc, out)
 
 
 _BLOCK_SIDES = (32, 128)  # per-block scales: (32 | 128) x (32 | 128) blocks, as per_block_cast makes them
@@ -195,6 +211,8 @@ def cast_back(
     fmt: str | torch.dtype,
     x_block_size: tuple[int, int],
     x_special_fmt: str | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dequantize (q, sf) scaled per ``x_block_size`` = (num_per_tokens, num_per_channels) blocks.
 
@@ -202,6 +220,7 @@ def cast_back(
     Per-block scales, blocks (32 | 128) x (32 | 128) as ``per_block_cast`` makes them, are fp32
     (ceil(T / bm), H / bk), row- or column-major; they are spread to per-token scales (a
     T x H / bk fp32 tensor) and decoded by the same kernel, so out = decode(q) * sf exactly.
+    out: as for ``per_token_cast_back``.
     """
     try:
         num_per_tokens, num_per_channels = x_block_size
@@ -210,7 +229,9 @@ def cast_back(
             f"x_block_size: expected a (num_per_tokens, num_per_channels) pair, got {x_block_size!r}"
         ) from None
     if x_special_fmt == "e5m6":
+        if out is not None:
+            raise ValueError("out: E5M6 codes are decoded into a fresh tensor (cast_back_e5m6); pass None")
         return _e5m6(x, output_dtype(fmt), (num_per_tokens, num_per_channels))
     if num_per_tokens != 1:
         x, num_per_channels = _per_token_scales(x, num_per_tokens, num_per_channels)
-    return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt=x_special_fmt)
+    return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt=x_special_fmt, out=out)

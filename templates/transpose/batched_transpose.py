@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._args import check_disjoint, out_tensors
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
@@ -44,11 +45,15 @@ def _check(x: Any, ndim: int, op: str) -> None:
                                   f"{x.stride()}; pass x.contiguous()")
 
 
-def _launch(x: torch.Tensor) -> torch.Tensor:
-    """y[b] = x[b].T for a checked (B, M, N) tensor x."""
+def _launch(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y[b] = x[b].T for a checked (B, M, N) tensor x, into out (B, N, M) if given (the launcher checks it as y)."""
     launch = _kernel.variant(dtype_name(x.dtype))
-    b, m, n = x.shape
-    y = x.new_empty((b, n, m))  # x's dtype and device; one attribute read less than torch.empty
+    if out is None:
+        b, m, n = x.shape
+        y = x.new_empty((b, n, m))  # x's dtype and device; one attribute read less than torch.empty
+    else:
+        y = out
+        check_disjoint((("out", y),), (("x", x),))
     launch(x, y)
     return y
 
@@ -65,25 +70,33 @@ def _batched_transpose_op(x: torch.Tensor) -> torch.Tensor:
     return _launch(x)
 
 
-def batched_transpose(x: torch.Tensor) -> torch.Tensor:
+def batched_transpose(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return x.transpose(-1, -2) as a new contiguous tensor: (B, M, N) -> (B, N, M).
 
     x: a contiguous CUDA tensor of bfloat16, float32 or float8_e4m3fn, with M and N
     multiples of 64; B may be 0. Raises ``KernelArgumentError`` (a ``ValueError``) naming
     x for a bad shape, layout or device, and ``VariantNotFoundError`` for another dtype.
+    out: a contiguous (B, N, M) tensor of x's dtype to write into instead (not overlapping
+    x), returned as given; the launcher checks it under the kernel's name for it, y.
     """
     if torch.compiler.is_compiling():
-        return _batched_transpose_op(x)
+        y = _batched_transpose_op(x)
+        return y if out is None else out_tensors(out, ("out",))[0].copy_(y)
     _check(x, 3, "batched_transpose")
-    return _launch(x)
+    return _launch(x, None if out is None else out_tensors(out, ("out",))[0])
 
 
-def transpose(x: torch.Tensor) -> torch.Tensor:
+def transpose(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return x.T as a new contiguous tensor: (M, N) -> (N, M); the batched kernel with B = 1.
 
-    Same conditions on x as ``batched_transpose``.
+    Same conditions on x as ``batched_transpose``; out: a contiguous (N, M) tensor to write into.
     """
     if torch.compiler.is_compiling():
-        return _batched_transpose_op(x.unsqueeze(0)).squeeze(0)
+        y = _batched_transpose_op(x.unsqueeze(0)).squeeze(0)
+        return y if out is None else out_tensors(out, ("out",))[0].copy_(y)
     _check(x, 2, "transpose")
-    return _launch(x.unsqueeze(0)).squeeze(0)
+    if out is None:
+        return _launch(x.unsqueeze(0)).squeeze(0)
+    (y,) = out_tensors(out, ("out",))
+    _launch(x.unsqueeze(0), y.unsqueeze(0))
+    return y

@@ -411,7 +411,7 @@ def _dlpack_dtype(dtype: torch.dtype) -> int | None:
     """How this torch spells ``dtype`` in DLPack (None: it cannot export it)."""
     if dtype not in _dlpack_dtypes:
         try:
-            _dlpack_dtypes[dtype] = _native.dlpack_dtype(_to_dlpack(torch.empty(0, dtype=dtype)))
+            _dlpack_dtypes[dtype] = _native.dlpack_dtype(_to_dlpack(torch.empty(0, dtype=dtype)))  # type: ignore[misc]
         except Exception:  # e.g. float8 in a torch whose DLPack predates it
             _dlpack_dtypes[dtype] = None
     return _dlpack_dtypes[dtype]
@@ -467,7 +467,7 @@ def contract(
         # per dimension (0), or a named layout: a KeyError for one this module does not know
         layout = _LAYOUTS[strides] if strides is None or isinstance(strides, str) else 0
         words += [code, len(shape), layout]
-        for item in (*shape, *(strides if layout == 0 else ())):
+        for item in (*shape, *(strides if layout == 0 else ())):  # type: ignore[misc]
             words += (1, _OP_CONST, item) if isinstance(item, int) else _expression(item, names)
     return array.array("q", words).tobytes()
 

@@ -1,0 +1,164 @@
+"""GPU tests of ``out=``: each op that takes it writes the caller's tensors in place, bit for bit
+what the allocating call returns, and hands them back.
+
+For every op: fresh random inputs, out poisoned (POISON_BYTE in every byte of its storage, so an
+element the kernel skips shows), T in {0, 1, 4001}; then a CUDA graph captured with out= and
+replayed on new inputs; torch.compile(fullgraph=True) of a function that passes out=; and the
+errors for an out that overlaps an input or does not fit the kernel (naming the argument).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from tests.gpu.installed import installed_package
+from tests.gpu.poison import POISON_BYTE
+
+tk, quant, errors, _ = installed_package()
+
+pytestmark = pytest.mark.gpu
+
+TOKENS = (0, 1, 4001)
+Op = Callable[..., object]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _tuple(result: object) -> tuple[torch.Tensor, ...]:
+    return result if isinstance(result, tuple) else (result,)  # type: ignore[return-value]
+
+
+def _poison(outs: tuple[torch.Tensor, ...]) -> None:
+    for t in outs:
+        t.untyped_storage().fill_(POISON_BYTE)
+
+
+def _routing(num_tokens: int, num_experts: int, num_topk: int) -> torch.Tensor:
+    scores = torch.rand(num_tokens, num_experts, device="cuda")
+    return scores.topk(num_topk, dim=1).indices
+
+
+def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
+    """name -> (op(inputs..., out=...) as a function of its tensor inputs, the inputs)."""
+    x = torch.randn(num_tokens, 7168, device="cuda", dtype=torch.bfloat16) * 3
+    q, sf = quant.per_token_cast(x, "e4m3", 128)
+    q4, sf4 = quant.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True)
+    scores = torch.rand(num_tokens, 256, device="cuda")
+    weights = torch.rand(num_tokens, 8, device="cuda") + 0.1
+    x_moe = torch.randn(num_tokens, 2048, device="cuda", dtype=torch.bfloat16)
+    pos_to_expert, _, _, token_topk_to_pos, *_ = tk.moe.get_fused_mapping(
+        _routing(num_tokens, 32, 8), 32, 0, 128, force_no_sync=True)
+    fused = tk.moe.expand_to_fused(x_moe, token_topk_to_pos, pos_to_expert)
+    return {
+        "per_token_cast e4m3": (lambda t, out=None: quant.per_token_cast(t, "e4m3", 128, out=out), (x,)),
+        "per_token_cast e2m1 col_major": (lambda t, out=None: quant.per_token_cast(
+            t, "e2m1", 32, use_tma_aligned_col_major_sf=True, out=out), (x,)),
+        "per_token_cast ue8m0": (lambda t, out=None: quant.per_token_cast(
+            t, "e4m3", 128, round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True, out=out), (x,)),
+        "per_token_cast strided rows": (lambda t, out=None: quant.per_token_cast(t[:, :4096], "e4m3", 128, out=out),
+                                        (x,)),
+        "per_token_cast_with_precomputed_sf": (lambda t, s, out=None: quant.per_token_cast_with_precomputed_sf(
+            t, "e4m3", 128, s, out=out), (x, sf)),
+        "per_token_cast_back e4m3": (lambda a, s, out=None: quant.per_token_cast_back((a, s), "bf16", 128, out=out),
+                                     (q, sf)),
+        "cast_back e2m1 col_major": (lambda a, s, out=None: quant.cast_back((a, s), "fp32", (1, 32), out=out),
+                                     (q4, sf4)),
+        "batched_transpose": (lambda t, out=None: tk.transpose.batched_transpose(t, out=out),
+                              (torch.randn(3, 128, 192, device="cuda", dtype=torch.bfloat16),)),
+        "transpose": (lambda t, out=None: tk.transpose.transpose(t, out=out),
+                      (torch.randn(128, 192, device="cuda").to(torch.float8_e4m3fn),)),
+        "topk_gate": (lambda s, out=None: tk.moe.topk_gate(s, 8, out=out), (scores,)),
+        "normalize_weight": (lambda w, out=None: tk.moe.normalize_weight(w, out=out), (weights,)),
+        "expand_to_fused": (lambda t, p, e, out=None: tk.moe.expand_to_fused(t, p, e, out=out),
+                            (x_moe, token_topk_to_pos, pos_to_expert)),
+        "reduce_fused": (lambda t, w, p, out=None: tk.moe.reduce_fused(t, w, p, out=out),
+                         (fused, weights, token_topk_to_pos)),
+    }
+
+
+NAMES = list(_cases(1))
+
+
+def _refresh(inputs: tuple[torch.Tensor, ...]) -> None:
+    """New random values in the bf16 / fp32 inputs (codes and index tensors keep theirs)."""
+    for t in inputs:
+        if t.dtype in (torch.bfloat16, torch.float32):
+            t.copy_(torch.randn_like(t))
+
+
+@pytest.mark.parametrize("num_tokens", TOKENS)
+@pytest.mark.parametrize("name", NAMES)
+def test_out_is_written_in_place(name: str, num_tokens: int) -> None:
+    op, inputs = _cases(num_tokens)[name]
+    expected = _tuple(op(*inputs))
+    out = _tuple(op(*inputs))  # what a caller keeps to reuse: the op's own layout (col-major sf included)
+    for _ in range(2):  # the first call fills the op's variant cache, the second takes the cached path
+        _poison(out)
+        result = _tuple(op(*inputs, out=out[0] if len(out) == 1 else out))
+        assert all(r is o for r, o in zip(result, out, strict=True))
+        torch.cuda.synchronize()
+        for got, want in zip(out, expected, strict=True):
+            assert got.shape == want.shape and got.stride() == want.stride()
+            assert torch.equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_graph_replay_into_out(name: str) -> None:
+    op, inputs = _cases(257)[name]
+    out = _tuple(op(*inputs))  # also the warm-up: cubin loads stay out of the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        op(*inputs, out=out[0] if len(out) == 1 else out)
+    for _ in range(2):
+        _refresh(inputs)
+        expected = _tuple(op(*inputs))
+        _poison(out)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(out, expected, strict=True):
+            assert torch.equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("name", ["per_token_cast e4m3", "per_token_cast e2m1 col_major", "topk_gate",
+                                  "per_token_cast_back e4m3", "batched_transpose"])
+def test_torch_compile_fullgraph_with_out(name: str) -> None:
+    op, inputs = _cases(257)[name]
+    out = _tuple(op(*inputs))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *args: op(*args, out=out[0] if len(out) == 1 else out), fullgraph=True)
+    for _ in range(2):
+        _refresh(inputs)
+        expected = _tuple(op(*inputs))
+        _poison(out)
+        compiled(*inputs)
+        torch.cuda.synchronize()
+        for got, want in zip(out, expected, strict=True):
+            assert torch.equal(_bits(got), _bits(want))
+
+
+def test_out_errors_name_the_argument() -> None:
+    x = torch.randn(5, 2048, device="cuda", dtype=torch.bfloat16)
+    q, sf = quant.per_token_cast(x, "e4m3", 128)
+    with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps x's"):
+        quant.per_token_cast(x, "e4m3", 128, out=(x.view(torch.float8_e4m3fn)[:, :2048], sf))
+    with pytest.raises(errors.KernelArgumentError, match=r"^q\b.*float8_e4m3fn"):
+        quant.per_token_cast(x, "e4m3", 128, out=(q.view(torch.int8), sf))
+    with pytest.raises(errors.KernelArgumentError, match=r"^sf\b"):
+        quant.per_token_cast(x, "e4m3", 128, out=(q, sf[:4]))
+    with pytest.raises(errors.KernelArgumentError, match=r"^q\b"):
+        quant.per_token_cast(x, "e4m3", 128, out=(q.cpu(), sf))
+    with pytest.raises(errors.KernelArgumentError, match=r"^sf\b"):
+        quant.per_token_cast(x, "e4m3", 128, out=(q, sf.t().contiguous().t()))
+    scores = torch.rand(5, 256, device="cuda")
+    with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx\b"):
+        tk.moe.topk_gate(scores, 8, out=torch.empty(5, 6, dtype=torch.int64, device="cuda"))
+    with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx: its memory overlaps scores's"):
+        tk.moe.topk_gate(scores, 8, out=scores.view(torch.int64)[:, :8])
+    xt = torch.randn(2, 64, 128, device="cuda")
+    with pytest.raises(errors.KernelArgumentError, match=r"^y\b"):
+        tk.transpose.batched_transpose(xt, out=torch.empty(2, 64, 128, device="cuda"))

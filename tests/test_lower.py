@@ -32,6 +32,7 @@ def test_per_token_cast_contract(arch: str, tmp_path: Path) -> None:
     assert isinstance(q, TensorParam) and q.dtype in ("float8_e4m3fn", "float8_e4m3")
     assert isinstance(sf, TensorParam) and sf.shape == ("num_tokens", 2048 // 128) and sf.dtype == "float32"
     assert isinstance(mode, ScalarParam) and mode.dtype == "int32"  # cast / sf only / precomputed sf
+    assert (x.written, q.written, sf.written) == (False, True, True)  # what the overlap check guards
     sizes = {(s.name, s.tensor, s.dim, s.kind) for s in c.sizes}
     assert sizes == {("num_tokens", "x", 0, "shape"), ("x_row_stride", "x", 0, "stride")}
     (launch,) = c.launches
@@ -51,6 +52,7 @@ def test_transpose_contract_records_tma_descriptors(tmp_path: Path) -> None:
     c = lower(rendered, ARCHS["sm90"]).contract
     assert {s.name for s in c.sizes} >= {s for p in c.params if isinstance(p, TensorParam)
                                         for s in p.shape if isinstance(s, str)}
+    assert [p.name for p in c.params if isinstance(p, TensorParam) and p.written] == ["y"]
     (launch,) = c.launches
     for desc in c.tma:
         assert desc.tensor in {"x", "y"} and desc.rank == len(desc.global_dims) == len(desc.box_dims)
@@ -105,3 +107,16 @@ def test_unknown_pass_config_names_the_spec_key(tmp_path: Path) -> None:
     with pytest.raises(LowerError, match=r"s.yaml:\d+: kernels.batched_transpose.pass_configs.tl.disable_tma_lowr: "
                                          r"TileLang .* no such pass config \(did you mean 'tl.disable_tma_lower'\?\)"):
         lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"])
+
+
+@pytest.mark.slow
+def test_tma_stores_and_scratch_tensors_count_as_written(tmp_path: Path) -> None:
+    """tma_transpose writes y only through a TMA store (its descriptor); grid_rotate writes its
+    scratch tensor and y with plain stores and reads x."""
+    templates = REPO / "tests" / "data" / "templates"
+    specs = load_specs([REPO / "tests" / "data" / "specs" / "loader.yaml"], templates)
+    for kernel, written in (("tma_transpose", ["y"]), ("grid_rotate", ["tmp", "y"])):
+        variant = next(iter(expand(specs.kernel(kernel))))
+        contract = lower(render(variant, ARCHS["sm90"], templates, tmp_path), ARCHS["sm90"]).contract
+        assert [p.name for p in contract.params if isinstance(p, TensorParam) and p.written] == written, kernel
+        assert any(a.kind == "tma" for launch in contract.launches for a in launch.args) is (kernel == "tma_transpose")

@@ -41,8 +41,6 @@ BAD: dict[str, tuple[str, Callable[[Any], Any], type[Exception], str]] = {
     "topk k bool": ("topk_gate", lambda m: m.topk_gate(f32(4, 16), True), ValueError, "num_topk"),
     "topk not tensor": ("topk_gate", lambda m: m.topk_gate([[0.0]], 1), TypeError, "scores"),
     "topk out tuple": ("topk_gate", lambda m: m.topk_gate(f32(4, 16), 2, out=(f32(4, 2),)), TypeError, "out"),
-    "topk out overlaps scores": ("topk_gate", lambda m: (lambda s: m.topk_gate(s, 2, out=s.view(torch.int64)[:, :2]))(
-        f32(4, 16)), ValueError, "topk_idx"),
     "group 2-D": ("topk_group", lambda m: m.topk_sum_and_topk_group_idx(f32(4, 256), 2, 4), ValueError, "scores"),
     "group sum": ("topk_group", lambda m: m.topk_sum_and_topk_group_idx(f32(4, 8, 32), 3, 4), ValueError,
                   "num_topk_sum"),
@@ -84,8 +82,6 @@ BAD: dict[str, tuple[str, Callable[[Any], Any], type[Exception], str]] = {
     "normalize 3-D": ("normalize_weight", lambda m: m.normalize_weight(f32(2, 2, 2)), ValueError, "topk_weights"),
     "normalize out one tensor": ("normalize_weight", lambda m: m.normalize_weight(f32(2, 2), out=f32(2)), TypeError,
                                  "out"),
-    "normalize out overlaps": ("normalize_weight", lambda m: (lambda w: m.normalize_weight(w, out=(f32(2), w)))(
-        f32(2, 2)), ValueError, "normalized_weights"),
     "mask tp_rank": ("mask_indices_by_tp", lambda m: m.mask_indices_by_tp(f32(4, 8).long(), 256, 8, -1, 2),
                      ValueError, "tp_rank"),
     "mask n": ("mask_indices_by_tp", lambda m: m.mask_indices_by_tp(f32(4, 8).long(), 0, 8, 0, 2), ValueError, "n"),

@@ -221,9 +221,6 @@ def test_out_tensors_are_launched_into_and_returned(moe: tuple[dict[str, ModuleT
     y = torch.empty(128, 64)
     assert modules["batched_transpose"].transpose(torch.zeros(64, 128), out=y) is y
     assert _launched_with(runtime, y)
-    with pytest.raises(ValueError, match="^out: its memory overlaps x's"):
-        x = torch.zeros(1, 64, 64)
-        modules["batched_transpose"].batched_transpose(x, out=x)
 
     modules, runtime = quant
     x = torch.zeros(3, 2048, dtype=torch.bfloat16)
@@ -235,7 +232,5 @@ def test_out_tensors_are_launched_into_and_returned(moe: tuple[dict[str, ModuleT
         assert modules["per_token_cast_back"].per_token_cast_back((q, sf), "bf16", 128, out=y) is y
         assert _launched_with(runtime, y)
         assert modules["per_token_cast_back"].cast_back((q, sf), "bf16", (1, 128), out=y) is y
-    with pytest.raises(ValueError, match=r"^out: its memory overlaps x\[0\] \(q\)'s"):
-        modules["per_token_cast_back"].per_token_cast_back((q, sf), "bf16", 128, out=q.view(torch.bfloat16)[:, :1024])
     with pytest.raises(ValueError, match="^out: E5M6"):
         modules["per_token_cast_back"].per_token_cast_back((q, sf), "bf16", 128, x_special_fmt="e5m6", out=y)

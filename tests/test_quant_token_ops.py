@@ -249,6 +249,7 @@ def test_out_is_written_in_place_and_returned(ops: tuple[ModuleType, ModuleType]
 
 
 def test_out_errors_name_the_argument(ops: tuple[ModuleType, ModuleType]) -> None:
+    """What the op checks itself; the launcher checks out's tensors (overlaps included: GPU tests)."""
     from tkc_small_kernels.errors import KernelArgumentError
 
     cast, _ = ops
@@ -257,12 +258,6 @@ def test_out_errors_name_the_argument(ops: tuple[ModuleType, ModuleType]) -> Non
     for _ in range(2):  # uncached, then cached
         with pytest.raises(TypeError, match=r"^out: expected \(q, sf\)"):
             cast.per_token_cast(x, "e4m3", 128, out=q)
-        with pytest.raises(KernelArgumentError, match=r"^q: its memory overlaps x's"):
-            cast.per_token_cast(x, "e4m3", 128, out=(x.view(torch.float8_e4m3fn)[:, :2560], sf))
-        with pytest.raises(KernelArgumentError, match=r"^sf: its memory overlaps q's"):
-            cast.per_token_cast(x, "e4m3", 128, out=(q, q.view(torch.float32)[:, :20]))
-        with pytest.raises(KernelArgumentError, match=r"^q: its memory overlaps sf's"):
-            cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, sf, out=sf.view(torch.float8_e4m3fn))
     q, sf = cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True)
     with pytest.raises(KernelArgumentError, match=r"^sf: expected the column-major layout"):
         cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True, out=(q, sf.contiguous()))

@@ -38,6 +38,7 @@ def token_contract(rt: ModuleType, limit: int = 2**31) -> bytes:
             ("sf", torch.float32, ("(num_tokens + 127) // 128", 16), rt.ROW_MAJOR),
         ),
         sizes=(("num_tokens", "x", "shape", 0, limit), ("x_row_stride", "x", "stride", 0, limit)),
+        written=("q", "sf"),
         alignment=16,
         device_type=KDL_CPU,
     )
@@ -114,7 +115,8 @@ def test_check_declines_contracts_it_cannot_read(runtime: ModuleType) -> None:
     assert runtime.check(contract[:-8], x, q, sf) is None  # truncated
     assert runtime.check(contract + bytes(8), x, q, sf) is None  # trailing words
     assert runtime.check(contract, x, q) is None  # a tensor short
-    assert runtime.check(contract[:8].replace(b"\x01", b"\x09", 1) + contract[8:], x, q, sf) is None  # version
+    assert contract[:8] == (2).to_bytes(8, "little")  # the format check() reads
+    assert runtime.check((9).to_bytes(8, "little") + contract[8:], x, q, sf) is None  # another version
 
 
 def test_expressions_follow_python_arithmetic(runtime: ModuleType) -> None:
@@ -199,3 +201,57 @@ def test_generated_launchers_hold_a_contract_and_decline_cpu_tensors(small_packa
     assert runtime.check(contract, x.contiguous(), q, torch.empty(4, 16)) is None
     with pytest.raises((errors.KernelArgumentError, errors.NoGpuError), match="^x: "):
         launch(x.contiguous(), q, torch.empty(4, 16), 0)
+
+
+def test_check_declines_a_written_tensor_that_overlaps_another(runtime: ModuleType) -> None:
+    """q and sf are written: either may not share a byte with x or with each other; empty tensors
+    never overlap, and a tensor that is only read may overlap another read one."""
+    contract = token_contract(runtime)
+    x, q, sf = token_tensors()
+    base = torch.empty(300 * 2560 * 2 + 4096, dtype=torch.uint8)
+    x_in_base = base[: 300 * 2560 * 2].view(torch.bfloat16).view(300, 2560)[:, :2048]
+    assert runtime.check(contract, x_in_base, q, sf) is not None
+    overlapping_q = base[4096: 4096 + 300 * 2048].view(torch.float8_e4m3fn).view(300, 2048)  # inside x's rows
+    assert runtime.check(contract, x_in_base, overlapping_q, sf) is None
+    sf_in_q = q.view(torch.uint8).view(-1)[: 3 * 16 * 4].view(torch.float32).view(3, 16)
+    assert runtime.check(contract, x, q, sf_in_q) is None
+    after_x = base[300 * 2560 * 2:][: 3 * 16 * 4].view(torch.float32).view(3, 16)  # right behind x: disjoint
+    assert runtime.check(contract, x_in_base, q, after_x) is not None
+    x0, q0, sf0 = token_tensors(tokens=0)
+    assert runtime.check(contract, x0, q0, sf0) is not None
+    read_only = runtime.contract((("a", torch.float32, (4,), None), ("b", torch.float32, (4,), None)),
+                                 alignment=1, device_type=KDL_CPU)
+    shared = torch.zeros(6)
+    assert runtime.check(read_only, shared[:4], shared[2:]) is not None
+
+
+def test_compiled_overlap_check_agrees_with_check_disjoint(runtime: ModuleType) -> None:
+    """Random views of one buffer, one of them written: check() declines exactly when
+    check_disjoint raises (the Python path a pure wheel or a declined call takes)."""
+    rng = random.Random(2)
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    base = torch.zeros(64, 64)
+    declined = accepted = 0
+    for _ in range(400):
+        views = []
+        for _ in range(2):
+            rows, cols = rng.choice((0, 1, 3, 8)), rng.choice((1, 4, 16))
+            r0, c0 = rng.randrange(0, 12), rng.randrange(0, 40)
+            step = rng.choice((1, 2))
+            views.append(base[r0: r0 + rows * step: step, c0: c0 + cols])
+        a, b = views
+        contract = runtime.contract(
+            (("a", torch.float32, tuple(a.shape), None), ("b", torch.float32, tuple(b.shape), None)),
+            written=("a",), alignment=1, device_type=KDL_CPU)
+        got = runtime.check(contract, a, b)
+        try:
+            runtime.check_disjoint((("a", a),), (("b", b),))
+            raised = False
+        except errors.KernelArgumentError as exc:
+            assert str(exc).startswith("a: its memory overlaps b's")
+            raised = True
+        assert (got is None) == raised, (a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(),
+                                         b.storage_offset())
+        declined += raised
+        accepted += not raised
+    assert declined > 50 and accepted > 50

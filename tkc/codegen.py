@@ -206,6 +206,9 @@ def _contract_source(contract: LaunchContract, alignment: int) -> str:
             lines.append(f'        ("{size.name}", "{size.tensor}", "{size.kind}", {size.dim}, '
                          f'{f"2**{limit.bit_length() - 1}" if limit else 0}),')
         lines.append("    ),")
+    written = [p.name for p in contract.params if isinstance(p, TensorParam) and p.written]
+    if written:
+        lines.append(f"    written={_quoted(tuple(written))},")
     lines.append(f"    alignment={alignment},")
     lines.append(")")
     return "\n".join(lines)
@@ -222,8 +225,18 @@ def _checked_lines(contract: LaunchContract, contract_var: str, fast: list[str])
         "if checked is not None:  # the compiled check accepted every tensor",
         f"    {', '.join(names)}{',' if len(names) == 1 else ''} = checked",
         "else:  # a pure wheel, or arguments it does not accept: the Python checks decide",
-        *(f"    {line}" for line in fast),
+        *(f"    {line}" for line in [*fast, *_disjoint_lines(contract)]),
     ]
+
+
+def _disjoint_lines(contract: LaunchContract) -> list[str]:
+    """The overlap check of the tensors the kernel writes against every other tensor argument."""
+    tensors = [p for p in contract.params if isinstance(p, TensorParam)]
+    written = [f'("{p.name}", {p.name})' for p in tensors if p.written]
+    read = [f'("{p.name}", {p.name})' for p in tensors if not p.written]
+    if not written or len(tensors) < 2:
+        return []
+    return [f"check_disjoint({_shape_tuple(written)}, {_shape_tuple(read) if read else '()'})"]
 
 
 def _size_limits(contract: LaunchContract) -> list[str]:

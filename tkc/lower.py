@@ -11,7 +11,10 @@ launch contract is read back from the lowered IR instead of being re-derived:
   the kernel really takes (it differs from the prim_func signature: buffers
   are reordered, TMA descriptors replace tensors, sizes are appended);
 - the host function's ``tma_descriptor_args`` give every ``cuTensorMapEncodeTiled``
-  argument as expressions.
+  argument as expressions;
+- the device functions' stores (buffer stores, store / atomic intrinsics on a
+  tensor's address, TMA stores through its descriptor) name the tensors a kernel
+  writes: the loader refuses a written tensor whose memory overlaps another one.
 
 Expressions are printed as Python over the runtime-size names, so the generated
 loader evaluates them directly.
@@ -19,8 +22,10 @@ loader evaluates them directly.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +43,7 @@ class TensorParam:
     dtype: str
     shape: tuple[int | str, ...]  # ints are compile-time, strings name runtime sizes
     strides: tuple[int | str, ...]  # element strides; ints fixed, strings runtime sizes
+    written: bool = False  # a device function stores to it (outputs, in-place tensors)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +294,63 @@ def _kernel_arg(expr: Any, data_names: dict[str, str], tma: dict[str, TmaDescrip
     return KernelArg(name="", kind="expr", ctype=str(expr.dtype), expr=_strip_parens(py_expr(expr)))
 
 
+# Intrinsics and extern functions that write through an address argument: TileLang's vector
+# stores (tl::store_global_*), atomics and reductions. A name that matches but only reads
+# makes the overlap check stricter, never wrong; loads (__ldg, __ldcg, cp.async) do not match.
+_WRITING_CALL = re.compile(r"store|atomic|\bred\b|red_", re.IGNORECASE)
+
+
+def written_tensors(device_mod: Any, data_names: dict[str, str], tma: dict[str, TmaDescriptor]) -> frozenset[str]:
+    """The tensor parameters the device functions write.
+
+    A buffer store to a parameter's buffer (what ``T.copy`` and element assignments lower
+    to), a store or atomic call that takes an address inside it (``address_of`` or
+    ``tvm_access_ptr``, the latter only with its write bit), or a TMA store through a
+    descriptor of it.
+    """
+    tvm = _tvm()
+    tirx = tvm.tirx
+    written: set[str] = set()
+
+    def tensors_in(node: Any) -> set[str]:
+        found: set[str] = set()
+
+        def visit(sub: Any) -> None:
+            if isinstance(sub, tirx.BufferLoad | tirx.BufferStore) and str(sub.buffer.data.name) in data_names:
+                found.add(data_names[str(sub.buffer.data.name)])
+            elif isinstance(sub, tirx.Var) and str(sub.name) in data_names:
+                found.add(data_names[str(sub.name)])
+
+        tirx.stmt_functor.post_order_visit(node, visit)
+        return found
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tirx.BufferStore):
+            name = data_names.get(str(node.buffer.data.name))
+            if name is not None:
+                written.add(name)
+        elif isinstance(node, tirx.Call) and node.args:
+            op = str(getattr(node.op, "name", ""))
+            head = node.args[0]
+            if op == "tl.tma_store" and isinstance(head, tirx.Var) and str(head.name) in tma:
+                written.add(tma[str(head.name)].tensor)
+            elif op == "tirx.tvm_access_ptr" and len(node.args) == 5:
+                mask = node.args[4]
+                if isinstance(mask, tirx.IntImm) and int(mask.value) & 2:
+                    written.update(tensors_in(node.args[1]))
+            elif op.startswith("tirx.call_") and isinstance(head, tirx.StringImm):
+                if _WRITING_CALL.search(head.value):
+                    for arg in node.args[1:]:
+                        written.update(tensors_in(arg))
+            elif _WRITING_CALL.search(op) and not op.startswith("tirx."):
+                for arg in node.args:
+                    written.update(tensors_in(arg))
+
+    for dev in device_mod.functions.values():
+        tirx.stmt_functor.post_order_visit(dev.body, visit)
+    return frozenset(written)
+
+
 def contract_of(func: Any, host_mod: Any, device_mod: Any) -> LaunchContract:
     """Read the launch contract from the lowered host and device modules."""
     params, sizes, data_names = _signature(func)
@@ -321,6 +384,9 @@ def contract_of(func: Any, host_mod: Any, device_mod: Any) -> LaunchContract:
             cluster=cluster,  # type: ignore[arg-type]
         )))
     launches.sort(key=lambda item: item[0])
+    written = written_tensors(device_mod, data_names, tma)
+    params = tuple(dataclasses.replace(p, written=True) if isinstance(p, TensorParam) and p.name in written else p
+                   for p in params)
     return LaunchContract(params=params, sizes=sizes, tma=tuple(tma.values()),
                           launches=tuple(launch for _, launch in launches))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import check_disjoint, matrix, out_tensors
+from .._args import matrix, out_tensors
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["normalize_weight"]
@@ -29,15 +29,13 @@ def _launch(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _run(topk_weights: torch.Tensor, out: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch into out, or into fresh tensors; the launcher checks every tensor."""
+    """Launch into out, or into fresh tensors; the launcher checks every tensor (out: also for overlaps)."""
     num_topk = int(topk_weights.shape[1])
     launch = _kernel.variant(num_topk)
     if out is None:
         denominator, normalized = _outputs(topk_weights)
     else:
         denominator, normalized = out_tensors(out, ("denominator", "normalized_weights"))
-        check_disjoint((("denominator", denominator), ("normalized_weights", normalized)),
-                       (("topk_weights", topk_weights),))
     launch(topk_weights, denominator, normalized)
     return denominator, normalized
 

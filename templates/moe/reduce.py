@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._args import check_disjoint, matrix, not_built, one_of, out_tensors
+from .._args import matrix, not_built, one_of, out_tensors
 from .._runtime import custom_op, dtype_name, get_kernel
 from ._expand import expand_to_fused
 
@@ -42,7 +42,7 @@ def _reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tens
 def _run(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
          token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None,
          out: torch.Tensor | None) -> torch.Tensor:
-    """Launch into out, or into a fresh tensor; the launcher checks every tensor."""
+    """Launch into out, or into a fresh tensor; the launcher checks every tensor (out: also for overlaps)."""
     out_fp8 = fp8_format == "e4m3"
     hidden, weighted = int(x.shape[1]), topk_weights is not None
     # Grid order: hidden, in_dtype, out_dtype, with_weights.
@@ -52,11 +52,6 @@ def _run(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor 
     if out is None:
         out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16,
                           device=device)
-    else:
-        inputs = [("x", x), ("token_topk_to_pos", token_topk_to_pos)]
-        inputs += [(name, t) for name, t in (("x_sf", x_sf), ("topk_weights", topk_weights), ("sf", sf))
-                   if t is not None]
-        check_disjoint((("out", out),), inputs)
     empty = _nothing.get(device)
     if empty is None:
         empty = _nothing[device] = torch.empty((0,), dtype=torch.float32, device=device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import check_disjoint, matrix, out_tensors, positive_int
+from .._args import matrix, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["topk_gate"]
@@ -27,14 +27,10 @@ def _topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
 
 
 def _run(scores: torch.Tensor, num_topk: int, out: torch.Tensor | None) -> torch.Tensor:
-    """Launch into out, or into a fresh tensor; the launcher checks every tensor."""
+    """Launch into out, or into a fresh tensor; the launcher checks every tensor (out: also for overlaps)."""
     num_experts = int(scores.shape[1])
     launch = _kernel.variant(num_experts, num_topk)
-    if out is None:
-        topk_idx = _outputs(scores, num_topk)
-    else:
-        topk_idx = out
-        check_disjoint((("topk_idx", topk_idx),), (("scores", scores),))
+    topk_idx = _outputs(scores, num_topk) if out is None else out
     launch(scores, topk_idx)
     return topk_idx
 

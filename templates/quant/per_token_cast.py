@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._args import check_disjoint, matrix, not_built, one_of, out_tensors, positive_int
+from .._args import matrix, not_built, one_of, out_tensors, positive_int
 from .._build_info import ALIGNMENT
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
@@ -143,11 +143,11 @@ def _run_into(launch: Callable[..., None], x: torch.Tensor, out: object, npc: in
               sf_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast into the caller's (q, sf), laid out as the op returns them; returns them.
 
-    The launcher checks q and the kernel's view of sf against the contract, under those names.
+    The launcher checks q and the kernel's view of sf against the contract under those names,
+    and that neither overlaps x or the other.
     """
     q, sf = out_tensors(out, ("q", "sf"))
     sf_arg = sf if sf_layout == "row_major" else _out_scales(sf, x, npc, sf_layout)
-    check_disjoint((("q", q), ("sf", sf)), (("x", x),))
     launch(x, q, sf_arg, _MODE_CAST)
     return q, sf
 
@@ -181,11 +181,7 @@ def _select_given(x: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> Callab
 def _run_given(launch: Callable[..., None], x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int,
                out: object = None) -> torch.Tensor:
     """Launch with the given scales into a fresh q, or into out (checked by the launcher as q)."""
-    if out is None:
-        q, _, _ = _allocate(x, fmt, npc, "row_major")
-    else:
-        (q,) = out_tensors(out, ("q",))
-        check_disjoint((("q", q),), (("x", x), ("sf", sf_arg)))
+    q = _allocate(x, fmt, npc, "row_major")[0] if out is None else out_tensors(out, ("q",))[0]
     launch(x, q, sf_arg, _MODE_GIVEN_SF)
     return q
 

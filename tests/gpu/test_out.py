@@ -142,10 +142,19 @@ def test_torch_compile_fullgraph_with_out(name: str) -> None:
 
 
 def test_out_errors_name_the_argument() -> None:
-    x = torch.randn(5, 2048, device="cuda", dtype=torch.bfloat16)
+    wide = torch.randn(10, 2048, device="cuda", dtype=torch.bfloat16)
+    x = wide[:5]
     q, sf = quant.per_token_cast(x, "e4m3", 128)
-    with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps x's"):
-        quant.per_token_cast(x, "e4m3", 128, out=(x.view(torch.float8_e4m3fn)[:, :2048], sf))
+    in_x = wide.view(torch.float8_e4m3fn).view(20, 2048)[:5]  # contiguous, in x's first rows
+    for _ in range(2):  # the first call takes the op's uncached path, the second its cached one
+        with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps x's"):
+            quant.per_token_cast(x, "e4m3", 128, out=(in_x, sf))
+    with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps sf's"):  # the first written one
+        quant.per_token_cast(x, "e4m3", 128, out=(q, q.view(torch.float32).view(-1)[:80].view(5, 16)))
+    buffer = torch.empty(5 * 2048, dtype=torch.uint8, device="cuda")  # given scales in the first bytes of q
+    given = buffer[: 5 * 16 * 4].view(torch.float32).view(5, 16).copy_(sf)
+    with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps sf's"):
+        quant.per_token_cast_with_precomputed_sf(x, "e4m3", 128, given, out=buffer.view(torch.float8_e4m3fn).view(5, 2048))
     with pytest.raises(errors.KernelArgumentError, match=r"^q\b.*float8_e4m3fn"):
         quant.per_token_cast(x, "e4m3", 128, out=(q.view(torch.int8), sf))
     with pytest.raises(errors.KernelArgumentError, match=r"^sf\b"):
@@ -158,7 +167,7 @@ def test_out_errors_name_the_argument() -> None:
     with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx\b"):
         tk.moe.topk_gate(scores, 8, out=torch.empty(5, 6, dtype=torch.int64, device="cuda"))
     with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx: its memory overlaps scores's"):
-        tk.moe.topk_gate(scores, 8, out=scores.view(torch.int64)[:, :8])
+        tk.moe.topk_gate(scores, 8, out=scores.view(torch.int64).view(-1)[:40].view(5, 8))
     xt = torch.randn(2, 64, 128, device="cuda")
     with pytest.raises(errors.KernelArgumentError, match=r"^y\b"):
         tk.transpose.batched_transpose(xt, out=torch.empty(2, 64, 128, device="cuda"))

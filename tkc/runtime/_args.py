@@ -11,8 +11,6 @@ from collections.abc import Sequence
 
 import torch
 
-from .errors import KernelArgumentError
-
 
 def not_built(argument: str, what: str, kernel: str) -> NotImplementedError:
     """The error for an option this package's specs did not build."""
@@ -71,40 +69,12 @@ def out_tensors(out: object, names: Sequence[str]) -> tuple[torch.Tensor, ...]:
     if len(names) == 1:
         if isinstance(out, torch.Tensor):
             return (out,)
-    elif isinstance(out, (tuple, list)) and len(out) == len(names) and all(isinstance(t, torch.Tensor) for t in out):
-        return tuple(out)
+    elif isinstance(out, (tuple, list)) and len(out) == len(names):
+        for t in out:
+            if not isinstance(t, torch.Tensor):
+                break
+        else:
+            return tuple(out)
     spelled = names[0] if len(names) == 1 else f"({', '.join(names)})"
     raise TypeError(f"out: expected {spelled} as the op returns it ({'a tensor' if len(names) == 1 else 'tensors'}), "
                     f"got {type(out).__name__}")
-
-
-def _extent(name: str, t: torch.Tensor) -> tuple[str, int, int] | None:
-    """(name, first byte, bytes to the end of the last element) of t, None if empty (strides are never negative)."""
-    if t.is_contiguous():
-        size = t.nbytes
-    elif t.numel() == 0:
-        size = 0
-    else:
-        size = (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
-    return (name, t.data_ptr(), size) if size else None
-
-
-def check_disjoint(outputs: Sequence[tuple[str, torch.Tensor]], inputs: Sequence[tuple[str, torch.Tensor]]) -> None:
-    """A KernelArgumentError naming the first output whose memory overlaps an input's or an earlier output's.
-
-    A kernel reads its inputs while it writes its outputs, in any order between threads, so a
-    written range that meets a read one gives an undefined result (torch's out= refuses it too).
-    Ranges are conservative: two interleaved strided views are refused although they never meet.
-    Inputs may overlap each other (nothing writes them).
-    """
-    seen = [extent for name, t in inputs if (extent := _extent(name, t)) is not None]
-    for name, t in outputs:
-        extent = _extent(name, t)
-        if extent is None:
-            continue
-        _, first, size = extent
-        for other, other_first, other_size in seen:
-            if first < other_first + other_size and other_first < first + size:
-                raise KernelArgumentError(f"{name}: its memory overlaps {other}'s; the kernel would read what "
-                                          "it writes. Pass a separate output tensor")
-        seen.append(extent)

@@ -236,7 +236,7 @@ typedef struct DLManagedTensor {
 
 static PyObject *to_dlpack; /* torch._C._to_dlpack, set by set_dlpack() */
 
-#define CONTRACT_VERSION 1
+#define CONTRACT_VERSION 2
 #define MAX_TENSORS 32
 #define MAX_SIZES 32
 #define MAX_STACK 16
@@ -328,14 +328,43 @@ static int64_t numel(const DLTensor *t) {
     return n;
 }
 
+/* Bytes from a tensor's first element to the end of its last (0 if empty); torch's strides
+ * are never negative. */
+static uint64_t extent(const DLTensor *t) {
+    if (numel(t) == 0) return 0;
+    uint64_t item = ((uint64_t)t->dtype.bits * t->dtype.lanes + 7) / 8, last = 0;
+    for (int d = 0; d < t->ndim; d++)
+        last += (uint64_t)(t->shape[d] - 1) * (uint64_t)(t->strides == NULL ? 0 : t->strides[d]);
+    if (t->strides == NULL) last = (uint64_t)numel(t) - 1;
+    return (last + 1) * item;
+}
+
+/* 0 unless a tensor the kernel writes (a bit of written) shares a byte range with any other:
+ * its threads would read or write it in no fixed order. As _runtime.check_disjoint(). */
+static int disjoint(DLTensor *const *tensors, Py_ssize_t n_tensors, int64_t written) {
+    for (Py_ssize_t i = 0; i < n_tensors; i++) {
+        if (!(written >> i & 1)) continue;
+        uintptr_t first = (uintptr_t)tensors[i]->data + (uintptr_t)tensors[i]->byte_offset;
+        uint64_t size = extent(tensors[i]);
+        if (size == 0) continue;
+        for (Py_ssize_t j = 0; j < n_tensors; j++) {
+            if (j == i) continue;
+            uintptr_t other = (uintptr_t)tensors[j]->data + (uintptr_t)tensors[j]->byte_offset;
+            uint64_t other_size = extent(tensors[j]);
+            if (other_size != 0 && first < other + other_size && other < first + size) return -1;
+        }
+    }
+    return 0;
+}
+
 /* The whole comparison; 0 when every tensor matches, -1 when any does not. */
 static int matches(const int64_t *words, Py_ssize_t n_words, DLTensor *const *tensors, Py_ssize_t n_tensors,
                    int64_t *sizes, int64_t *n_sizes_out) {
     Reader r = {words, n_words};
-    int64_t version, count, n_sizes, align_mask, device_type;
+    int64_t version, count, n_sizes, align_mask, device_type, written;
     if (next(&r, &version) || version != CONTRACT_VERSION || next(&r, &count) || count != n_tensors ||
         next(&r, &n_sizes) || n_sizes < 0 || n_sizes > MAX_SIZES || next(&r, &align_mask) ||
-        next(&r, &device_type))
+        next(&r, &device_type) || next(&r, &written))
         return -1;
     *n_sizes_out = n_sizes;
     /* The runtime sizes, read from the tensors' shapes and strides first (the Python launcher
@@ -380,7 +409,8 @@ static int matches(const int64_t *words, Py_ssize_t n_words, DLTensor *const *te
         uintptr_t address = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
         if (address & (uintptr_t)align_mask) return -1;
     }
-    return r.left == 0 ? 0 : -1;
+    if (r.left != 0) return -1;
+    return disjoint(tensors, n_tensors, written);
 }
 
 /* check(contract, *tensors) -> (device, *data_pointers, *sizes), or None

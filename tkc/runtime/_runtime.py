@@ -173,6 +173,31 @@ def check_strides(name: str, t: torch.Tensor, strides: Sequence[int]) -> None:
                                       f"(dimension {dim}); pass a contiguous tensor (.contiguous())")
 
 
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from t's first element to the end of its last (torch strides are never negative); 0 if empty."""
+    if t.is_contiguous():
+        return t.nbytes  # type: ignore[no-any-return]
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def check_disjoint(written: Sequence[tuple[str, torch.Tensor]], read: Sequence[tuple[str, torch.Tensor]]) -> None:
+    """A KernelArgumentError naming the first written tensor whose memory overlaps another argument's.
+
+    The kernel's threads read and write in no fixed order, so a written range that meets any
+    other gives an undefined result (torch's out= refuses it too). Ranges are conservative: two
+    interleaved strided views are refused although they never meet. What check() does in C.
+    """
+    spans = [(name, t.data_ptr(), _extent(t)) for name, t in (*written, *read)]
+    for index, (name, first, size) in enumerate(spans[:len(written)]):
+        for other, other_first, other_size in spans[:index] + spans[index + 1:]:
+            if size and other_size and first < other_first + other_size and other_first < first + size:
+                raise KernelArgumentError(
+                    f"{name}: its memory overlaps {other}'s, and the kernel writes {name}: the result would be "
+                    f"undefined. Pass separate tensors (e.g. {name}.clone() or a fresh torch.empty)")
+
+
 class TensorMap(ctypes.Structure):
     """A ``CUtensorMap``: 128 opaque bytes, 64-byte aligned when passed to the driver."""
 
@@ -387,7 +412,7 @@ launch_cooperative = _launch_cooperative
 # a dtype this torch cannot export, a wrong argument), and the launcher's Python checks decide.
 
 ROW_MAJOR = "row_major"  # a contract layout: the strides Tensor.is_contiguous() accepts
-_CONTRACT_VERSION = 1
+_CONTRACT_VERSION = 2
 _KDL_CUDA = 2  # DLDeviceType of CUDA memory
 _LAYOUTS = {ROW_MAJOR: 1, None: 2}  # strides given per dimension: 0
 _OPS = {ast.Add: 3, ast.Sub: 4, ast.Mult: 5, ast.FloorDiv: 6, ast.Mod: 7}
@@ -442,6 +467,7 @@ def _expression(text: str, sizes: tuple[str, ...]) -> tuple[int, ...]:
 def contract(
     tensors: Sequence[tuple[str, torch.dtype, Sequence[int | str], Sequence[int | str] | str | None]],
     sizes: Sequence[tuple[str, str, str, int, int]] = (),
+    written: Sequence[str] = (),
     alignment: int = 16,
     device_type: int = _KDL_CUDA,
 ) -> bytes | None:
@@ -451,13 +477,15 @@ def contract(
     strides entries are integers or expressions of sizes; strides may be ROW_MAJOR or None (not
     checked). sizes: (name, tensor, "shape" or "stride", dimension, limit) per runtime size, in
     the order check() returns them; limit is the bound of the kernel parameter (0: none).
-    device_type: the DLPack device the tensors must be on (tests use 1, the CPU).
+    written: the tensors the kernel writes; check() declines when one's memory overlaps another
+    tensor's. device_type: the DLPack device the tensors must be on (tests use 1, the CPU).
     """
     if not NATIVE_CHECK:
         return None
     names = tuple(s[0] for s in sizes)
     slots = [t[0] for t in tensors]
-    words = [_CONTRACT_VERSION, len(tensors), len(sizes), alignment - 1, device_type]
+    mask = sum(1 << slots.index(name) for name in written)
+    words = [_CONTRACT_VERSION, len(tensors), len(sizes), alignment - 1, device_type, mask]
     for _, tensor, kind, dim, limit in sizes:
         words += [slots.index(tensor), 0 if kind == "shape" else 1, dim, limit]
     for _, dtype, shape, strides in tensors:

@@ -675,3 +675,49 @@ def test_fourteenth_sweep_winner_renders_the_shipped_topk_gate() -> None:
         assert ("T.ceildiv(num_tokens, WARPS * TOKENS_PER_WARP)" in source) == (tpw > 1), v.params
         assert (f"TOKENS_PER_WARP = {tpw}" in source) == (tpw > 1), v.params
         assert source.count("warp_max(") == 3  # the helper and the round's two reductions, once either way
+
+
+_SWEEP15_KNOBS = {"elems_per_thread": 128, "amax_reduce": "rows", "e4m3_clamp": "explicit"}
+
+
+def test_fifteenth_sweep_spec_has_the_shipped_setting() -> None:
+    """sweep15.yaml: per_block_cast e4m3 128 x 128 at H 7168, the shipped knobs one of its 5 points."""
+    found = _spec_variants("tkc_tuning15")
+    assert len(found) == 5
+    groups = sweep.problems(found)  # raises unless the problem holds exactly one baseline
+    ((kernel, problem),) = groups
+    assert kernel == "per_block_cast"
+    assert dict(problem) == {"in_dtype": "bfloat16", "hidden": 7168, "fmt": "e4m3", "block_m": 128, "block_k": 128,
+                             "round_sf": False, "precomputed_sf": False}
+    assert sweep.SWEEPS["tkc_tuning15"].baselines == {"per_block_cast": _SWEEP15_KNOBS}
+    assert {tuple(sorted(dict(v.knobs).items())) for v in found} == {
+        tuple(sorted({"elems_per_thread": e, "amax_reduce": r, "e4m3_clamp": c}.items()))
+        for e, r, c in ((128, "rows", "explicit"), (128, "rows", "cvt"), (128, "flat", "explicit"),
+                        (128, "flat", "cvt"), (64, "flat", "cvt"))}
+    source = (TEMPLATES / "quant/per_block_cast.py.j2").read_text()
+    for knob in _SWEEP15_KNOBS:
+        assert f"{knob} | default(" in source, knob
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_fifteenth_sweep_defaults_render_the_shipped_per_block_cast(arch: str) -> None:
+    """The sweep15 knobs at their defaults render every shipped per_block_cast variant byte for byte;
+    the other values render their paths (one block-wide reduce; no clamp before the satfinite cast)."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast")
+    assert arch in kernel.archs
+    defaults = (("amax_reduce", "rows"), ("e4m3_clamp", "explicit"))
+    for match in expand(kernel):
+        plain, knobbed = _renders(match, defaults, arch)
+        assert knobbed == plain, match.params
+        _, flat = _renders(match, (("amax_reduce", "flat"),), arch)
+        _, cvt = _renders(match, (("e4m3_clamp", "cvt"),), arch)
+        assert flat != plain and cvt != plain, match.params
+        assert "T.reduce_max(T.reshape(x_abs, [1, block_m * tile_k]), amax, dim=1)" in flat
+        assert "row_amax" not in flat and "row_amax" in plain
+        assert "T.clamp(" not in cvt and "T.clamp(" in plain
+    for v in expand(load_specs([TUNING / "sweep15.yaml"], TEMPLATES).kernel("per_block_cast")):
+        source = render_source(v, ARCHS["sm90"], TEMPLATES)
+        p = v.param_dict
+        assert f"ELEMS_PER_THREAD = {p['elems_per_thread']}" in source
+        assert ("row_amax" in source) == (p["amax_reduce"] == "rows")
+        assert ("T.clamp(" in source) == (p["e4m3_clamp"] == "explicit")

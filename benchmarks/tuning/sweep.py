@@ -150,11 +150,13 @@ SWEEPS["tkc_tuning13"] = Sweep(
 )
 # topk_gate as shipped before the fourteenth sweep (sweep14.yaml): redux, one token per warp.
 SWEEPS["tkc_tuning14"] = Sweep("tkc_tuning14", "sweep14.yaml", {"topk_gate": {"tokens_per_warp": 1}})
-# per_block_cast e4m3 128 x 128 as shipped before the fifteenth sweep (sweep15.yaml): 128 elements per
-# thread, the amax over each row then over the rows, the explicit clamp before the satfinite cast.
+# per_block_cast e4m3 128 x 128 as shipped before the fifteenth sweep (sweep15.yaml): the amax over each row
+# then over the rows, the explicit clamp before the satfinite cast, one tile per block (pipeline_stages is
+# unused there and pinned at its default), no launch bound.
 SWEEPS["tkc_tuning15"] = Sweep(
     "tkc_tuning15", "sweep15.yaml",
-    {"per_block_cast": {"elems_per_thread": 128, "amax_reduce": "rows", "e4m3_clamp": "explicit"}},
+    {"per_block_cast": {"amax_reduce": "rows", "e4m3_clamp": "explicit", "tiles_per_block": 1,
+                        "pipeline_stages": 2, "min_blocks": 0}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

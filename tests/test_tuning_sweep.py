@@ -157,6 +157,7 @@ def test_baseline_is_the_pre_sweep_setting() -> None:
         names |= set(re.findall(r"\{\{ (\w+) \| default\(", (TEMPLATES / template).read_text()))
         names |= set(re.findall(r"(\w+) \| default\(\"\w+\"\) ==", (TEMPLATES / template).read_text()))
     names.add("segments_per_thread")  # the transpose factory's default argument
+    names.discard("pipeline_stages")  # a later sweep's knob (sweep15.yaml), not the first sweep's
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
     grid_keys = {k for kernel in shipped.kernels for k in kernel.grid_keys}  # defaults of grid keys: no knobs
     assert names - grid_keys == set(sweep.BASELINE)
@@ -675,3 +676,57 @@ def test_fourteenth_sweep_winner_renders_the_shipped_topk_gate() -> None:
         assert ("T.ceildiv(num_tokens, WARPS * TOKENS_PER_WARP)" in source) == (tpw > 1), v.params
         assert (f"TOKENS_PER_WARP = {tpw}" in source) == (tpw > 1), v.params
         assert source.count("warp_max(") == 3  # the helper and the round's two reductions, once either way
+
+
+
+_SWEEP15_BASELINE = {"amax_reduce": "rows", "e4m3_clamp": "explicit", "tiles_per_block": 1, "pipeline_stages": 2,
+                     "min_blocks": 0}
+
+
+def test_fifteenth_sweep_spec_has_the_shipped_setting() -> None:
+    """sweep15.yaml: per_block_cast e4m3 128 x 128 at H 7168, the shipped knobs one of its 8 points."""
+    found = _spec_variants("tkc_tuning15")
+    assert len(found) == 8
+    groups = sweep.problems(found)  # raises unless the problem holds exactly one baseline
+    ((kernel, problem),) = groups
+    assert kernel == "per_block_cast"
+    assert dict(problem) == {"in_dtype": "bfloat16", "hidden": 7168, "fmt": "e4m3", "block_m": 128, "block_k": 128,
+                             "round_sf": False, "precomputed_sf": False}
+    assert sweep.SWEEPS["tkc_tuning15"].baselines == {"per_block_cast": _SWEEP15_BASELINE}
+    points = {tuple(dict(v.knobs)[k] for k in _SWEEP15_BASELINE) for v in found}
+    assert points == {("rows", "explicit", 1, 2, 0), ("rows", "cvt", 1, 2, 0), ("flat", "explicit", 1, 2, 0),
+                      ("flat", "cvt", 1, 2, 0), ("flat", "cvt", 2, 2, 0), ("flat", "cvt", 4, 2, 3),
+                      ("flat", "cvt", 4, 3, 0), ("flat", "cvt", 14, 3, 0)}
+    source = (TEMPLATES / "quant/per_block_cast.py.j2").read_text()
+    for knob in _SWEEP15_BASELINE:
+        assert f"{knob} | default(" in source, knob
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_fifteenth_sweep_defaults_render_the_shipped_per_block_cast(arch: str) -> None:
+    """The sweep15 knobs at their defaults render every shipped per_block_cast variant byte for byte;
+    the other values render their paths (one block-wide reduce; no clamp before the satfinite cast;
+    a pipelined loop over tiles staged in shared memory)."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast")
+    assert arch in kernel.archs
+    for match in expand(kernel):
+        plain, knobbed = _renders(match, tuple(_SWEEP15_BASELINE.items()), arch)
+        assert knobbed == plain, match.params
+        _, flat = _renders(match, (("amax_reduce", "flat"),), arch)
+        _, cvt = _renders(match, (("e4m3_clamp", "cvt"),), arch)
+        _, tiled = _renders(match, (("tiles_per_block", 2),), arch)
+        assert flat != plain and cvt != plain and tiled != plain, match.params
+        assert "T.reduce_max(T.reshape(x_abs, [1, block_m * tile_k]), amax, dim=1)" in flat
+        assert "row_amax" not in flat and "row_amax" in plain
+        assert "T.clamp(" not in cvt and "T.clamp(" in plain
+        assert "T.Pipelined(" not in plain and "for t in T.Pipelined(TILES_PER_BLOCK, num_stages=PIPELINE_STAGES):" in tiled
+    for v in expand(load_specs([TUNING / "sweep15.yaml"], TEMPLATES).kernel("per_block_cast")):
+        source = render_source(v, ARCHS["sm90"], TEMPLATES)
+        p = v.param_dict
+        assert ("row_amax" in source) == (p["amax_reduce"] == "rows")
+        assert ("T.clamp(" in source) == (p["e4m3_clamp"] == "explicit")
+        tiled = p["tiles_per_block"] > 1
+        assert (f"TILES_PER_BLOCK = {p['tiles_per_block']}" in source) == tiled
+        assert (f"PIPELINE_STAGES = {p['pipeline_stages']}" in source) == tiled
+        assert ("T.copy(x[row0, pid_k * tile_k], x_shared, disable_tma=True)" in source) == tiled
+        assert ("T.annotate_min_blocks_per_sm(3)" in source) == (p["min_blocks"] == 3)

@@ -9,6 +9,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning2 --out "$OUT"    # the second sweep
     python benchmarks/tuning/sweep.py --package tkc_tuning4 --out "$OUT"    # the MoE gates (sweep4.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning9 --out "$OUT"    # the MoE gates again (sweep9.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning15 --out "$OUT"   # per_block_cast e4m3 (sweep15.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -149,6 +150,14 @@ SWEEPS["tkc_tuning13"] = Sweep(
 )
 # topk_gate as shipped before the fourteenth sweep (sweep14.yaml): redux, one token per warp.
 SWEEPS["tkc_tuning14"] = Sweep("tkc_tuning14", "sweep14.yaml", {"topk_gate": {"tokens_per_warp": 1}})
+# per_block_cast e4m3 128 x 128 as shipped before the fifteenth sweep (sweep15.yaml): the amax over each row
+# then over the rows, the explicit clamp before the satfinite cast, one tile per block (pipeline_stages is
+# unused there and pinned at its default), no launch bound.
+SWEEPS["tkc_tuning15"] = Sweep(
+    "tkc_tuning15", "sweep15.yaml",
+    {"per_block_cast": {"amax_reduce": "rows", "e4m3_clamp": "explicit", "tiles_per_block": 1,
+                        "pipeline_stages": 2, "min_blocks": 0}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -730,3 +730,40 @@ def test_fifteenth_sweep_defaults_render_the_shipped_per_block_cast(arch: str) -
         assert (f"PIPELINE_STAGES = {p['pipeline_stages']}" in source) == tiled
         assert ("T.copy(x[row0, pid_k * tile_k], x_shared, disable_tma=True)" in source) == tiled
         assert ("T.annotate_min_blocks_per_sm(3)" in source) == (p["min_blocks"] == 3)
+
+
+def test_sixteenth_sweep_spec_has_the_shipped_setting() -> None:
+    """sweep16.yaml: the whole-row SwiGLU forward at H 7168 npc 128 (weights, pos_to_expert), the shipped
+    8-byte stores (store split) and the lane-pair 16-byte stores (store pair)."""
+    found = _spec_variants("tkc_tuning16")
+    assert len(found) == 2
+    groups = sweep.problems(found)  # raises unless the problem holds exactly one baseline
+    ((kernel, problem),) = groups
+    assert kernel == "swiglu_forward_and_per_token_cast"
+    assert dict(problem) == {"hidden": 7168, "npc": 128, "with_weights": True, "with_pos_to_expert": True}
+    assert sweep.SWEEPS["tkc_tuning16"].baselines == {kernel: {"store": "split"}}
+    assert {dict(v.knobs)["store"] for v in found} == {"split", "pair"}
+    source = (TEMPLATES / "quant/swiglu_forward_and_per_token_cast.py.j2").read_text()
+    assert 'store | default("split")' in source
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_sixteenth_sweep_default_renders_the_shipped_swiglu_forward(arch: str) -> None:
+    """store split (the default) renders every shipped swiglu_forward_and_per_token_cast variant byte for
+    byte; store pair renders the lane-pair swap and the 16-byte stores of q's words instead of the
+    fragment store."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("swiglu_forward_and_per_token_cast")
+    assert arch in kernel.archs
+    fragment_store = "q[row, g * npc + c] = q_frag[g, c]"
+    for match in expand(kernel):
+        plain, knobbed = _renders(match, (("store", "split"),), arch)
+        _, pair = _renders(match, (("store", "pair"),), arch)
+        assert knobbed == plain, match.params
+        assert fragment_store in plain and fragment_store not in pair, match.params
+        assert "T.shfl_xor(sent, 1)" in pair and "T.shfl_xor" not in plain, match.params
+    for v in expand(load_specs([TUNING / "sweep16.yaml"], TEMPLATES).kernel("swiglu_forward_and_per_token_cast")):
+        source = render_source(v, ARCHS["sm90"], TEMPLATES)
+        pair = v.param_dict["store"] == "pair"
+        assert ("q_words[row, ((2 * p + odd) * RUN + (tid - odd) * 8) // 4 + j] = staged[j]" in source) == pair
+        assert (fragment_store in source) != pair
+        assert ("RUNS = 7" in source) == pair  # 7168 channels: three pairs of runs and one run alone

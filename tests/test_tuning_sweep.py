@@ -157,7 +157,6 @@ def test_baseline_is_the_pre_sweep_setting() -> None:
         names |= set(re.findall(r"\{\{ (\w+) \| default\(", (TEMPLATES / template).read_text()))
         names |= set(re.findall(r"(\w+) \| default\(\"\w+\"\) ==", (TEMPLATES / template).read_text()))
     names.add("segments_per_thread")  # the transpose factory's default argument
-    names.discard("pipeline_stages")  # a later sweep's knob (sweep15.yaml), not the first sweep's
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
     grid_keys = {k for kernel in shipped.kernels for k in kernel.grid_keys}  # defaults of grid keys: no knobs
     assert names - grid_keys == set(sweep.BASELINE)
@@ -678,92 +677,27 @@ def test_fourteenth_sweep_winner_renders_the_shipped_topk_gate() -> None:
         assert source.count("warp_max(") == 3  # the helper and the round's two reductions, once either way
 
 
-
-_SWEEP15_BASELINE = {"amax_reduce": "rows", "e4m3_clamp": "explicit", "tiles_per_block": 1, "pipeline_stages": 2,
-                     "min_blocks": 0}
-
-
-def test_fifteenth_sweep_spec_has_the_shipped_setting() -> None:
-    """sweep15.yaml: per_block_cast e4m3 128 x 128 at H 7168, the shipped knobs one of its 8 points."""
+def test_fifteenth_sweep_winner_renders_the_shipped_per_block_cast() -> None:
+    """sweep15.yaml: per_block_cast e4m3 128 x 128 at H 7168 with the block amax per row then over the rows
+    (the baseline) and in one reduce (shipped since the sweep for e4m3 128 x 128 blocks). The knob at the
+    shipped value renders every shipped variant byte for byte on both archs; no variant clamps before the
+    satfinite e4m3 cast any more."""
     found = _spec_variants("tkc_tuning15")
-    assert len(found) == 8
-    groups = sweep.problems(found)  # raises unless the problem holds exactly one baseline
-    ((kernel, problem),) = groups
-    assert kernel == "per_block_cast"
+    assert len(found) == 2
+    ((kernel_name, problem),) = sweep.problems(found)  # raises unless the problem holds exactly one baseline
+    assert kernel_name == "per_block_cast"
     assert dict(problem) == {"in_dtype": "bfloat16", "hidden": 7168, "fmt": "e4m3", "block_m": 128, "block_k": 128,
                              "round_sf": False, "precomputed_sf": False}
-    assert sweep.SWEEPS["tkc_tuning15"].baselines == {"per_block_cast": _SWEEP15_BASELINE}
-    points = {tuple(dict(v.knobs)[k] for k in _SWEEP15_BASELINE) for v in found}
-    assert points == {("rows", "explicit", 1, 2, 0), ("rows", "cvt", 1, 2, 0), ("flat", "explicit", 1, 2, 0),
-                      ("flat", "cvt", 1, 2, 0), ("flat", "cvt", 2, 2, 0), ("flat", "cvt", 4, 2, 3),
-                      ("flat", "cvt", 4, 3, 0), ("flat", "cvt", 14, 3, 0)}
-    source = (TEMPLATES / "quant/per_block_cast.py.j2").read_text()
-    for knob in _SWEEP15_BASELINE:
-        assert f"{knob} | default(" in source, knob
-
-
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_fifteenth_sweep_defaults_render_the_shipped_per_block_cast(arch: str) -> None:
-    """The sweep15 knobs at their defaults render every shipped per_block_cast variant byte for byte;
-    the other values render their paths (one block-wide reduce; no clamp before the satfinite cast;
-    a pipelined loop over tiles staged in shared memory)."""
+    assert sweep.SWEEPS["tkc_tuning15"].baselines == {"per_block_cast": {"amax_reduce": "rows"}}
     kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast")
-    assert arch in kernel.archs
     for match in expand(kernel):
-        plain, knobbed = _renders(match, tuple(_SWEEP15_BASELINE.items()), arch)
-        assert knobbed == plain, match.params
-        _, flat = _renders(match, (("amax_reduce", "flat"),), arch)
-        _, cvt = _renders(match, (("e4m3_clamp", "cvt"),), arch)
-        _, tiled = _renders(match, (("tiles_per_block", 2),), arch)
-        assert flat != plain and cvt != plain and tiled != plain, match.params
-        assert "T.reduce_max(T.reshape(x_abs, [1, block_m * tile_k]), amax, dim=1)" in flat
-        assert "row_amax" not in flat and "row_amax" in plain
-        assert "T.clamp(" not in cvt and "T.clamp(" in plain
-        assert "T.Pipelined(" not in plain and "for t in T.Pipelined(TILES_PER_BLOCK, num_stages=PIPELINE_STAGES):" in tiled
+        p = match.param_dict
+        shipped = "flat" if p["fmt"] == "e4m3" and p["block_m"] == p["block_k"] == 128 else "rows"
+        for arch in ("sm90", "sm100"):
+            plain, winner = _renders(match, (("amax_reduce", shipped),), arch)
+            assert winner == plain, (match.params, arch)
+            assert ("row_amax" in plain) == (shipped == "rows") and "T.clamp(" not in plain
     for v in expand(load_specs([TUNING / "sweep15.yaml"], TEMPLATES).kernel("per_block_cast")):
         source = render_source(v, ARCHS["sm90"], TEMPLATES)
-        p = v.param_dict
-        assert ("row_amax" in source) == (p["amax_reduce"] == "rows")
-        assert ("T.clamp(" in source) == (p["e4m3_clamp"] == "explicit")
-        tiled = p["tiles_per_block"] > 1
-        assert (f"TILES_PER_BLOCK = {p['tiles_per_block']}" in source) == tiled
-        assert (f"PIPELINE_STAGES = {p['pipeline_stages']}" in source) == tiled
-        assert ("T.copy(x[row0, pid_k * tile_k], x_shared, disable_tma=True)" in source) == tiled
-        assert ("T.annotate_min_blocks_per_sm(3)" in source) == (p["min_blocks"] == 3)
-
-
-def test_sixteenth_sweep_spec_has_the_shipped_setting() -> None:
-    """sweep16.yaml: the whole-row SwiGLU forward at H 7168 npc 128 (weights, pos_to_expert), the shipped
-    8-byte stores (store split) and the lane-pair 16-byte stores (store pair)."""
-    found = _spec_variants("tkc_tuning16")
-    assert len(found) == 2
-    groups = sweep.problems(found)  # raises unless the problem holds exactly one baseline
-    ((kernel, problem),) = groups
-    assert kernel == "swiglu_forward_and_per_token_cast"
-    assert dict(problem) == {"hidden": 7168, "npc": 128, "with_weights": True, "with_pos_to_expert": True}
-    assert sweep.SWEEPS["tkc_tuning16"].baselines == {kernel: {"store": "split"}}
-    assert {dict(v.knobs)["store"] for v in found} == {"split", "pair"}
-    source = (TEMPLATES / "quant/swiglu_forward_and_per_token_cast.py.j2").read_text()
-    assert 'store | default("split")' in source
-
-
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_sixteenth_sweep_default_renders_the_shipped_swiglu_forward(arch: str) -> None:
-    """store split (the default) renders every shipped swiglu_forward_and_per_token_cast variant byte for
-    byte; store pair renders the lane-pair swap and the 16-byte stores of q's words instead of the
-    fragment store."""
-    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("swiglu_forward_and_per_token_cast")
-    assert arch in kernel.archs
-    fragment_store = "q[row, g * npc + c] = q_frag[g, c]"
-    for match in expand(kernel):
-        plain, knobbed = _renders(match, (("store", "split"),), arch)
-        _, pair = _renders(match, (("store", "pair"),), arch)
-        assert knobbed == plain, match.params
-        assert fragment_store in plain and fragment_store not in pair, match.params
-        assert "T.shfl_xor(sent, 1)" in pair and "T.shfl_xor" not in plain, match.params
-    for v in expand(load_specs([TUNING / "sweep16.yaml"], TEMPLATES).kernel("swiglu_forward_and_per_token_cast")):
-        source = render_source(v, ARCHS["sm90"], TEMPLATES)
-        pair = v.param_dict["store"] == "pair"
-        assert ("q_words[row, ((2 * p + odd) * RUN + (tid - odd) * 8) // 4 + j] = staged[j]" in source) == pair
-        assert (fragment_store in source) != pair
-        assert ("RUNS = 7" in source) == pair  # 7168 channels: three pairs of runs and one run alone
+        flat = v.param_dict["amax_reduce"] == "flat"
+        assert ("T.reduce_max(T.reshape(x_abs, [1, block_m * tile_k]), amax, dim=1)" in source) == flat

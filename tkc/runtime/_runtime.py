@@ -189,10 +189,13 @@ def check_disjoint(written: Sequence[tuple[str, torch.Tensor]], read: Sequence[t
     other gives an undefined result (torch's out= refuses it too). Ranges are conservative: two
     interleaved strided views are refused although they never meet. What check() does in C.
     """
-    spans = [(name, t.data_ptr(), _extent(t)) for name, t in (*written, *read)]
-    for index, (name, first, size) in enumerate(spans[:len(written)]):
-        for other, other_first, other_size in spans[:index] + spans[index + 1:]:
-            if size and other_size and first < other_first + other_size and other_first < first + size:
+    spans = [(name, t.data_ptr(), _extent(t)) for name, t in written]
+    spans += [(name, t.data_ptr(), _extent(t)) for name, t in read]
+    for index in range(len(written)):
+        name, first, size = spans[index]
+        end = first + size
+        for other_index, (other, other_first, other_size) in enumerate(spans):
+            if size and other_size and other_index != index and first < other_first + other_size and other_first < end:
                 raise KernelArgumentError(
                     f"{name}: its memory overlaps {other}'s, and the kernel writes {name}: the result would be "
                     f"undefined. Pass separate tensors (e.g. {name}.clone() or a fresh torch.empty)")

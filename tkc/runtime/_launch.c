@@ -331,11 +331,11 @@ static int64_t numel(const DLTensor *t) {
 /* Bytes from a tensor's first element to the end of its last (0 if empty); torch's strides
  * are never negative. */
 static uint64_t extent(const DLTensor *t) {
-    if (numel(t) == 0) return 0;
+    int64_t n = numel(t);
     uint64_t item = ((uint64_t)t->dtype.bits * t->dtype.lanes + 7) / 8, last = 0;
-    for (int d = 0; d < t->ndim; d++)
-        last += (uint64_t)(t->shape[d] - 1) * (uint64_t)(t->strides == NULL ? 0 : t->strides[d]);
-    if (t->strides == NULL) last = (uint64_t)numel(t) - 1;
+    if (n == 0) return 0;
+    if (t->strides == NULL) return (uint64_t)n * item; /* row-major */
+    for (int d = 0; d < t->ndim; d++) last += (uint64_t)(t->shape[d] - 1) * (uint64_t)t->strides[d];
     return (last + 1) * item;
 }
 

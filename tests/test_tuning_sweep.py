@@ -249,7 +249,7 @@ _SECOND = [
     ("per_channel_cast_and_transpose", {"hidden": 256, "npt": 32, "round_sf": False},
      lambda a: a[:1], 256 * 256 * 2 + 256 * 256 + 8 * 256 * 4),
     ("moe_expand", {"hidden": 256, "dtype": "bfloat16", "with_sf": False, "sf_layout": "row_major"},
-     lambda a: (a[0], a[1].view(-1, a[4]), a[2]), 64 * 256 * 2 + 64 * 8 * 4 + 4608 * 4 + 4608 * 256 * 2),
+     lambda a: a[:3], 64 * 256 * 2 + 64 * 8 * 4 + 4608 * 4 + 4608 * 256 * 2),
     ("swiglu_forward_and_per_token_cast", {"hidden": 256, "npc": 128, "with_weights": True,
                                            "with_pos_to_expert": True}, lambda a: a[:1], None),
     # The sixth sweep's per-channel SwiGLU (transposed and not): x (T, 2H) bf16, q, sf (T / npt, H).

@@ -441,8 +441,7 @@ def expand_case(problem: dict[str, Any]) -> Case:
         return (x, *routing.torch_mapping(ids))
 
     return Case(
-        make=lambda x: (x[0], x[1].view(-1), x[2],
-                        torch.empty(x[2].shape[0], x[0].shape[1], device=DEVICE, dtype=x[0].dtype), x[1].shape[1]),
+        make=lambda x: (x[0], x[1], x[2], torch.empty(x[2].shape[0], x[0].shape[1], device=DEVICE, dtype=x[0].dtype)),
         new_x=lambda: inputs(random_matrix(routing.T, routing.H)),
         check_x=lambda: inputs(check_matrix(routing.T, routing.H)),
         outputs=lambda args: args[3:4],

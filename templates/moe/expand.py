@@ -51,7 +51,7 @@ def _run(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.
     launch = _launcher(x, False, False)
     if out is None:
         out = x.new_empty((pos_to_expert.shape[0], x.shape[1]))
-    launch(x, token_topk_to_pos.view(-1), pos_to_expert, out, int(token_topk_to_pos.shape[1]))
+    launch(x, token_topk_to_pos, pos_to_expert, out)
     return out
 
 
@@ -106,7 +106,7 @@ def _expand_with_sf(x: torch.Tensor, x_sf: torch.Tensor, token_topk_to_pos: torc
                     pos_to_expert: torch.Tensor, col_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
     launch = _launcher(x, True, col_major)
     out, out_sf, sf_arg = _sf_outputs(x, x_sf, token_topk_to_pos, pos_to_expert, col_major)
-    launch(x, x_sf, token_topk_to_pos.view(-1), pos_to_expert, out, sf_arg, int(token_topk_to_pos.shape[1]))
+    launch(x, x_sf, token_topk_to_pos, pos_to_expert, out, sf_arg)
     return out, out_sf
 
 

@@ -28,10 +28,11 @@ __all__ = ["ExpandToFused", "ReduceFused", "expand_to_fused_autograd", "reduce_f
 
 _kernel = get_kernel("moe_reduce")
 HIDDEN_MULTIPLE = 256
-# device -> a float32 tensor of no elements, passed for the parameters a variant does not read.
-# It has no memory to write or read, so one per device serves every call (one allocation less
-# per call; it also lives across CUDA graph captures, which never touch it).
-_nothing: dict[torch.device, torch.Tensor] = {}
+# device index -> float32 tensors of no elements, (0,) and (0, 0), passed for the parameters a
+# variant does not read. They have no memory to write or read, so one pair per device serves
+# every call (no allocation per call; they also live across CUDA graph captures, which never
+# touch them).
+_nothing: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
@@ -47,18 +48,17 @@ def _run(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor 
     hidden, weighted = int(x.shape[1]), topk_weights is not None
     # Grid order: hidden, in_dtype, out_dtype, with_weights.
     launch = _kernel.variant(hidden, dtype_name(x.dtype), "float8_e4m3fn" if out_fp8 else "bfloat16", weighted)
-    num_tokens = int(token_topk_to_pos.shape[0])
-    device = x.device
     if out is None:
-        out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16,
-                          device=device)
-    empty = _nothing.get(device)
-    if empty is None:
-        empty = _nothing[device] = torch.empty((0,), dtype=torch.float32, device=device)
+        out = x.new_empty((token_topk_to_pos.shape[0], hidden),
+                          dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16)
+    nothing = _nothing.get(x.get_device())
+    if nothing is None:  # also for CPU tensors (-1), which the launcher then refuses by name
+        nothing = _nothing[x.get_device()] = (x.new_empty((0,), dtype=torch.float32),
+                                              x.new_empty((0, 0), dtype=torch.float32))
     if out_fp8 and sf is None:
-        sf = torch.ones((1,), dtype=torch.float32, device=device)
-    launch(x, empty if x_sf is None else x_sf, empty if topk_weights is None else topk_weights.view(-1),
-           token_topk_to_pos.view(-1), out, empty if sf is None else sf, int(token_topk_to_pos.shape[1]))
+        sf = x.new_ones((1,), dtype=torch.float32)
+    launch(x, nothing[0] if x_sf is None else x_sf, nothing[1] if topk_weights is None else topk_weights,
+           token_topk_to_pos, out, nothing[0] if sf is None else sf)
     return out
 
 

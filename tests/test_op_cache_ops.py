@@ -28,7 +28,7 @@ def quant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, 
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
-    ops = ("topk_gate", "normalize_weight", "expand", "reduce", "fused_mapping")
+    ops = ("topk_gate", "normalize_weight", "expand", "reduce", "fused_mapping", "gate_top2_sum")
     with stub_package(tmp_path_factory.mktemp("cache_moe"), "cache_moe_pkg", "moe", ops) as stubbed:
         yield stubbed
 
@@ -213,6 +213,15 @@ def test_out_tensors_are_launched_into_and_returned(moe: tuple[dict[str, ModuleT
     reduced = torch.empty(1, 2048, dtype=torch.bfloat16)
     assert modules["reduce"].reduce_fused(fused, torch.ones(1, 2), pos, out=reduced) is reduced
     assert _launched_with(runtime, reduced)
+    gate_out = (torch.empty(3, 8, dtype=torch.int64), torch.empty(3, 8))
+    for _ in range(2):
+        result = modules["gate_top2_sum"].top2_sum_gate(torch.rand(3, 256), torch.zeros(256), 8, 4, 8, False, 0, 2.5,
+                                                         0, 1, 0, 1, "sigmoid", out=gate_out)
+        assert result[0] is gate_out[0] and result[1] is gate_out[1] and _launched_with(runtime, *gate_out)
+        assert runtime.LAUNCHES[-1][1]["num_experts"] == 256 and runtime.LAUNCHES[-1][2][-5] == 2.5
+    with pytest.raises(TypeError, match=r"^out: expected \(topk_idx, topk_weights\)"):
+        modules["gate_top2_sum"].top2_sum_gate(torch.rand(3, 256), torch.zeros(256), 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1,
+                                               "sigmoid", out=gate_out[0])
 
     modules, runtime = transpose
     y = torch.empty(2, 128, 64)

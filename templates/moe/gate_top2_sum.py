@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._args import matrix, not_built, one_of, positive_int
+from .._args import matrix, not_built, one_of, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
 from ..errors import KernelArgumentError
 
@@ -90,6 +90,25 @@ _gate_op = custom_op("top2_sum_gate", fake=_fake)(_gate)
 _gate_mapped_op = custom_op("top2_sum_gate_mapped", fake=_fake_mapped)(_gate_mapped)
 
 
+def _gate_into(out: object, compiling: bool, logits: torch.Tensor, bias: torch.Tensor,
+               to_physical_map: torch.Tensor | None, logical_count: torch.Tensor | None,
+               args: tuple[object, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gate into the caller's (topk_idx, topk_weights); the launcher checks them like any tensor
+    (shapes (T, num_topk + S), and no overlap with the inputs). While compiling, the custom op's
+    result is copied into them."""
+    topk_idx, topk_weights = out_tensors(out, ("topk_idx", "topk_weights"))
+    mapped = to_physical_map is not None
+    inputs = (logits, bias, to_physical_map, logical_count) if mapped else (logits, bias)
+    if compiling:
+        op = _gate_mapped_op if mapped else _gate_op
+        idx, weights = op(*inputs, *args)
+        return topk_idx.copy_(idx), topk_weights.copy_(weights)
+    scoring, k, groups, top_groups, _, *scalars = args
+    launch = _select(logits, scoring, k, groups, top_groups, mapped)  # type: ignore[arg-type]
+    launch(*inputs, topk_idx, topk_weights, *scalars)
+    return topk_idx, topk_weights
+
+
 def _groups(num_groups: object, num_topk_groups: object, num_experts: int) -> tuple[int, int]:
     """The (num_groups, num_topk_groups) grid values: (0, 0) when routing is not group-limited."""
     groups, top_groups = operator.index(num_groups), operator.index(num_topk_groups)  # type: ignore[arg-type]
@@ -133,6 +152,8 @@ def top2_sum_gate(
     to_physical_map: torch.Tensor | None = None,
     logical_count: torch.Tensor | None = None,
     unmapped_topk_idx: torch.Tensor | None = None,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Route each token to num_topk experts (plus shared experts); returns (topk_idx, topk_weights).
 
@@ -149,6 +170,8 @@ def top2_sum_gate(
         to_physical_map: int32 (E + S, num_duplicates) physical ids of each logical expert, with
             logical_count int32 (E + S,) the number of valid columns of each row.
         mask, fix_routing_mask, unmapped_topk_idx: not built; must be None.
+        out: ``(topk_idx, topk_weights)`` to write into instead of allocating, as this call
+            would return them (contiguous; not overlapping the inputs); returned as given.
 
     Returns:
         ``(topk_idx, topk_weights)``, int64 and float32 (num_tokens, num_topk + S). Ids that live
@@ -198,6 +221,8 @@ def top2_sum_gate(
     p = k + shared
     args = (scoring, k, groups, top_groups, p, scale, ep, experts_per_rank, tp, num_tp_ranks)
     compiling = torch.compiler.is_compiling()
+    if out is not None:
+        return _gate_into(out, compiling, logits, bias, to_physical_map, logical_count, args)
     if to_physical_map is not None:
         assert logical_count is not None
         gate_mapped = _gate_mapped_op if compiling else _gate_mapped

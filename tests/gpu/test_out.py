@@ -73,6 +73,8 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
         "transpose": (lambda t, out=None: tk.transpose.transpose(t, out=out),
                       (torch.randn(128, 192, device="cuda").to(torch.float8_e4m3fn),)),
         "topk_gate": (lambda s, out=None: tk.moe.topk_gate(s, 8, out=out), (scores,)),
+        "top2_sum_gate": (lambda s, b, out=None: tk.moe.top2_sum_gate(s, b, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid",
+                                                                      out=out), (scores, torch.randn(256, device="cuda"))),
         "normalize_weight": (lambda w, out=None: tk.moe.normalize_weight(w, out=out), (weights,)),
         "expand_to_fused": (lambda t, p, e, out=None: tk.moe.expand_to_fused(t, p, e, out=out),
                             (x_moe, token_topk_to_pos, pos_to_expert)),

@@ -45,6 +45,14 @@ def _renders(match: Variant, knobs: tuple[tuple[str, Any], ...], arch: str) -> t
     return plain, knobbed.split("\n", 2)[2]
 
 
+def _assert_baselines_are_the_sweeps(found: list[sweep.Variant], package: str) -> None:
+    """Every variant the sweep marks as its problem's baseline has the knobs SWEEPS[package] names for it."""
+    tuning = sweep.SWEEPS[package]
+    for v in found:
+        if v.is_baseline:
+            assert dict(v.knobs) == tuning.baseline(v.kernel, dict(v.problem))
+
+
 def _spec_variants(package: str) -> list[sweep.Variant]:
     """The variants of a tuning spec as sweep.py splits them (no launchers); sm90, production H only."""
     tuning = sweep.SWEEPS[package]
@@ -395,10 +403,7 @@ def test_fifth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
     assert len(found) == 12
     groups = sweep.problems(found)
     assert len(groups) == 3  # lossless 1 x 128 and 128 x 128, the fp8 pair of per_channel_cast_fused
-    tuning = sweep.SWEEPS["tkc_tuning5"]
-    for v in found:
-        if v.is_baseline:
-            assert dict(v.knobs) == tuning.baseline(v.kernel, dict(v.problem))
+    _assert_baselines_are_the_sweeps(found, "tkc_tuning5")
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -499,10 +504,7 @@ def test_twelfth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
     assert len(found) <= 14
     groups = sweep.problems(found)  # raises unless each problem holds exactly one baseline
     assert {dict(problem)["npt"] for _, problem in groups} == {32, 128}
-    tuning = sweep.SWEEPS["tkc_tuning12"]
-    for v in found:
-        if v.is_baseline:
-            assert dict(v.knobs) == tuning.baseline(v.kernel, dict(v.problem))
+    _assert_baselines_are_the_sweeps(found, "tkc_tuning12")
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

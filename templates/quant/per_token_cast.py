@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._args import matrix, not_built, one_of, out_tensors, positive_int
+from .._args import column_storage, matrix, not_built, one_of, out_tensors, positive_int
 from .._build_info import ALIGNMENT
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
@@ -398,7 +398,7 @@ def _given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torc
                                   f"got {sf.dtype} of shape {tuple(sf.shape)}")
     if sf_layout == "row_major":
         return sf
-    storage = _storage(sf, num_tokens, width)
+    storage = column_storage(sf)
     if storage is None:
         storage = sf.new_empty((width, num_tokens)).copy_(sf.t())  # fresh: standard strides
     return _kernel_view(storage, sf_layout)
@@ -408,17 +408,6 @@ def _scale_width(hidden: int, npc: int, sf_layout: str) -> tuple[int, torch.dtyp
     """(columns, dtype) of the (T, columns) scale tensor the op returns in sf_layout."""
     groups = hidden // npc
     return ((groups + 3) // 4, torch.int32) if sf_layout == "ue8m0" else (groups, torch.float32)
-
-
-def _storage(sf: torch.Tensor, num_tokens: int, width: int) -> torch.Tensor | None:
-    """The (width, P) storage behind a column-major (T, width) sf with strides (1, P), P >= T; None otherwise.
-
-    That is what per_token_cast returns (P = align(T, 4)); the kernel reads or writes it in place.
-    """
-    padded = sf.stride(1)
-    in_place = num_tokens > 0 and sf.stride(0) == 1 and padded >= num_tokens and \
-        sf.untyped_storage().nbytes() >= (sf.storage_offset() + width * padded) * sf.element_size()
-    return sf.as_strided((width, padded), (padded, 1)) if in_place else None
 
 
 def _kernel_view(storage: torch.Tensor, sf_layout: str) -> torch.Tensor:
@@ -437,7 +426,7 @@ def _out_scales(sf: torch.Tensor, x: torch.Tensor, npc: int, sf_layout: str) -> 
                                   f"got {sf.dtype} of shape {tuple(sf.shape)}")
     if num_tokens == 0:  # nothing is written: any storage of the right rank will do
         return _kernel_view(sf.new_empty((width, 0)), sf_layout)
-    storage = _storage(sf, num_tokens, width)
+    storage = column_storage(sf)
     if storage is None:
         raise KernelArgumentError(
             f"sf: expected the column-major layout per_token_cast returns with these flags, strides (1, P) "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import OUT_DTYPES, matrix, not_built, out_tensors, output_dtype, positive_int
+from .._args import OUT_DTYPES, column_storage, matrix, not_built, out_tensors, output_dtype, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
@@ -66,20 +66,12 @@ def _outputs(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> torch
 
 
 def _column_storage(sf: torch.Tensor) -> torch.Tensor:
-    """The contiguous (columns, padded_tokens) storage behind a column-major (T, columns) view.
-
-    A view with strides (1, P), P >= T, whose storage holds all columns * P elements (what
-    per_token_cast allocates) is read in place; anything else is copied to (columns, T).
-    """
-    num_tokens, cols = sf.shape
-    padded = sf.stride(1)
-    if num_tokens > 0 and cols > 0 and sf.stride(0) == 1 and padded >= num_tokens:
-        end = (sf.storage_offset() + cols * padded) * sf.element_size()
-        if sf.untyped_storage().nbytes() >= end:
-            return sf.as_strided((cols, padded), (padded, 1))
-    storage = sf.new_empty((cols, num_tokens))  # fresh: standard strides even when empty
-    return storage.copy_(sf.t())
-
+    """The (columns, padded_tokens) storage behind a column-major (T, columns) view: read in place
+    where it is what per_token_cast allocates (``column_storage``), else copied to (columns, T)."""
+    storage = column_storage(sf)
+    if storage is None:
+        storage = sf.new_empty((sf.shape[1], sf.shape[0])).copy_(sf.t())  # fresh: standard strides even when empty
+    return storage
 
 def _scale_argument(sf: torch.Tensor) -> tuple[str, torch.Tensor]:
     """(sf_layout, the tensor the kernel reads) for the logical (T, G) or UE8M0 (T, G / 4) scales."""

@@ -60,6 +60,21 @@ def output_dtype(fmt: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"fmt: expected 'bf16', 'fp32', torch.bfloat16 or torch.float32, got {fmt!r}")
 
 
+def column_storage(sf: torch.Tensor) -> torch.Tensor | None:
+    """The contiguous (columns, P) storage behind a column-major (T, columns) view, or None.
+
+    A view with strides (1, P), P >= T > 0, whose storage holds all columns * P elements: what
+    per_token_cast returns for column-major scales (P = align(T, 4)), so a kernel can read or
+    write it in place. Anything else is None (the op copies, or refuses, by name).
+    """
+    num_tokens, cols = sf.shape
+    padded = sf.stride(1)
+    if num_tokens > 0 and cols > 0 and sf.stride(0) == 1 and padded >= num_tokens and \
+            sf.untyped_storage().nbytes() >= (sf.storage_offset() + cols * padded) * sf.element_size():
+        return sf.as_strided((cols, padded), (padded, 1))
+    return None
+
+
 def out_tensors(out: object, names: Sequence[str]) -> tuple[torch.Tensor, ...]:
     """``out`` as the tuple of tensors the op would have returned (``names``, in order), or a TypeError naming out.
 

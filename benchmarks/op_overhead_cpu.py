@@ -89,22 +89,34 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
     p2e = torch.full((16,), -1, dtype=torch.int32)
     xe = torch.zeros(16, 256, dtype=torch.bfloat16)
     xq = (torch.zeros(1, 256, dtype=torch.float8_e4m3fn), torch.ones(1, 2))
+    # What out= writes into: each op's own result, kept (the caller's reused buffers).
+    cast_out = cast.per_token_cast(x, "e4m3", 128)
+    back_out = back.per_token_cast_back((q, sf), "bf16", 128)
+    top2_args = (scores, bias, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid")
+    top2_out = moe_top2.top2_sum_gate(*top2_args)
+    expand_out = moe_expand.expand_to_fused(xh, pos, p2e)
+    reduce_out = moe_reduce.reduce_fused(xe, w, pos)
     return {
         "quant.per_token_cast e4m3/128": lambda: cast.per_token_cast(x, "e4m3", 128),
+        "quant.per_token_cast e4m3/128 out=": lambda: cast.per_token_cast(x, "e4m3", 128, out=cast_out),
         "quant.per_token_cast e2m1/32 col_major": lambda: cast.per_token_cast(
             x, "e2m1", 32, use_tma_aligned_col_major_sf=True),
         "quant.per_token_cast_with_sf_only e4m3/128": lambda: cast.per_token_cast_with_sf_only(x, "e4m3", 128),
         "quant.per_token_cast_with_precomputed_sf e4m3/128": lambda: cast.per_token_cast_with_precomputed_sf(
             x, "e4m3", 128, sf),
         "quant.per_token_cast_back e4m3/128 bf16": lambda: back.per_token_cast_back((q, sf), "bf16", 128),
+        "quant.per_token_cast_back e4m3/128 bf16 out=": lambda: back.per_token_cast_back((q, sf), "bf16", 128,
+                                                                                          out=back_out),
         "transpose.batched_transpose bf16": lambda: m["transpose/batched_transpose"].batched_transpose(xt),
         "moe.topk_gate E=256 K=8": lambda: moe_gate.topk_gate(scores, 8),
-        "moe.top2_sum_gate E=256 K=8 8/4 groups": lambda: moe_top2.top2_sum_gate(
-            scores, bias, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid"),
+        "moe.top2_sum_gate E=256 K=8 8/4 groups": lambda: moe_top2.top2_sum_gate(*top2_args),
+        "moe.top2_sum_gate E=256 K=8 8/4 groups out=": lambda: moe_top2.top2_sum_gate(*top2_args, out=top2_out),
         "moe.normalize_weight K=8": lambda: moe_norm.normalize_weight(w),
         "moe.expand_to_fused H=256": lambda: moe_expand.expand_to_fused(xh, pos, p2e),
+        "moe.expand_to_fused H=256 out=": lambda: moe_expand.expand_to_fused(xh, pos, p2e, out=expand_out),
         "moe.expand_to_fused_with_sf H=256": lambda: moe_expand.expand_to_fused_with_sf(xq, 128, pos, p2e),
         "moe.reduce_fused H=256": lambda: moe_reduce.reduce_fused(xe, w, pos),
+        "moe.reduce_fused H=256 out=": lambda: moe_reduce.reduce_fused(xe, w, pos, out=reduce_out),
         "moe.get_fused_mapping E=32 (no sync)": lambda: moe_map.get_fused_mapping(ids, 32, n, 128),
     }
 

@@ -139,6 +139,50 @@ def test_cast_back_runs_the_variant_of_each_signature(quant: tuple[dict[str, Mod
             assert expected.items() <= _last(runtime).items()
 
 
+def test_cast_back_cached_signatures_still_check_what_varies(quant: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = quant
+    back, cast = modules["per_token_cast_back"], modules["per_token_cast"]
+    errors = __import__("cache_quant_pkg.errors", fromlist=["KernelArgumentError"])
+    q = torch.zeros(4, 2048, dtype=torch.float8_e4m3fn)
+    col = cast.per_token_cast(torch.zeros(4, 2048, dtype=torch.bfloat16), "e4m3", 128,
+                              use_tma_aligned_col_major_sf=True)[1]
+    row = torch.ones(4, 16)
+    for sf in (row, col):
+        back.per_token_cast_back((q, sf), "bf16", 128)  # the signatures are cached from here on
+    short = cast.per_token_cast(torch.zeros(3, 2048, dtype=torch.bfloat16), "e4m3", 128,
+                                use_tma_aligned_col_major_sf=True)[1]
+    runtime.LAUNCHES.clear()
+    # The column-major storage is padded, so its rows are the op's to check, on every call.
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[1\] \(sf\): expected shape \(4, 16\)"):
+        back.per_token_cast_back((q, short), "bf16", 128)
+    with pytest.raises(TypeError, match=r"^num_per_channels: expected an int"):
+        back.per_token_cast_back((q, row), "bf16", 128.0)  # equal to and hashed as 128, refused by type
+    with pytest.raises(TypeError, match=r"^out: "):
+        back.per_token_cast_back((q, row), "bf16", 128, out=[torch.empty(4, 2048)])
+    with pytest.raises(ValueError, match=r"^fmt: "):
+        back.per_token_cast_back((q, row), "bf16x", 128)
+    assert runtime.LAUNCHES == []
+    back.per_token_cast_back([q, row], torch.bfloat16, 128)  # a list and a dtype: the full path, same variant
+    assert _last(runtime)["out_dtype"] == "bfloat16"
+
+
+def test_cast_back_remembers_only_calls_the_launcher_accepted(quant: tuple[dict[str, ModuleType], Any],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, _ = quant
+    back = modules["per_token_cast_back"]
+    errors = __import__("cache_quant_pkg.errors", fromlist=["KernelArgumentError"])
+    values = ("e4m3", 0, "float32", 6144, "row_major")  # a signature no other test calls
+
+    def refuse(*args: object) -> None:
+        raise errors.KernelArgumentError("out: refused")
+
+    monkeypatch.setitem(back._kernel.variants, values, refuse)
+    q, sf = torch.zeros(2, 6144, dtype=torch.float8_e4m3fn), torch.ones(2, 1)
+    with pytest.raises(errors.KernelArgumentError, match="^out: refused"):
+        back.per_token_cast_back((q, sf), "fp32", 6144)
+    assert not [key for key in back._VARIANTS if key[1] == 6144]
+
+
 def test_moe_launchers_follow_the_signature(moe: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = moe
     for _ in range(2):
@@ -243,3 +287,86 @@ def test_out_tensors_are_launched_into_and_returned(moe: tuple[dict[str, ModuleT
         assert modules["per_token_cast_back"].cast_back((q, sf), "bf16", (1, 128), out=y) is y
     with pytest.raises(ValueError, match="^out: E5M6"):
         modules["per_token_cast_back"].per_token_cast_back((q, sf), "bf16", 128, x_special_fmt="e5m6", out=y)
+
+
+def test_gate_cache_keys_every_scalar_by_value_and_type(moe: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = moe
+    gate = modules["gate_top2_sum"]
+    errors = __import__("cache_moe_pkg.errors", fromlist=["KernelArgumentError"])
+    args = [torch.rand(3, 256), torch.zeros(256), 8, 4, 8, False, 0, 2.5, 0, 2, 0, 1, "sigmoid"]
+    for _ in range(2):  # the second round runs from the cache: the same launches
+        for index, value, expected in [(12, "softmax", dict(scoring="softmax")), (2, 6, dict(num_topk=6)),
+                                       (3, 8, dict(num_groups=0, num_topk_groups=0)), (8, 1, {})]:
+            call = list(args)
+            call[index] = value
+            idx, _ = gate.top2_sum_gate(*call)
+            assert expected.items() <= _last(runtime).items() and idx.shape == (3, call[2])
+            # ep_rank 1 of 2: experts_per_rank 128 is what the launcher got (ep, experts_per_rank, tp, tp ranks).
+            assert runtime.LAUNCHES[-1][2][-4:] == (call[8], 128, 0, 1)
+    runtime.LAUNCHES.clear()
+    for index, value, error in [(2, 8.0, TypeError), (9, True, ValueError), (8, 2, ValueError),
+                                (12, "tanh", ValueError), (10, 0.0, TypeError)]:
+        call = list(args)
+        call[index] = value  # equal to (or hashed as) a cached value, or out of range: the full checks refuse
+        with pytest.raises(error):
+            gate.top2_sum_gate(*call)
+    with pytest.raises(ValueError, match=r"^logits: expected a 2-D tensor"):
+        gate.top2_sum_gate(torch.rand(256), *args[1:])
+    with pytest.raises(errors.KernelArgumentError, match=r"^to_physical_map: "):  # the mapped form: full checks
+        gate.top2_sum_gate(*args, to_physical_map=torch.zeros(3, 1, dtype=torch.int32),
+                           logical_count=torch.ones(3, dtype=torch.int32))
+    assert runtime.LAUNCHES == []
+
+
+def test_expand_and_reduce_fall_back_to_their_checks_where_the_launcher_refuses(
+        moe: tuple[dict[str, ModuleType], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A remembered launcher runs first; where it refuses the tensors (the real one checks them all),
+    # the op's checks run as on a first call: they name the argument, or make the mapping contiguous.
+    modules, runtime = moe
+    expand, reduce = modules["expand"], modules["reduce"]
+    errors = __import__("cache_moe_pkg.errors", fromlist=["KernelArgumentError"])
+    x, p2e = torch.zeros(2, 2048, dtype=torch.bfloat16), torch.tensor([0, 1, 1, 0], dtype=torch.int32)
+    pos = torch.tensor([[0, 3], [1, 2]], dtype=torch.int32)
+    fused = expand.expand_to_fused(x, pos, p2e)
+    reduce.reduce_fused(fused, torch.ones(2, 2), pos)
+    refused: list[tuple[object, ...]] = []
+
+    def refuse(*args: object) -> None:
+        refused.append(args)
+        raise errors.KernelArgumentError("token_topk_to_pos: expected strides (2, 1)")
+
+    def refuse_all() -> None:  # the full path remembers the (stub) launcher again after each launch
+        for module in (expand, reduce):
+            for key in list(module._LAUNCHERS):
+                monkeypatch.setitem(module._LAUNCHERS, key, refuse)
+
+    refuse_all()
+    runtime.LAUNCHES.clear()
+    strided = torch.tensor([[0, 9, 3], [1, 9, 2]], dtype=torch.int32)[:, ::2]  # the same mapping, not contiguous
+    expand.expand_to_fused(x, strided, p2e)
+    reduce.reduce_fused(fused, torch.ones(2, 4)[:, ::2], strided)
+    assert len(refused) == 2 and len(runtime.LAUNCHES) == 2  # each refused once, then launched by the full path
+    for _, _, args in runtime.LAUNCHES:
+        assert all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
+    refuse_all()
+    with pytest.raises(ValueError, match=r"^token_topk_to_pos: expected 2 rows"):
+        expand.expand_to_fused(x, pos[:1], p2e)
+    with pytest.raises(ValueError, match=r"^topk_weights: expected shape \(2, 2\)"):
+        reduce.reduce_fused(fused, torch.ones(2, 3), pos)
+    with pytest.raises(ValueError, match=r"^sf: an output scale needs fp8_format='e4m3'"):
+        reduce.reduce_fused(fused, torch.ones(2, 2), pos, sf=torch.ones(1))
+    assert len(refused) == 4  # the sf call never reaches a launcher: the form is checked first
+
+
+def test_expand_and_reduce_remember_launchers_only_outside_compile(
+        moe: tuple[dict[str, ModuleType], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, runtime = moe
+    expand, reduce = modules["expand"], modules["reduce"]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    pos, p2e = torch.tensor([[1, 0]], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    before = dict(expand._LAUNCHERS), dict(reduce._LAUNCHERS)
+    fused = expand.expand_to_fused(x, pos, p2e)
+    reduce.reduce_fused((fused.to(torch.float8_e4m3fn), torch.ones(2)), torch.ones(1, 2), pos, fp8_format="e4m3")
+    assert _last(runtime)["out_dtype"] == "float8_e4m3fn"
+    assert before == (expand._LAUNCHERS, reduce._LAUNCHERS)

@@ -16,6 +16,7 @@ import torch
 
 from .._args import matrix, not_built, out_tensors
 from .._runtime import custom_op, dtype_name, get_kernel
+from ..errors import KernelArgumentError
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
 
@@ -44,6 +45,13 @@ def _expand(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: tor
     return _run(x, token_topk_to_pos, pos_to_expert, None)
 
 
+# expand_to_fused's launchers by (x.dtype, hidden), once a call with them passed the checks below and
+# the launcher: later calls go straight to the launcher, which checks every tensor and overlap as
+# the op's checks would (dimensions, the mapping's rows against x's, dtypes, strides); only where it
+# refuses do the op's checks run, to name the argument or to make the mapping contiguous.
+_LAUNCHERS: dict[tuple[torch.dtype, int], Callable[..., None]] = {}
+
+
 def _run(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
          out: torch.Tensor | None) -> torch.Tensor:
     """Launch into out, or into a fresh tensor; the launcher checks every tensor (out: also that it
@@ -52,6 +60,8 @@ def _run(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.
     if out is None:
         out = x.new_empty((pos_to_expert.shape[0], x.shape[1]))
     launch(x, token_topk_to_pos, pos_to_expert, out)
+    if not torch.compiler.is_compiling():
+        _LAUNCHERS[(x.dtype, x.shape[1])] = launch
     return out
 
 
@@ -77,6 +87,16 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         (num_expanded_tokens, hidden) of x's dtype: row pos holds x[t] for pos =
         token_topk_to_pos[t, k], padding rows are zero.
     """
+    fast = _LAUNCHERS.get((x.dtype, x.shape[1])) if type(x) is torch.Tensor and x.dim() == 2 else None
+    if fast is not None and type(pos_to_expert) is torch.Tensor and pos_to_expert.dim() == 1 \
+            and (out is None or type(out) is torch.Tensor) \
+            and not torch.compiler.is_compiling():
+        result = x.new_empty((pos_to_expert.shape[0], x.shape[1])) if out is None else out
+        try:
+            fast(x, token_topk_to_pos, pos_to_expert, result)
+            return result
+        except KernelArgumentError:
+            pass  # the checks below name what is wrong (or make the mapping contiguous and launch)
     x = matrix("x", x)
     token_topk_to_pos, pos_to_expert = _check_mapping(int(x.shape[0]), token_topk_to_pos, pos_to_expert)
     if out is not None:

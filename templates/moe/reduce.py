@@ -16,12 +16,14 @@ The weighted expand is computed in torch from expand_to_fused and pos_to_token_t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .._args import matrix, not_built, one_of, out_tensors
 from .._runtime import custom_op, dtype_name, get_kernel
+from ..errors import KernelArgumentError
 from ._expand import expand_to_fused
 
 __all__ = ["ExpandToFused", "ReduceFused", "expand_to_fused_autograd", "reduce_fused", "reduce_fused_autograd"]
@@ -40,6 +42,14 @@ def _reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tens
     return _run(x, x_sf, topk_weights, token_topk_to_pos, fp8_format, sf, None)
 
 
+# Launchers by (x.dtype, hidden, x_sf given, weighted, fp8_format), once a call of that form passed
+# reduce_fused's checks and the launcher: later calls go straight to the launcher, which checks every
+# tensor and overlap as those checks would (dimensions, the weights' and the mapping's shapes
+# against each other, dtypes, strides); only where it refuses do the checks run, to name the
+# argument or to make the mapping and weights contiguous.
+_LAUNCHERS: dict[tuple[object, ...], Callable[..., None]] = {}
+
+
 def _run(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
          token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None,
          out: torch.Tensor | None) -> torch.Tensor:
@@ -48,8 +58,18 @@ def _run(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor 
     hidden, weighted = int(x.shape[1]), topk_weights is not None
     # Grid order: hidden, in_dtype, out_dtype, with_weights.
     launch = _kernel.variant(hidden, dtype_name(x.dtype), "float8_e4m3fn" if out_fp8 else "bfloat16", weighted)
+    out = _launch(launch, x, x_sf, topk_weights, token_topk_to_pos, out_fp8, sf, out)
+    if not torch.compiler.is_compiling():
+        _LAUNCHERS[(x.dtype, hidden, x_sf is not None, weighted, fp8_format)] = launch
+    return out
+
+
+def _launch(launch: Callable[..., None], x: torch.Tensor, x_sf: torch.Tensor | None,
+            topk_weights: torch.Tensor | None, token_topk_to_pos: torch.Tensor, out_fp8: bool,
+            sf: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    """launch, with out allocated if None and the shared empty tensor for each parameter not read."""
     if out is None:
-        out = x.new_empty((token_topk_to_pos.shape[0], hidden),
+        out = x.new_empty((token_topk_to_pos.shape[0], x.shape[1]),
                           dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16)
     nothing = _nothing.get(x.get_device())
     if nothing is None:  # also for CPU tensors (-1), which the launcher then refuses by name
@@ -60,6 +80,28 @@ def _run(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor 
     launch(x, nothing[0] if x_sf is None else x_sf, nothing[1] if topk_weights is None else topk_weights,
            token_topk_to_pos, out, nothing[0] if sf is None else sf)
     return out
+
+
+def _run_fast(x: object, topk_weights: torch.Tensor | None, token_topk_to_pos: object, fp8_format: object,
+              sf: object, out: object) -> torch.Tensor | None:
+    """The call through a remembered launcher, or None where reduce_fused's checks must run first (a
+    form not seen yet, anything unusual, compiling, or tensors the launcher refused)."""
+    x_sf = None
+    if type(x) is tuple and len(x) == 2:
+        x, x_sf = x
+        if type(x_sf) is not torch.Tensor:
+            return None
+    if type(x) is not torch.Tensor or x.dim() != 2 or type(token_topk_to_pos) is not torch.Tensor \
+            or token_topk_to_pos.dim() != 2 or not (sf is None or type(sf) is torch.Tensor) \
+            or not (out is None or type(out) is torch.Tensor) or type(fp8_format) is not str:
+        return None
+    launch = _LAUNCHERS.get((x.dtype, x.shape[1], x_sf is not None, topk_weights is not None, fp8_format))
+    if launch is None or torch.compiler.is_compiling() or (sf is not None and fp8_format != "e4m3"):
+        return None
+    try:
+        return _launch(launch, x, x_sf, topk_weights, token_topk_to_pos, fp8_format == "e4m3", sf, out)
+    except KernelArgumentError:
+        return None  # reduce_fused's checks name what is wrong (or make the mapping contiguous and launch)
 
 
 def _fake_reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
@@ -104,6 +146,10 @@ def reduce_fused(
     Returns:
         (num_tokens, hidden) bf16, or float8_e4m3fn for fp8_format='e4m3'.
     """
+    if type(topk_weights) is torch.Tensor or topk_weights is None:
+        result = _run_fast(x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
+        if result is not None:
+            return result
     x_sf = None
     if isinstance(x, tuple | list):
         if len(x) != 2:

@@ -16,6 +16,8 @@ in its errors; this module checks the rest.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .._args import OUT_DTYPES, column_storage, matrix, not_built, out_tensors, output_dtype, positive_int
@@ -89,17 +91,54 @@ def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> tor
     return _run(q, sf, out_fmt, npc, None)
 
 
+# Eager calls, keyed by what the checks and the variant choice read besides the number of tokens:
+# (q.dtype, q's width, sf_layout, fmt, num_per_channels) -> (launcher, output dtype). A key is
+# stored only after the full checks passed for it, so a hit skips them; what depends on the
+# tokens (sf's rows, for the column-major layouts whose storage the launcher sees padded) is
+# checked on every call. num_per_channels is keyed only as an exact int: 128.0 == 128 hashes
+# alike, but positive_int refuses the float.
+_VARIANTS: dict[tuple[object, ...], tuple[Callable[..., None], torch.dtype]] = {}
+
+
 def _run(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int, out: torch.Tensor | None) -> torch.Tensor:
     """Pick the variant and launch it into out or a fresh tensor; the launcher checks every tensor and names it."""
     sf_layout, sf_arg = _scale_argument(sf)
     if out is None:  # else the launcher checks the caller's out like any tensor, overlaps included
         out = _outputs(q, sf, out_fmt, npc)
-    hidden = int(out.shape[1])
+    hidden = int(q.shape[1]) * (2 if q.dtype == torch.int8 else 1)  # q's, not out's: the launcher checks out
     grid_npc = 0 if npc == hidden else npc  # the grid spells one scale per row npc = 0
     # Grid order: fmt, npc, out_dtype, hidden, sf_layout.
-    launch = _kernel.variant(_IN_FORMATS[q.dtype], grid_npc, dtype_name(out.dtype), hidden, sf_layout)
+    out_dtype = OUT_DTYPES[out_fmt]
+    launch = _kernel.variant(_IN_FORMATS[q.dtype], grid_npc, dtype_name(out_dtype), hidden, sf_layout)
     launch(q, sf_arg, out)
+    if type(npc) is int and not torch.compiler.is_compiling():  # remembered once the launcher accepted the call
+        _VARIANTS[(q.dtype, q.shape[1], sf_layout, out_fmt, npc)] = (launch, out_dtype)
     return out
+
+
+def _run_cached(x: object, fmt: object, npc: object, out: object) -> torch.Tensor | None:
+    """The call through a cached variant, or None where the full path must decide (first call of a
+    signature, anything unusual, compiling). fmt is keyed as given ('bf16' or the dtype)."""
+    if type(x) is not tuple or len(x) != 2 or type(npc) is not int:
+        return None
+    q, sf = x
+    if not (isinstance(q, torch.Tensor) and isinstance(sf, torch.Tensor)) or q.dim() != 2 or sf.dim() != 2:
+        return None
+    sf_layout, sf_arg = _scale_argument(sf)
+    hit = _VARIANTS.get((q.dtype, q.shape[1], sf_layout, _FMT_NAMES.get(fmt), npc))  # type: ignore[call-overload]
+    if hit is None or (sf_layout != "row_major" and sf.shape[0] != q.shape[0]) or torch.compiler.is_compiling():
+        return None
+    launch, out_dtype = hit
+    if out is None:
+        out = q.new_empty((q.shape[0], q.shape[1] * 2 if q.dtype == torch.int8 else q.shape[1]), dtype=out_dtype)
+    elif type(out) is not torch.Tensor:
+        return None
+    launch(q, sf_arg, out)
+    return out  # type: ignore[return-value]
+
+
+# fmt as the cache keys it: what output_dtype accepts, spelled as the custom op's out_fmt.
+_FMT_NAMES: dict[object, str] = {"bf16": "bf16", "fp32": "fp32", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_token_cast_back, with a fixed schema.
@@ -133,6 +172,10 @@ def per_token_cast_back(
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
         nearest even when the output is bf16.
     """
+    if x_special_fmt is None:
+        result = _run_cached(x, fmt, num_per_channels, out)
+        if result is not None:
+            return result
     out_dtype = output_dtype(fmt)
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     if x_special_fmt == "e5m6":

@@ -26,5 +26,17 @@ def test_plot_of_committed_results(tmp_path: Path) -> None:
 def test_bench_scripts_parse() -> None:
     import ast
 
-    for script in ("bench.py", "runtime_overhead.py", "profile_launch.py", "plot.py"):
+    for script in ("bench.py", "runtime_overhead.py", "profile_launch.py", "plot.py", "ceilings.py"):
         ast.parse((REPO / "benchmarks" / script).read_text())
+
+
+def test_ceilings_refuses_without_a_gpu() -> None:
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the script would measure it")
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ceilings.py")], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 1 and "needs a CUDA GPU" in run.stderr

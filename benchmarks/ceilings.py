@@ -1,0 +1,75 @@
+"""Memory ceilings of the card besides the copy: write-only, read-only, and a row gather that writes 8x what it reads.
+
+bench.py reports each kernel against a device-to-device copy (half read, half written). Kernels whose
+traffic is lopsided have other ceilings: expand_to_fused writes 8 bytes per byte it reads,
+reduce_fused reads 8 per byte it writes. This measures, with bench.py's timer and in one run:
+
+- copy: y.copy_(x), 1 GiB each way (bench.py's ceiling);
+- write-only: y.fill_(1), 1 GiB written;
+- read-only: x.amax() over 1 GiB of float32 (one 4-byte result);
+- gather 1:8: torch.index_select of 16384 bf16 rows of 7168 into 131072 rows (a random permutation of
+  each row repeated 8 times): the byte mix of expand_to_fused at T = 16384, K = 8, H = 7168.
+
+GB/s counts bytes read + written, as bench.py does. Needs only torch and a CUDA GPU:
+
+    python benchmarks/ceilings.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import COPY_BYTES, Settings, Timer, copy_bandwidth
+
+TOKENS, TOPK, HIDDEN = 16384, 8, 7168
+
+
+def measure(timer: Timer) -> dict[str, tuple[float, float]]:
+    """name -> (median µs, GB/s)."""
+    copy = copy_bandwidth(timer)
+    results = {"copy": (2 * COPY_BYTES / copy / 1e3, copy)}
+    buffers = [torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    us = timer.median_us(lambda y: y.fill_(1), [(b,) for b in buffers])
+    results["write-only (fill_)"] = (us, COPY_BYTES / us / 1e3)
+    floats = [torch.rand(COPY_BYTES // 4, device="cuda") for _ in range(2)]
+    del buffers
+    us = timer.median_us(lambda x: x.amax(), [(f,) for f in floats])
+    results["read-only (amax, float32)"] = (us, COPY_BYTES / us / 1e3)
+    del floats
+    index = torch.randperm(TOKENS, device="cuda").repeat_interleave(TOPK)
+    rows = [(torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16), index) for _ in range(3)]
+    us = timer.median_us(lambda x, i: torch.index_select(x, 0, i), rows)
+    nbytes = rows[0][0].nbytes * (1 + TOPK) + index.nbytes
+    results[f"gather 1:{TOPK} (index_select, T={TOKENS} K={TOPK} H={HIDDEN} bf16)"] = (us, nbytes / us / 1e3)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="also write ceilings.json here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("ceilings.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    results = measure(Timer(Settings(reps=100, warmup=5)))
+    copy = results["copy"][1]
+    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}", "",
+             "| ceiling | µs | GB/s | % of copy |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {name} | {us:.1f} | {gb:.0f} | {100 * gb / copy:.0f}% |" for name, (us, gb) in results.items()]
+    table = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "ceilings.json").write_text(json.dumps(results, indent=1) + "\n")
+        (args.out / "ceilings.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -355,7 +355,9 @@ def test_expand_and_reduce_fall_back_to_their_checks_where_the_launcher_refuses(
         reduce.reduce_fused(fused, torch.ones(2, 3), pos)
     with pytest.raises(ValueError, match=r"^sf: an output scale needs fp8_format='e4m3'"):
         reduce.reduce_fused(fused, torch.ones(2, 2), pos, sf=torch.ones(1))
-    assert len(refused) == 4  # the sf call never reaches a launcher: the form is checked first
+    # The weights' and sf's shapes are the fast path's own to check (sizes the contract leaves free):
+    # those calls never reach the launcher; the mapping's rows are the launcher's.
+    assert len(refused) == 3
 
 
 def test_expand_and_reduce_remember_launchers_only_outside_compile(
@@ -370,3 +372,39 @@ def test_expand_and_reduce_remember_launchers_only_outside_compile(
     reduce.reduce_fused((fused.to(torch.float8_e4m3fn), torch.ones(2)), torch.ones(1, 2), pos, fp8_format="e4m3")
     assert _last(runtime)["out_dtype"] == "float8_e4m3fn"
     assert before == (expand._LAUNCHERS, reduce._LAUNCHERS)
+
+
+def test_sizes_the_contract_leaves_free_are_checked_on_every_call(moe: tuple[dict[str, ModuleType], Any]) -> None:
+    # reduce's x_sf, sf and weights, and top2_sum_gate's output width, are sizes of their own in the
+    # kernels' contracts (the stub launcher checks nothing, as the real one checks none of these).
+    modules, runtime = moe
+    reduce, gate = modules["reduce"], modules["gate_top2_sum"]
+    errors = __import__("cache_moe_pkg.errors", fromlist=["KernelArgumentError"])
+    pos = torch.tensor([[0, 1]], dtype=torch.int32)
+    data, weights = torch.zeros(2, 2048, dtype=torch.float8_e4m3fn), torch.ones(1, 2)
+    reduce.reduce_fused((data, torch.ones(2)), weights, pos, fp8_format="e4m3", sf=torch.ones(1))  # cached form
+    gate_args = (torch.rand(3, 256), torch.zeros(256), 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid")
+    gate.top2_sum_gate(*gate_args)
+    runtime.LAUNCHES.clear()
+    with pytest.raises(ValueError, match=r"^x_sf: expected a float32 tensor of shape \(2,\)"):
+        reduce.reduce_fused((data, torch.ones(3)), weights, pos, fp8_format="e4m3", sf=torch.ones(1))
+    with pytest.raises(ValueError, match=r"^sf: expected a float32 tensor of shape \(1,\)"):
+        reduce.reduce_fused((data, torch.ones(2)), weights, pos, fp8_format="e4m3", sf=torch.ones(0))
+    with pytest.raises(ValueError, match=r"^topk_weights: expected shape \(1, 2\)"):
+        reduce.reduce_fused((data, torch.ones(2)), torch.ones(1, 1), pos, fp8_format="e4m3", sf=torch.ones(1))
+    for _ in range(2):  # narrower than num_topk, the kernel's lanes would write past the rows
+        with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx: expected shape \(num_tokens, 8\)"):
+            gate.top2_sum_gate(*gate_args, out=(torch.empty(3, 4, dtype=torch.int64), torch.empty(3, 4)))
+    assert runtime.LAUNCHES == []
+
+
+def test_cast_back_fast_path_stays_out_of_compiled_graphs(quant: tuple[dict[str, ModuleType], Any],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dynamo cannot trace the storage test behind the column-major layouts (a graph break under
+    # fullgraph): while compiling, the fast path returns before it looks at sf.
+    modules, _ = quant
+    back = modules["per_token_cast_back"]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(back, "_scale_argument", lambda sf: pytest.fail("sf was inspected while compiling"))
+    pair = (torch.zeros(4, 2048, dtype=torch.float8_e4m3fn), torch.ones(16, 4).t())
+    assert back._run_cached(pair, "bf16", 128, None) is None

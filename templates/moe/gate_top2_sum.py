@@ -96,7 +96,7 @@ def _gate_into(out: object, compiling: bool, logits: torch.Tensor, bias: torch.T
     """The gate into the caller's (topk_idx, topk_weights); the launcher checks them like any tensor
     (shapes (T, num_topk + S), and no overlap with the inputs). While compiling, the custom op's
     result is copied into them."""
-    topk_idx, topk_weights = out_tensors(out, ("topk_idx", "topk_weights"))
+    topk_idx, topk_weights = _out_tensors(out, args[4])  # type: ignore[arg-type]
     mapped = to_physical_map is not None
     inputs = (logits, bias, to_physical_map, logical_count) if mapped else (logits, bias)
     if compiling:
@@ -106,6 +106,19 @@ def _gate_into(out: object, compiling: bool, logits: torch.Tensor, bias: torch.T
     scoring, k, groups, top_groups, _, *scalars = args
     launch = _select(logits, scoring, k, groups, top_groups, mapped)  # type: ignore[arg-type]
     launch(*inputs, topk_idx, topk_weights, *scalars)
+    return topk_idx, topk_weights
+
+
+def _out_tensors(out: object, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caller's (topk_idx, topk_weights), each num_topk + num_shared_experts wide.
+
+    The kernel reads that width from topk_idx (the contract leaves it free), and its lanes write
+    columns 0 .. num_topk - 1 of every row: a narrower out would be written past its rows.
+    """
+    topk_idx, topk_weights = out_tensors(out, ("topk_idx", "topk_weights"))
+    if topk_idx.dim() != 2 or topk_idx.shape[1] != width:
+        raise KernelArgumentError(f"topk_idx: expected shape (num_tokens, {width}) (num_topk + num_shared_experts "
+                                  f"columns), got {tuple(topk_idx.shape)}")
     return topk_idx, topk_weights
 
 
@@ -211,7 +224,7 @@ def top2_sum_gate(
             if out is None:
                 topk_idx, topk_weights = _outputs(logits, width)
             else:
-                topk_idx, topk_weights = out_tensors(out, ("topk_idx", "topk_weights"))
+                topk_idx, topk_weights = _out_tensors(out, width)
             launch(logits, bias, topk_idx, topk_weights, *scalars)
             return topk_idx, topk_weights
     logits = matrix("logits", logits, "(num_tokens, num_routed_experts)")

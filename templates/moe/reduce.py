@@ -98,6 +98,11 @@ def _run_fast(x: object, topk_weights: torch.Tensor | None, token_topk_to_pos: o
     launch = _LAUNCHERS.get((x.dtype, x.shape[1], x_sf is not None, topk_weights is not None, fp8_format))
     if launch is None or torch.compiler.is_compiling() or (sf is not None and fp8_format != "e4m3"):
         return None
+    # x_sf, topk_weights and sf have sizes of their own in the contract (a variant that does not read
+    # one takes an empty tensor), so the launcher cannot tie them to x and the mapping: these are ours.
+    if (x_sf is not None and x_sf.shape != (x.shape[0],)) or (sf is not None and sf.shape != (1,)) \
+            or (topk_weights is not None and topk_weights.shape != token_topk_to_pos.shape):
+        return None
     try:
         return _launch(launch, x, x_sf, topk_weights, token_topk_to_pos, fp8_format == "e4m3", sf, out)
     except KernelArgumentError:

@@ -119,14 +119,15 @@ def _run(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int, out: torch.T
 def _run_cached(x: object, fmt: object, npc: object, out: object) -> torch.Tensor | None:
     """The call through a cached variant, or None where the full path must decide (first call of a
     signature, anything unusual, compiling). fmt is keyed as given ('bf16' or the dtype)."""
-    if type(x) is not tuple or len(x) != 2 or type(npc) is not int:
+    # Compiling first: dynamo must not trace _scale_argument's storage test (a graph break).
+    if type(x) is not tuple or len(x) != 2 or type(npc) is not int or torch.compiler.is_compiling():
         return None
     q, sf = x
     if not (isinstance(q, torch.Tensor) and isinstance(sf, torch.Tensor)) or q.dim() != 2 or sf.dim() != 2:
         return None
     sf_layout, sf_arg = _scale_argument(sf)
     hit = _VARIANTS.get((q.dtype, q.shape[1], sf_layout, _FMT_NAMES.get(fmt), npc))  # type: ignore[call-overload]
-    if hit is None or (sf_layout != "row_major" and sf.shape[0] != q.shape[0]) or torch.compiler.is_compiling():
+    if hit is None or (sf_layout != "row_major" and sf.shape[0] != q.shape[0]):
         return None
     launch, out_dtype = hit
     if out is None:

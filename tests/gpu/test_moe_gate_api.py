@@ -73,6 +73,15 @@ BAD_CALLS: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
     "gate count dtype": (lambda: gate_call(to_physical_map=ones(256, 2, dtype=torch.int32),
                                            logical_count=ones(256, dtype=torch.int64)), errors.KernelArgumentError,
                          "logical_count"),
+    # The kernel reads the output width from topk_idx and its lanes write num_topk columns: a
+    # narrower out would be written past its rows. Once after a good call of the same signature
+    # (the op's per-signature fast path), once with another signature.
+    "gate out narrower, after a good call": (
+        lambda: (gate_call(), gate_call(out=(ones(4, 4, dtype=torch.int64), ones(4, 4)))),
+        errors.KernelArgumentError, "topk_idx"),
+    "gate out wider, ungrouped": (lambda: gate_call(num_groups=0, num_topk_groups=0,
+                                                     out=(ones(4, 9, dtype=torch.int64), ones(4, 9))),
+                                   errors.KernelArgumentError, "topk_idx"),
     "normalize 1-D": (lambda: moe.normalize_weight(ones(8)), ValueError, "topk_weights"),
     "normalize k not built": (lambda: moe.normalize_weight(ones(4, 5)), errors.VariantNotFoundError, "num_topk"),
     "normalize dtype": (lambda: moe.normalize_weight(ones(4, 8, dtype=torch.float16)), errors.KernelArgumentError,

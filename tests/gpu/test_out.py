@@ -48,6 +48,7 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
     x = torch.randn(num_tokens, 7168, device="cuda", dtype=torch.bfloat16) * 3
     q, sf = quant.per_token_cast(x, "e4m3", 128)
     q4, sf4 = quant.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True)
+    block_sf = quant.per_block_cast(x, "e4m3", (128, 128))[1]
     scores = torch.rand(num_tokens, 256, device="cuda")
     weights = torch.rand(num_tokens, 8, device="cuda") + 0.1
     x_moe = torch.randn(num_tokens, 2048, device="cuda", dtype=torch.bfloat16)
@@ -64,6 +65,12 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
                                         (x,)),
         "per_token_cast_with_precomputed_sf": (lambda t, s, out=None: quant.per_token_cast_with_precomputed_sf(
             t, "e4m3", 128, s, out=out), (x, sf)),
+        "per_block_cast e4m3 128x128": (lambda t, out=None: quant.per_block_cast(t, "e4m3", (128, 128), out=out),
+                                        (x,)),
+        "per_block_cast e2m1 32x128 round_sf": (lambda t, out=None: quant.per_block_cast(
+            t, "e2m1", (32, 128), round_sf=True, out=out), (x,)),
+        "per_block_cast_with_precomputed_sf": (lambda t, s, out=None: quant.per_block_cast_with_precomputed_sf(
+            t, "e4m3", (128, 128), s, out=out), (x, block_sf)),
         "per_token_cast_back e4m3": (lambda a, s, out=None: quant.per_token_cast_back((a, s), "bf16", 128, out=out),
                                      (q, sf)),
         "cast_back e2m1 col_major": (lambda a, s, out=None: quant.cast_back((a, s), "fp32", (1, 32), out=out),
@@ -127,7 +134,7 @@ def test_cuda_graph_replay_into_out(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["per_token_cast e4m3", "per_token_cast e2m1 col_major", "topk_gate",
-                                  "per_token_cast_back e4m3", "batched_transpose"])
+                                  "per_token_cast_back e4m3", "batched_transpose", "per_block_cast e4m3 128x128"])
 def test_torch_compile_fullgraph_with_out(name: str) -> None:
     op, inputs = _cases(257)[name]
     out = _tuple(op(*inputs))
@@ -165,6 +172,15 @@ def test_out_errors_name_the_argument() -> None:
         quant.per_token_cast(x, "e4m3", 128, out=(q.cpu(), sf))
     with pytest.raises(errors.KernelArgumentError, match=r"^sf\b"):
         quant.per_token_cast(x, "e4m3", 128, out=(q, sf.t().contiguous().t()))
+    block_q, block_sf = quant.per_block_cast(x, "e4m3", (32, 128))  # sf (1, 16)
+    with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps x's"):
+        quant.per_block_cast(x, "e4m3", (32, 128), out=(in_x, block_sf))
+    with pytest.raises(errors.KernelArgumentError, match=r"^sf\b"):
+        quant.per_block_cast(x, "e4m3", (32, 128), out=(block_q, block_sf[:, :8]))
+    given = buffer[: 16 * 4].view(torch.float32).view(1, 16).copy_(block_sf)  # in the first bytes of q
+    with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps sf's"):
+        quant.per_block_cast_with_precomputed_sf(x, "e4m3", (32, 128), given,
+                                                 out=buffer.view(torch.float8_e4m3fn).view(5, 2048))
     scores = torch.rand(5, 256, device="cuda")
     with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx\b"):
         tk.moe.topk_gate(scores, 8, out=torch.empty(5, 6, dtype=torch.int64, device="cuda"))

@@ -49,6 +49,10 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
     q, sf = quant.per_token_cast(x, "e4m3", 128)
     q4, sf4 = quant.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True)
     block_sf = quant.per_block_cast(x, "e4m3", (128, 128))[1]
+    # The per-channel casts take whole groups of 128 tokens (0, 128, 384, 4096); the gathering
+    # form any count, through pos_to_token rows (a multiple of 16, -1 and out of range: zero rows).
+    x128 = torch.randn(-(-num_tokens // 128) * 128, 2560, device="cuda", dtype=torch.bfloat16) * 3
+    pos_to_token = torch.randint(-1, num_tokens + 1, (-(-num_tokens // 16) * 16,), device="cuda", dtype=torch.int32)
     scores = torch.rand(num_tokens, 256, device="cuda")
     weights = torch.rand(num_tokens, 8, device="cuda") + 0.1
     x_moe = torch.randn(num_tokens, 2048, device="cuda", dtype=torch.bfloat16)
@@ -71,6 +75,11 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
             t, "e2m1", (32, 128), round_sf=True, out=out), (x,)),
         "per_block_cast_with_precomputed_sf": (lambda t, s, out=None: quant.per_block_cast_with_precomputed_sf(
             t, "e4m3", (128, 128), s, out=out), (x, block_sf)),
+        "per_channel_cast": (lambda t, out=None: quant.per_channel_cast(t, "e4m3", 128, out=out), (x128,)),
+        "per_channel_cast_fused fp8 gather round_sf": (lambda a, s, p, out=None: quant.per_channel_cast_fused(
+            (a, s), "e4m3", 128, round_sf=True, num_per_channels=128, pos_to_token=p, out=out), (q, sf, pos_to_token)),
+        "per_channel_cast_and_transpose": (lambda t, out=None: quant.per_channel_cast_and_transpose(
+            t, "e4m3", 32, out=out), (x128,)),
         "per_token_cast_back e4m3": (lambda a, s, out=None: quant.per_token_cast_back((a, s), "bf16", 128, out=out),
                                      (q, sf)),
         "cast_back e2m1 col_major": (lambda a, s, out=None: quant.cast_back((a, s), "fp32", (1, 32), out=out),
@@ -181,6 +190,13 @@ def test_out_errors_name_the_argument() -> None:
     with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps sf's"):
         quant.per_block_cast_with_precomputed_sf(x, "e4m3", (32, 128), given,
                                                  out=buffer.view(torch.float8_e4m3fn).view(5, 2048))
+    xc = torch.randn(128, 2048, device="cuda", dtype=torch.bfloat16)
+    qc, sfc = quant.per_channel_cast_and_transpose(xc, "e4m3", 32)
+    with pytest.raises(errors.KernelArgumentError, match=r"^q\b"):
+        quant.per_channel_cast_and_transpose(xc, "e4m3", 32, out=(qc.t(), sfc))  # (T, H): not the transposed q
+    with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps x's"):
+        quant.per_channel_cast(xc, "e4m3", 128, out=(xc.view(torch.float8_e4m3fn).view(-1)[: 128 * 2048].view(128, 2048),
+                                                     sfc[:1]))  # q in x's first half
     scores = torch.rand(5, 256, device="cuda")
     with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx\b"):
         tk.moe.topk_gate(scores, 8, out=torch.empty(5, 6, dtype=torch.int64, device="cuda"))

@@ -16,6 +16,7 @@ import torch
 
 from tests.gpu.installed import installed_package
 from tests.gpu.poison import POISON_BYTE
+from tests.reference.quant_swiglu import expert_major_routing
 
 tk, quant, errors, _ = installed_package()
 
@@ -43,6 +44,17 @@ def _routing(num_tokens: int, num_experts: int, num_topk: int) -> torch.Tensor:
     return scores.topk(num_topk, dim=1).indices
 
 
+def _swiglu_backward(x: torch.Tensor, x_sf: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor,
+                     pos_to_token_topk: torch.Tensor, token_topk_to_pos: torch.Tensor,
+                     out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+    """swiglu_backward_and_per_token_cast with its (out, (q, sf), x_grad, weight_grad), result and out,
+    as five tensors, the form the table's tests handle."""
+    nested = None if out is None else (out[0], (out[1], out[2]), out[3], out[4])
+    act, (q, q_sf), x_grad, weight_grad = quant.swiglu_backward_and_per_token_cast(
+        (x, x_sf), grad_out, weight, pos_to_token_topk, token_topk_to_pos, 128, swiglu_clamp_value=0.5, out=nested)
+    return act, q, q_sf, x_grad, weight_grad
+
+
 def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
     """name -> (op(inputs..., out=...) as a function of its tensor inputs, the inputs)."""
     x = torch.randn(num_tokens, 7168, device="cuda", dtype=torch.bfloat16) * 3
@@ -53,6 +65,20 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
     # form any count, through pos_to_token rows (a multiple of 16, -1 and out of range: zero rows).
     x128 = torch.randn(-(-num_tokens // 128) * 128, 2560, device="cuda", dtype=torch.bfloat16) * 3
     pos_to_token = torch.randint(-1, num_tokens + 1, (-(-num_tokens // 16) * 16,), device="cuda", dtype=torch.int32)
+    # SwiGLU forward (H 2048): weights through positions of T tokens x 2 (-1: weight 0, a zero row);
+    # every row has an expert, since a row whose pos_to_expert is -1 is skipped, keeping out's bytes
+    # where the allocating call leaves it uninitialised. The per-channel form takes 128-token groups.
+    x_swiglu = torch.randn(num_tokens, 2 * 2048, device="cuda", dtype=torch.bfloat16) * 2
+    x_swiglu128 = torch.randn(x128.shape[0], 2 * 2048, device="cuda", dtype=torch.bfloat16) * 2
+    topk_pos = torch.randint(-1, 2 * num_tokens, (num_tokens,), device="cuda", dtype=torch.int32)
+    topk_weights = torch.rand(num_tokens, 2, device="cuda")
+    experts = torch.zeros(num_tokens, device="cuda", dtype=torch.int32)
+    # SwiGLU backward: an expert-major routing of T tokens x 2 (rows padded with -1 to 16 per expert).
+    _, bwd_pos, bwd_token_topk_to_pos = expert_major_routing(num_tokens, 2, seed=num_tokens)
+    rows = bwd_pos.shape[0]
+    bwd_q, bwd_sf = quant.per_token_cast(torch.randn(rows, 2 * 2048, device="cuda", dtype=torch.bfloat16), "e4m3", 128)
+    bwd_inputs = (bwd_q, bwd_sf, torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16), topk_weights,
+                  bwd_pos, bwd_token_topk_to_pos)
     scores = torch.rand(num_tokens, 256, device="cuda")
     weights = torch.rand(num_tokens, 8, device="cuda") + 0.1
     x_moe = torch.randn(num_tokens, 2048, device="cuda", dtype=torch.bfloat16)
@@ -80,6 +106,19 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
             (a, s), "e4m3", 128, round_sf=True, num_per_channels=128, pos_to_token=p, out=out), (q, sf, pos_to_token)),
         "per_channel_cast_and_transpose": (lambda t, out=None: quant.per_channel_cast_and_transpose(
             t, "e4m3", 32, out=out), (x128,)),
+        "swiglu_forward_and_per_token_cast weighted": (
+            lambda t, p, w, e, out=None: quant.swiglu_forward_and_per_token_cast(
+                t, "e4m3", 128, p, w, e, round_sf=True, swiglu_clamp_value=0.5, out=out),
+            (x_swiglu, topk_pos, topk_weights, experts)),
+        "swiglu_forward_and_per_token_cast per row": (
+            lambda t, out=None: quant.swiglu_forward_and_per_token_cast(t, "e4m3", 2048, out=out), (x_swiglu,)),
+        "swiglu_backward_and_per_token_cast": (_swiglu_backward, bwd_inputs),
+        "swiglu_forward_and_per_channel_cast_and_transpose": (
+            lambda t, out=None: quant.swiglu_forward_and_per_channel_cast_and_transpose(
+                t, "e4m3", 32, round_sf=True, out=out), (x_swiglu128,)),
+        "swiglu_forward_and_per_channel_cast without_transpose": (
+            lambda t, out=None: quant.swiglu_forward_and_per_channel_cast_and_transpose(
+                t, "e4m3", 128, without_transpose=True, out=out), (x_swiglu128,)),
         "per_token_cast_back e4m3": (lambda a, s, out=None: quant.per_token_cast_back((a, s), "bf16", 128, out=out),
                                      (q, sf)),
         "cast_back e2m1 col_major": (lambda a, s, out=None: quant.cast_back((a, s), "fp32", (1, 32), out=out),
@@ -143,7 +182,8 @@ def test_cuda_graph_replay_into_out(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["per_token_cast e4m3", "per_token_cast e2m1 col_major", "topk_gate",
-                                  "per_token_cast_back e4m3", "batched_transpose", "per_block_cast e4m3 128x128"])
+                                  "per_token_cast_back e4m3", "batched_transpose", "per_block_cast e4m3 128x128",
+                                  "swiglu_forward_and_per_token_cast weighted", "swiglu_backward_and_per_token_cast"])
 def test_torch_compile_fullgraph_with_out(name: str) -> None:
     op, inputs = _cases(257)[name]
     out = _tuple(op(*inputs))

@@ -176,6 +176,9 @@ OUT_CALLS: list[tuple[str, str, Callable[..., Any], Callable[[], tuple[Any, ...]
      lambda: (*fp8_pair(10, 256), torch.full((144,), -1, dtype=torch.int32))),
     ("per_channel_cast_and_transpose", "per_channel_cast_and_transpose",
      lambda m, x, out=None: m.per_channel_cast_and_transpose(x, "e4m3", 32, out=out), lambda: (bf16(256, 128),)),
+    ("per_block_cast_lossless", "per_block_cast_lossless",
+     lambda m, x, x_sf, out=None: m.per_block_cast_lossless((x, x_sf), "e4m3", (1, 32), (32, 32), out=out),
+     lambda: fp4_pair(33, 256)),
 ]
 OUT_IDS = [c[0] for c in OUT_CALLS]
 

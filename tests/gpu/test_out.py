@@ -61,6 +61,7 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
     q, sf = quant.per_token_cast(x, "e4m3", 128)
     q4, sf4 = quant.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True)
     block_sf = quant.per_block_cast(x, "e4m3", (128, 128))[1]
+    fp4_pair = quant.per_token_cast(x, "e2m1", 32, round_sf=True)  # power-of-two 1 x 32 scales
     # The per-channel casts take whole groups of 128 tokens (0, 128, 384, 4096); the gathering
     # form any count, through pos_to_token rows (a multiple of 16, -1 and out of range: zero rows).
     x128 = torch.randn(-(-num_tokens // 128) * 128, 2560, device="cuda", dtype=torch.bfloat16) * 3
@@ -101,6 +102,10 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
             t, "e2m1", (32, 128), round_sf=True, out=out), (x,)),
         "per_block_cast_with_precomputed_sf": (lambda t, s, out=None: quant.per_block_cast_with_precomputed_sf(
             t, "e4m3", (128, 128), s, out=out), (x, block_sf)),
+        "per_block_cast_lossless 128x128": (lambda a, s, out=None: quant.per_block_cast_lossless(
+            (a, s), "e4m3", (1, 32), (128, 128), out=out), fp4_pair),
+        "per_block_cast_lossless 1x128": (lambda a, s, out=None: quant.per_block_cast_lossless(
+            (a, s), "e4m3", (1, 32), (1, 128), out=out), fp4_pair),
         "per_channel_cast": (lambda t, out=None: quant.per_channel_cast(t, "e4m3", 128, out=out), (x128,)),
         "per_channel_cast_fused fp8 gather round_sf": (lambda a, s, p, out=None: quant.per_channel_cast_fused(
             (a, s), "e4m3", 128, round_sf=True, num_per_channels=128, pos_to_token=p, out=out), (q, sf, pos_to_token)),
@@ -237,6 +242,10 @@ def test_out_errors_name_the_argument() -> None:
     with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps x's"):
         quant.per_channel_cast(xc, "e4m3", 128, out=(xc.view(torch.float8_e4m3fn).view(-1)[: 128 * 2048].view(128, 2048),
                                                      sfc[:1]))  # q in x's first half
+    pair = quant.per_token_cast(x, "e2m1", 32, round_sf=True)
+    lossless_q, lossless_sf = quant.per_block_cast_lossless(pair, "e4m3", (1, 32), (32, 32))
+    with pytest.raises(errors.KernelArgumentError, match=r"^q\b.*float8_e4m3fn"):
+        quant.per_block_cast_lossless(pair, "e4m3", (1, 32), (32, 32), out=(lossless_q.view(torch.uint8), lossless_sf))
     scores = torch.rand(5, 256, device="cuda")
     with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx\b"):
         tk.moe.topk_gate(scores, 8, out=torch.empty(5, 6, dtype=torch.int64, device="cuda"))

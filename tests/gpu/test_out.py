@@ -62,6 +62,7 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
     q4, sf4 = quant.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True)
     block_sf = quant.per_block_cast(x, "e4m3", (128, 128))[1]
     fp4_pair = quant.per_token_cast(x, "e2m1", 32, round_sf=True)  # power-of-two 1 x 32 scales
+    e5m6_pair = quant.per_token_cast_e5m6(x, use_tma_aligned_col_major_sf=True)
     # The per-channel casts take whole groups of 128 tokens (0, 128, 384, 4096); the gathering
     # form any count, through pos_to_token rows (a multiple of 16, -1 and out of range: zero rows).
     x128 = torch.randn(-(-num_tokens // 128) * 128, 2560, device="cuda", dtype=torch.bfloat16) * 3
@@ -124,6 +125,12 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
         "swiglu_forward_and_per_channel_cast without_transpose": (
             lambda t, out=None: quant.swiglu_forward_and_per_channel_cast_and_transpose(
                 t, "e4m3", 128, without_transpose=True, out=out), (x_swiglu128,)),
+        "per_token_cast_e5m6": (lambda t, out=None: quant.per_token_cast_e5m6(t, out=out), (x,)),
+        "per_token_cast e5m6 col_major round_sf": (lambda t, out=None: quant.per_token_cast(
+            t, "e5m6", 7168, use_tma_aligned_col_major_sf=True, round_sf=True, out=out), (x,)),
+        "cast_back_e5m6": (lambda a, s, out=None: quant.cast_back_e5m6((a, s), "bf16", out=out), e5m6_pair),
+        "cast_back e5m6 fp32": (lambda a, s, out=None: quant.cast_back((a, s), "fp32", (1, 7168), x_special_fmt="e5m6",
+                                                                       out=out), e5m6_pair),
         "per_token_cast_back e4m3": (lambda a, s, out=None: quant.per_token_cast_back((a, s), "bf16", 128, out=out),
                                      (q, sf)),
         "cast_back e2m1 col_major": (lambda a, s, out=None: quant.cast_back((a, s), "fp32", (1, 32), out=out),
@@ -246,6 +253,11 @@ def test_out_errors_name_the_argument() -> None:
     lossless_q, lossless_sf = quant.per_block_cast_lossless(pair, "e4m3", (1, 32), (32, 32))
     with pytest.raises(errors.KernelArgumentError, match=r"^q\b.*float8_e4m3fn"):
         quant.per_block_cast_lossless(pair, "e4m3", (1, 32), (32, 32), out=(lossless_q.view(torch.uint8), lossless_sf))
+    codes, scales = quant.per_token_cast_e5m6(x)
+    with pytest.raises(errors.KernelArgumentError, match=r"^q: its memory overlaps x's"):
+        quant.per_token_cast_e5m6(x, out=(wide.view(torch.uint8).view(-1)[: 5 * 3072].view(5, 3072), scales))
+    with pytest.raises(errors.KernelArgumentError, match=r"^out\b"):  # fmt 'fp32' with a bf16 out
+        quant.cast_back_e5m6((codes, scales), "fp32", out=torch.empty(5, 2048, device="cuda", dtype=torch.bfloat16))
     scores = torch.rand(5, 256, device="cuda")
     with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx\b"):
         tk.moe.topk_gate(scores, 8, out=torch.empty(5, 6, dtype=torch.int64, device="cuda"))

@@ -71,6 +71,15 @@ def test_forward_per_row_scale_and_clamp(quant: Any, stub: tuple[ModuleType, Mod
     assert values["npc"] == 2560 and values["with_weights"] is False and args[6:] == (7.0, 0)
 
 
+def test_forward_placeholders_are_allocated_once(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:
+    # The optional tensors' stand-ins are one pair per device: no allocation per call.
+    quant.swiglu_forward_and_per_token_cast(_x(), "e4m3", 128)
+    quant.swiglu_forward_and_per_token_cast(_x(), "e4m3", 128, pos_to_expert=torch.zeros(4, dtype=torch.int32))
+    (_, _, first), (_, _, second) = _launches(stub[1])
+    assert first[3] is first[5] is second[3] and first[4] is second[4]
+    assert first[3].shape == (1,) and first[4].shape == (1, 1) and first[4].dtype == torch.float32
+
+
 @pytest.mark.parametrize(("kwargs", "error", "name"), [
     ({"x": "x"}, TypeError, "x"),
     ({"x": torch.zeros(4, 2, 4096).bfloat16()}, ValueError, "x"),

@@ -20,6 +20,12 @@ __all__ = ["swiglu_forward_and_per_token_cast"]
 
 _kernel = get_kernel("swiglu_forward_and_per_token_cast")
 
+# Per device index: the 1-element (int32 positions, fp32 (1, 1) weights) placeholders passed for
+# absent optional tensors, which the variant built without them never reads. Nothing reads or
+# writes them, so one pair per device serves every call: no allocation per call (the op used to
+# allocate one even when given both tensors), which out= callers would otherwise still pay.
+_placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
 
 def _not_built(argument: str, what: str) -> NotImplementedError:
     return not_built(argument, what, "swiglu_forward_and_per_token_cast")
@@ -65,8 +71,7 @@ def _run(
     out: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into fresh (q, sf), or into out's (checked by the launcher,
-    overlaps included); absent optional tensors become 1-element placeholders that the variant
-    built without them never reads."""
+    overlaps included); absent optional tensors become the device's placeholders."""
     with_weights = topk_weights is not None
     with_pos_to_expert = pos_to_expert is not None
     launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc, with_weights=with_weights,
@@ -75,17 +80,16 @@ def _run(
         q, sf = _outputs(x, npc, round_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp)
     else:
         q, sf = out_tensors(out, ("q", "sf"))
-    placeholder = x.new_empty((1,), dtype=torch.int32)
-    launch(
-        x,
-        q,
-        sf,
-        pos_to_token_topk if pos_to_token_topk is not None else placeholder,
-        topk_weights if topk_weights is not None else x.new_empty((1, 1), dtype=torch.float32),
-        pos_to_expert if pos_to_expert is not None else placeholder,
-        clamp,
-        int(round_sf),
-    )
+    if pos_to_token_topk is None or pos_to_expert is None:
+        placeholders = _placeholders.get(x.get_device())
+        if placeholders is None:  # also for CPU tensors (-1), which the launcher then refuses by name
+            placeholders = _placeholders[x.get_device()] = (x.new_empty((1,), dtype=torch.int32),
+                                                            x.new_empty((1, 1), dtype=torch.float32))
+        if pos_to_token_topk is None:
+            pos_to_token_topk, topk_weights = placeholders
+        if pos_to_expert is None:
+            pos_to_expert = placeholders[0]
+    launch(x, q, sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp, int(round_sf))
     return q, sf
 
 
@@ -137,8 +141,8 @@ def swiglu_forward_and_per_token_cast(
         out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
             return it (dtype, shape, contiguous; e.g. the pair of an earlier call), not
             overlapping the inputs; returned as given. Every row is written except those that
-            pos_to_expert skips, which keep what out held (the allocating call leaves them
-            uninitialised).
+            pos_to_expert skips, which are unspecified as in the allocating call (eagerly they
+            keep what out held; under torch.compile the result is copied, those rows too).
 
     Returns:
         ``(q, sf)``: q float8_e4m3fn (num_expanded_tokens, hidden) and sf float32

@@ -47,8 +47,8 @@ def _routing(num_tokens: int, num_experts: int, num_topk: int) -> torch.Tensor:
 def _swiglu_backward(x: torch.Tensor, x_sf: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor,
                      pos_to_token_topk: torch.Tensor, token_topk_to_pos: torch.Tensor,
                      out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
-    """swiglu_backward_and_per_token_cast with its (out, (q, sf), x_grad, weight_grad), result and out,
-    as five tensors, the form the table's tests handle."""
+    """swiglu_backward_and_per_token_cast, its nested (out, (q, sf), x_grad, weight_grad) taken and
+    returned as five flat tensors: the form the table's tests handle."""
     nested = None if out is None else (out[0], (out[1], out[2]), out[3], out[4])
     act, (q, q_sf), x_grad, weight_grad = quant.swiglu_backward_and_per_token_cast(
         (x, x_sf), grad_out, weight, pos_to_token_topk, token_topk_to_pos, 128, swiglu_clamp_value=0.5, out=nested)
@@ -68,8 +68,8 @@ def _cases(num_tokens: int) -> dict[str, tuple[Op, tuple[torch.Tensor, ...]]]:
     x128 = torch.randn(-(-num_tokens // 128) * 128, 2560, device="cuda", dtype=torch.bfloat16) * 3
     pos_to_token = torch.randint(-1, num_tokens + 1, (-(-num_tokens // 16) * 16,), device="cuda", dtype=torch.int32)
     # SwiGLU forward (H 2048): weights through positions of T tokens x 2 (-1: weight 0, a zero row);
-    # every row has an expert, since a row whose pos_to_expert is -1 is skipped, keeping out's bytes
-    # where the allocating call leaves it uninitialised. The per-channel form takes 128-token groups.
+    # every row has an expert, since the kernel skips a row whose pos_to_expert is -1 (unspecified
+    # with out= as without, so not comparable). The per-channel form takes 128-token groups.
     x_swiglu = torch.randn(num_tokens, 2 * 2048, device="cuda", dtype=torch.bfloat16) * 2
     x_swiglu128 = torch.randn(x128.shape[0], 2 * 2048, device="cuda", dtype=torch.bfloat16) * 2
     topk_pos = torch.randint(-1, 2 * num_tokens, (num_tokens,), device="cuda", dtype=torch.int32)

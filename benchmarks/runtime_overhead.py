@@ -104,6 +104,17 @@ def ops() -> dict[str, Callable[[], object]]:
     y = torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16)
     out["per_token_cast_back e4m3/128 bf16"] = partial(quant.per_token_cast_back, (q, sf), "bf16", 128)
     out["per_token_cast_back e4m3/128 bf16 out="] = partial(quant.per_token_cast_back, (q, sf), "bf16", 128, out=y)
+    block_out = (torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 16, device="cuda"))
+    out["per_block_cast e4m3 128x128"] = partial(quant.per_block_cast, x, "e4m3", (128, 128))
+    out["per_block_cast e4m3 128x128 out="] = partial(quant.per_block_cast, x, "e4m3", (128, 128), out=block_out)
+    # SwiGLU forward of one expanded row as a MoE layer runs it: H 7168, npc 128, its top-k weight and expert.
+    xs = torch.randn(1, 2 * 7168, device="cuda", dtype=torch.bfloat16)
+    position = torch.zeros(1, device="cuda", dtype=torch.int32)
+    swiglu_args = (xs, "e4m3", 128, position, torch.rand(1, 8, device="cuda"), position)
+    swiglu_out = (torch.empty(1, 7168, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 56, device="cuda"))
+    out["swiglu_forward_and_per_token_cast H=7168"] = partial(quant.swiglu_forward_and_per_token_cast, *swiglu_args)
+    out["swiglu_forward_and_per_token_cast H=7168 out="] = partial(quant.swiglu_forward_and_per_token_cast,
+                                                                   *swiglu_args, out=swiglu_out)
     yt = torch.empty_like(xt)
     out["batched_transpose bf16"] = lambda: transpose.batched_transpose(xt)
     out["batched_transpose bf16 out="] = lambda: transpose.batched_transpose(xt, out=yt)

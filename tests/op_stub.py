@@ -5,7 +5,9 @@ The op files are copied as tkc installs them (``templates/<family>/<op>.py`` ->
 ``_runtime`` whose kernels (with the shipped specs' grid keys) record each launch as
 ``(kernel name, selected grid values, launch arguments)`` in ``LAUNCHES`` instead of
 launching. Tests call the ops and read what they would have launched, or check that a bad
-argument raised before anything was.
+argument raised before anything was. For ``out=``, ``WritingKernel`` wraps a stub kernel so
+that its launches also write MARK bytes into the outputs: what reaches the caller's tensors
+shows then, the copy of the compile path included.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import torch
 
 from tests.conftest import REPO
 
@@ -95,3 +100,45 @@ def stub_package(root: Path, package: str, family: str,
         sys.path.remove(str(root))
         for name in [n for n in sys.modules if n == package or n.startswith(f"{package}.")]:
             del sys.modules[name]
+
+
+# --- out= ------------------------------------------------------------------------------------
+
+POISON = 0x7F  # what a test's out holds before the call
+MARK = 0x3C  # what a WritingKernel's launches write into the outputs
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """t's elements as the signed integers of their size (any dtype, any strides)."""
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def poisoned(t: torch.Tensor) -> torch.Tensor:
+    """t with every byte of its storage set to POISON."""
+    torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).fill_(POISON)
+    return t
+
+
+def marked(t: torch.Tensor) -> bool:
+    """Whether every element of t holds MARK bytes only."""
+    return bool((bits(t) == int.from_bytes(bytes([MARK]) * t.element_size(), "little", signed=True)).all())
+
+
+class WritingKernel:
+    """A stub kernel whose launches fill the tensors at positions ``written`` of the launch with MARK
+    bytes (what a kernel writes), after recording the launch as the stub does."""
+
+    def __init__(self, kernel: Any, written: Sequence[int]) -> None:
+        self.kernel, self.keys, self.written = kernel, kernel.keys, tuple(written)
+
+    def variant(self, *values: Any) -> Any:
+        return self.select(**dict(zip(self.keys, values)))
+
+    def select(self, **values: Any) -> Any:
+        launch = self.kernel.select(**values)
+
+        def run(*args: Any) -> None:
+            launch(*args)
+            for i in self.written:
+                bits(args[i]).fill_(int.from_bytes(bytes([MARK]) * args[i].element_size(), "little", signed=True))
+        return run

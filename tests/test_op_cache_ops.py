@@ -20,7 +20,7 @@ from tests.op_stub import stub_package
 
 @pytest.fixture(scope="module")
 def quant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
-    ops = ("per_token_cast", "per_token_cast_back")
+    ops = ("per_token_cast", "per_token_cast_back", "e5m6")
     with stub_package(tmp_path_factory.mktemp("cache_quant"), "cache_quant_pkg", "quant", ops) as (modules, rt):
         modules["per_token_cast"]._HAS_LAYOUTS = True  # the stub has no grid keys; the shipped spec has layouts
         yield modules, rt
@@ -285,8 +285,16 @@ def test_out_tensors_are_launched_into_and_returned(moe: tuple[dict[str, ModuleT
         assert modules["per_token_cast_back"].per_token_cast_back((q, sf), "bf16", 128, out=y) is y
         assert _launched_with(runtime, y)
         assert modules["per_token_cast_back"].cast_back((q, sf), "bf16", (1, 128), out=y) is y
-    with pytest.raises(ValueError, match="^out: E5M6"):
-        modules["per_token_cast_back"].per_token_cast_back((q, sf), "bf16", 128, x_special_fmt="e5m6", out=y)
+    # fmt 'e5m6' and E5M6 codes go to the E5M6 op module, out included
+    codes, scales = torch.empty(3, 3072, dtype=torch.uint8), torch.empty(3, 1)
+    result = modules["per_token_cast"].per_token_cast(x, "e5m6", 2048, out=(codes, scales))
+    assert result[0] is codes and result[1] is scales and runtime.LAUNCHES[-1][0] == "per_token_cast_e5m6"
+    assert [a.data_ptr() for a in runtime.LAUNCHES[-1][2][1:]] == [codes.data_ptr(), scales.data_ptr()]  # views
+    assert modules["per_token_cast_back"].per_token_cast_back((codes, scales), "bf16", 2048, x_special_fmt="e5m6",
+                                                              out=y) is y
+    assert modules["per_token_cast_back"].cast_back((codes, scales), "bf16", (1, 2048), x_special_fmt="e5m6",
+                                                    out=y) is y
+    assert runtime.LAUNCHES[-1][0] == "cast_back_e5m6" and _launched_with(runtime, y)
 
 
 def test_gate_cache_keys_every_scalar_by_value_and_type(moe: tuple[dict[str, ModuleType], Any]) -> None:

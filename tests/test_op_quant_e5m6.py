@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.op_stub import stub_package
+from tests.op_stub import WritingKernel, marked, poisoned, stub_package
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,3 +149,75 @@ def test_cast_back_copies_scales_that_start_off_alignment(ops: tuple[ModuleType,
     module.cast_back_e5m6((q[1:], sf[1:]), "bf16")
     sf_arg = calls[-1][2][1]
     assert sf_arg.data_ptr() % 32 == 0 and sf_arg.tolist() == [1.0, 2.0]
+
+
+# --- out= ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 5])
+@pytest.mark.parametrize("col_major", [False, True])
+def test_cast_out_is_launched_into_through_the_kernel_views(ops: tuple[ModuleType, ModuleType, list[Any]],
+                                                            col_major: bool, num_tokens: int) -> None:
+    module, _, calls = ops
+    x = torch.randn(num_tokens, 2048, dtype=torch.bfloat16)
+    out = module.per_token_cast_e5m6(x, use_tma_aligned_col_major_sf=col_major)  # an earlier call's pair
+    calls.clear()
+    result = module.per_token_cast_e5m6(x, 2048, use_tma_aligned_col_major_sf=col_major, out=list(out))
+    assert result[0] is out[0] and result[1] is out[1]
+    ((_, values, (x_arg, q_arg, sf_arg)),) = calls
+    assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": False} and x_arg is x
+    assert q_arg.dtype == torch.int32 and q_arg.shape == (num_tokens, 768) and q_arg.data_ptr() == out[0].data_ptr()
+    assert sf_arg.shape == (num_tokens,) and sf_arg.stride() == (1,) and sf_arg.data_ptr() == out[1].data_ptr()
+    # Either layout serves either flag: one scale per token puts token t at element t in both.
+    other = module.per_token_cast_e5m6(x, use_tma_aligned_col_major_sf=not col_major)[1]
+    assert module.per_token_cast_e5m6(x, use_tma_aligned_col_major_sf=col_major, out=(out[0], other))[1] is other
+
+
+def test_cast_back_out_is_launched_into(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, _, calls = ops
+    q, sf = torch.zeros(6, 3840, dtype=torch.uint8), torch.ones(6, 1)
+    out = torch.empty(6, 2560)
+    calls.clear()
+    assert module.cast_back_e5m6((q, sf), "fp32", out=out) is out
+    ((_, values, (_, _, out_arg)),) = calls
+    assert values == {"out_dtype": "float32", "hidden": 2560} and out_arg is out
+    # The variant is the one fmt names, whatever out's dtype: the launcher refuses the mismatch.
+    module.cast_back_e5m6((q, sf), "bf16", out=out)
+    assert calls[-1][1] == {"out_dtype": "bfloat16", "hidden": 2560} and calls[-1][2][2] is out
+
+
+def test_out_errors_name_the_argument_before_any_launch(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    module, errors, calls = ops
+    x = torch.randn(5, 2048, dtype=torch.bfloat16)
+    q, sf = module.per_token_cast_e5m6(x)
+    calls.clear()
+    with pytest.raises(TypeError, match=r"^out: expected \(q, sf\)"):
+        module.per_token_cast_e5m6(x, out=q)
+    with pytest.raises(errors.KernelArgumentError, match=r"^q: expected uint8"):  # its int32 words would pass
+        module.per_token_cast_e5m6(x, out=(q.view(torch.int8), sf))
+    with pytest.raises(errors.KernelArgumentError, match=r"^q: expected rows of whole 4-byte words"):
+        module.per_token_cast_e5m6(x, out=(torch.empty(5, 3074, dtype=torch.uint8)[:, 1:3073], sf))
+    with pytest.raises(errors.KernelArgumentError, match=r"^sf: expected shape \(5, 1\) with token stride 1"):
+        module.per_token_cast_e5m6(x, out=(q, torch.ones(5, 2)))
+    with pytest.raises(errors.KernelArgumentError, match=r"^sf: expected shape \(5, 1\)"):
+        module.per_token_cast_e5m6(x, out=(q, torch.ones(10, 1)[::2]))  # token stride 2
+    with pytest.raises(TypeError, match=r"^out: expected out"):
+        module.cast_back_e5m6((q, sf), "bf16", out=(torch.empty(5, 2048),))
+    assert calls == []
+
+
+def test_compiling_copies_the_result_into_out(ops: tuple[ModuleType, ModuleType, list[Any]],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # While torch.compile traces, the custom ops (the stub's are the functions themselves) compute
+    # into fresh tensors and the op copies them into out: the graph holds no in-place launch.
+    module, _, calls = ops
+    x = torch.randn(5, 2048, dtype=torch.bfloat16)
+    out = tuple(poisoned(t) for t in module.per_token_cast_e5m6(x, use_tma_aligned_col_major_sf=True))
+    monkeypatch.setattr(module, "_cast_kernel", WritingKernel(module._cast_kernel, (1, 2)))
+    monkeypatch.setattr(module, "_cast_back_kernel", WritingKernel(module._cast_back_kernel, (2,)))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    result = module.per_token_cast_e5m6(x, use_tma_aligned_col_major_sf=True, out=out)
+    assert result[0] is out[0] and result[1] is out[1] and marked(out[0]) and marked(out[1])
+    assert all(a is not t for a in calls[-1][2] for t in out)
+    y = poisoned(torch.empty(5, 2048))
+    assert module.cast_back_e5m6(out, "fp32", out=y) is y and marked(y) and calls[-1][2][2] is not y

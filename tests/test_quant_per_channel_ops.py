@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.op_stub import stub_package
+from tests.op_stub import WritingKernel, marked, poisoned, stub_package
 
 MODULES = ("per_channel_cast", "per_channel_cast_and_transpose", "per_block_cast_lossless")
 PACKAGE = "per_channel_ops_stub"
@@ -161,3 +161,61 @@ def test_lossless_allocates_block_scales(ops: dict[str, ModuleType], launches: l
     assert q.shape == (33, 256) and q.dtype == torch.float8_e4m3fn and sf.shape == sf_shape
     (_, values, _), = launches
     assert values == {"hidden": 256, "block_m": block[0], "block_k": block[1]}
+
+
+# --- out= ------------------------------------------------------------------------------------
+
+
+OUT_CALLS: list[tuple[str, str, Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
+    # (name, module, op(inputs..., out=...), fresh inputs)
+    ("per_channel_cast", "per_channel_cast",
+     lambda m, x, out=None: m.per_channel_cast(x, "e4m3", 128, round_sf=True, out=out), lambda: (bf16(256, 256),)),
+    ("per_channel_cast_fused", "per_channel_cast",
+     lambda m, x, x_sf, pos, out=None: m.per_channel_cast_fused((x, x_sf), "e4m3", 128, num_per_channels=128,
+                                                                 pos_to_token=pos, out=out),
+     lambda: (*fp8_pair(10, 256), torch.full((144,), -1, dtype=torch.int32))),
+    ("per_channel_cast_and_transpose", "per_channel_cast_and_transpose",
+     lambda m, x, out=None: m.per_channel_cast_and_transpose(x, "e4m3", 32, out=out), lambda: (bf16(256, 128),)),
+    ("per_block_cast_lossless", "per_block_cast_lossless",
+     lambda m, x, x_sf, out=None: m.per_block_cast_lossless((x, x_sf), "e4m3", (1, 32), (32, 32), out=out),
+     lambda: fp4_pair(33, 256)),
+]
+OUT_IDS = [c[0] for c in OUT_CALLS]
+
+
+@pytest.mark.parametrize(("name", "module", "call", "inputs"), OUT_CALLS, ids=OUT_IDS)
+def test_out_is_launched_into_and_returned(ops: dict[str, ModuleType], launches: list[Any], name: str, module: str,
+                                           call: Callable[..., Any], inputs: Callable[[], tuple[Any, ...]]) -> None:
+    args = inputs()
+    out = call(ops[module], *args)  # what a caller keeps: an earlier call's (q, sf)
+    result = call(ops[module], *args, out=list(out))  # a list is taken as the tuple
+    assert result[0] is out[0] and result[1] is out[1]
+    assert launches[-1][2][-2:] == out  # q and sf are the kernel's last arguments, in this order
+
+
+@pytest.mark.parametrize(("name", "module", "call", "inputs"), OUT_CALLS, ids=OUT_IDS)
+def test_out_of_the_wrong_kind_names_out_before_any_launch(
+        ops: dict[str, ModuleType], launches: list[Any], name: str, module: str, call: Callable[..., Any],
+        inputs: Callable[[], tuple[Any, ...]]) -> None:
+    args = inputs()
+    q, sf = call(ops[module], *args)
+    launches.clear()
+    for bad in (q, (q,), (q, sf, sf), (q, None)):
+        with pytest.raises(TypeError, match=r"^out: expected \(q, sf\) as the op returns it"):
+            call(ops[module], *args, out=bad)
+    assert launches == []
+
+
+@pytest.mark.parametrize(("name", "module", "call", "inputs"), OUT_CALLS, ids=OUT_IDS)
+def test_compiling_copies_the_result_into_out(
+        ops: dict[str, ModuleType], launches: list[Any], monkeypatch: pytest.MonkeyPatch, name: str, module: str,
+        call: Callable[..., Any], inputs: Callable[[], tuple[Any, ...]]) -> None:
+    # While torch.compile traces, the custom op (the stub's is the function itself) computes into
+    # fresh tensors and the op copies them into out: the graph holds no in-place launch.
+    args = inputs()
+    out = tuple(poisoned(t) for t in call(ops[module], *args))
+    monkeypatch.setattr(ops[module], "_kernel", WritingKernel(ops[module]._kernel, (-2, -1)))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    result = call(ops[module], *args, out=out)
+    assert result[0] is out[0] and result[1] is out[1] and marked(out[0]) and marked(out[1])
+    assert all(a is not t for a in launches[-1][2] for t in out)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.op_stub import stub_package
+from tests.op_stub import WritingKernel, marked, poisoned, stub_package
 
 OPS = ("swiglu_forward_and_per_token_cast", "swiglu_backward_and_per_token_cast",
        "swiglu_forward_and_per_channel_cast_and_transpose")
@@ -30,6 +30,7 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType,
 class _Namespace(ModuleType):
     def __init__(self, modules: dict[str, ModuleType]) -> None:
         super().__init__("quant")
+        self.modules = modules
         for op, module in modules.items():
             setattr(self, op, getattr(module, op))
 
@@ -68,6 +69,15 @@ def test_forward_per_row_scale_and_clamp(quant: Any, stub: tuple[ModuleType, Mod
     assert sf.shape == (4, 1)
     ((_, values, args),) = _launches(stub[1])
     assert values["npc"] == 2560 and values["with_weights"] is False and args[6:] == (7.0, 0)
+
+
+def test_forward_placeholders_are_allocated_once(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:
+    # The optional tensors' stand-ins are one pair per device: no allocation per call.
+    quant.swiglu_forward_and_per_token_cast(_x(), "e4m3", 128)
+    quant.swiglu_forward_and_per_token_cast(_x(), "e4m3", 128, pos_to_expert=torch.zeros(4, dtype=torch.int32))
+    (_, _, first), (_, _, second) = _launches(stub[1])
+    assert first[3] is first[5] is second[3] and first[4] is second[4]
+    assert first[3].shape == (1,) and first[4].shape == (1, 1) and first[4].dtype == torch.float32
 
 
 @pytest.mark.parametrize(("kwargs", "error", "name"), [
@@ -194,3 +204,107 @@ def test_per_channel_errors_name_the_argument_before_any_launch(
         quant.swiglu_forward_and_per_channel_cast_and_transpose(**args)
     assert _launches(stub[1]) == []
 
+
+
+# --- out= ------------------------------------------------------------------------------------
+
+
+def _fwd_args() -> dict[str, Any]:
+    return {"x": _x(), "fmt": "e4m3", "num_per_channels": 128,
+            "pos_to_token_topk": torch.tensor([0, 1, -1, 3], dtype=torch.int32), "topk_weights": torch.rand(2, 2),
+            "pos_to_expert": torch.tensor([0, 0, -1, 1], dtype=torch.int32)}
+
+
+def _flat(result: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+    """The backward's (out, (q, q_sf), x_grad, weight_grad) as five tensors; other results as they are."""
+    if len(result) == 4:
+        return (result[0], *result[1], result[2], result[3])
+    return tuple(result)
+
+
+# name -> (op(out=...) as a function of out, the positions of the outputs in the launch)
+OUT_CALLS: dict[str, tuple[Any, tuple[int, ...]]] = {
+    "forward": (lambda q, out=None: q.swiglu_forward_and_per_token_cast(**_fwd_args(), out=out), (1, 2)),
+    "backward": (lambda q, out=None: q.swiglu_backward_and_per_token_cast(**_bwd_args(), out=out), (6, 7, 8, 9, 10)),
+    "per-channel": (lambda q, out=None: q.swiglu_forward_and_per_channel_cast_and_transpose(
+        _x(128), "e4m3", 32, without_transpose=True, out=out), (1, 2)),
+}
+
+
+@pytest.mark.parametrize("name", OUT_CALLS)
+def test_out_is_launched_into_and_returned(quant: Any, stub: tuple[ModuleType, ModuleType], name: str) -> None:
+    call, written = OUT_CALLS[name]
+    out = call(quant)  # what a caller keeps: an earlier call's result
+    result = call(quant, out=out)
+    assert all(r is o for r, o in zip(_flat(result), _flat(out), strict=True))
+    if name == "backward":
+        assert result[1] is not out[1] and result is not out  # the same tensors, in new tuples
+    launch_args = _launches(stub[1])[-1][2]
+    assert all(launch_args[i] is t for i, t in zip(written, _flat(out), strict=True))
+
+
+def test_forward_out_rows_that_pos_to_expert_skips_keep_their_bytes(quant: Any,
+                                                                      stub: tuple[ModuleType, ModuleType]) -> None:
+    # The op writes nothing into out itself (the stub's launch writes nothing either): the rows
+    # whose pos_to_expert is -1, which the kernel skips, keep what out held, as the allocating
+    # call leaves them uninitialised.
+    q, sf = (poisoned(t) for t in quant.swiglu_forward_and_per_token_cast(**_fwd_args()))
+    quant.swiglu_forward_and_per_token_cast(**_fwd_args(), out=(q, sf))
+    assert _launches(stub[1])[-1][2][5][2] == -1
+    assert bool((q.view(torch.uint8) == 0x7F).all()) and bool((sf.view(torch.uint8) == 0x7F).all())
+
+
+def test_backward_without_rows_zeroes_the_out_weight_grad(quant: Any) -> None:
+    args = _bwd_args(rows=0)
+    args["token_topk_to_pos"] = torch.full((2, 2), -1, dtype=torch.int32)
+    out = tuple(poisoned(t) for t in _flat(quant.swiglu_backward_and_per_token_cast(**args)))
+    result = quant.swiglu_backward_and_per_token_cast(**args, out=(out[0], out[1:3], out[3], out[4]))
+    assert result[3] is out[4] and torch.equal(out[4], torch.zeros(2, 2))
+
+
+def test_per_channel_out_without_tokens_launches_nothing(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:
+    out = quant.swiglu_forward_and_per_channel_cast_and_transpose(_x(0), "e4m3", 128)
+    result = quant.swiglu_forward_and_per_channel_cast_and_transpose(_x(0), "e4m3", 128, out=out)
+    assert result[0] is out[0] and result[1] is out[1] and _launches(stub[1]) == []
+
+
+BACKWARD_FORM = r"\(out, \(x_grad_fp8, x_grad_fp8_sf\), x_grad, weight_grad\)"
+WRONG_OUTS: dict[str, tuple[str, Any, str]] = {  # (op, out from the good one's tensors, the form named)
+    "forward tensor": ("forward", lambda t: t[0], r"\(q, sf\)"),
+    "forward one": ("forward", lambda t: (t[0],), r"\(q, sf\)"),
+    "per-channel three": ("per-channel", lambda t: (*t, t[1]), r"\(q, sf\)"),
+    "backward flat": ("backward", lambda t: t, BACKWARD_FORM),
+    "backward pair as a tensor": ("backward", lambda t: (t[0], t[1], t[3], t[4]), BACKWARD_FORM),
+    "backward None in the pair": ("backward", lambda t: [t[0], (t[1], None), t[3], t[4]], BACKWARD_FORM),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_OUTS)
+def test_out_of_the_wrong_kind_names_out_before_any_launch(quant: Any, stub: tuple[ModuleType, ModuleType],
+                                                          case: str) -> None:
+    name, wrong, form = WRONG_OUTS[case]
+    call, _ = OUT_CALLS[name]
+    tensors = _flat(call(quant))
+    _launches(stub[1]).clear()
+    with pytest.raises(TypeError, match=rf"^out: expected {form} as the op returns it"):
+        call(quant, out=wrong(tensors))
+    assert _launches(stub[1]) == []
+
+
+@pytest.mark.parametrize("name", OUT_CALLS)
+def test_compiling_copies_the_result_into_out(quant: Any, stub: tuple[ModuleType, ModuleType],
+                                              monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # While torch.compile traces, the custom op (the stub's is the function itself) computes into
+    # fresh tensors and the op copies them into out: the graph holds no in-place launch.
+    call, written = OUT_CALLS[name]
+    out = call(quant)
+    for t in _flat(out):
+        poisoned(t)
+    module = quant.modules[{"forward": "swiglu_forward_and_per_token_cast",
+                            "backward": "swiglu_backward_and_per_token_cast",
+                            "per-channel": "swiglu_forward_and_per_channel_cast_and_transpose"}[name]]
+    monkeypatch.setattr(module, "_kernel", WritingKernel(module._kernel, written))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    result = call(quant, out=out)
+    assert all(r is o and marked(o) for r, o in zip(_flat(result), _flat(out), strict=True))
+    assert all(a is not t for a in _launches(stub[1])[-1][2] for t in _flat(out))

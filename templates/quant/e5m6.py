@@ -17,7 +17,7 @@ import operator
 
 import torch
 
-from .._args import OUT_DTYPES, matrix, not_built, output_dtype, positive_int
+from .._args import OUT_DTYPES, matrix, not_built, out_tensors, output_dtype, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
@@ -64,6 +64,30 @@ def _cast(x: torch.Tensor, round_sf: bool, col_major: bool) -> tuple[torch.Tenso
     return q, sf
 
 
+def _cast_into(x: torch.Tensor, round_sf: bool, out: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch into the caller's (q, sf) through the views the kernel writes; returns them as given.
+
+    The launcher sees q's int32 words and sf's (T,) view: what those views hide (q's dtype and
+    rows of whole words, sf's (T, 1) shape and unit token stride) is checked here, by name.
+    """
+    q, sf = out_tensors(out, ("q", "sf"))
+    if q.dtype != torch.uint8:
+        raise KernelArgumentError(f"q: expected uint8 packed E5M6 codes, got {q.dtype}")
+    try:
+        words = q.view(torch.int32)
+    except RuntimeError:
+        raise KernelArgumentError(f"q: expected rows of whole 4-byte words (unit column stride, a width that is a "
+                                  f"multiple of 4), got shape {tuple(q.shape)} and strides {tuple(q.stride())}; "
+                                  "pass the q of an earlier call") from None
+    num_tokens = int(x.shape[0])
+    if tuple(sf.shape) != (num_tokens, 1) or (num_tokens > 1 and sf.stride(0) != 1):
+        raise KernelArgumentError(f"sf: expected shape ({num_tokens}, 1) with token stride 1 (row- or column-major), "
+                                  f"got shape {tuple(sf.shape)} and strides {tuple(sf.stride())}")
+    launch = _cast_kernel.select(in_dtype=dtype_name(x.dtype), hidden=int(x.shape[1]), round_sf=round_sf)
+    launch(x, words, sf.as_strided((num_tokens,), (1,)))
+    return q, sf
+
+
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_token_cast_e5m6, with a fixed schema.
 _cast_op = custom_op("per_token_cast_e5m6", fake=_cast_outputs)(_cast)
 
@@ -75,6 +99,7 @@ def per_token_cast_e5m6(
     round_sf: bool = False,
     use_tma_aligned_col_major_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast x (num_tokens, hidden) to packed E5M6 with one scale per token.
 
@@ -85,6 +110,11 @@ def per_token_cast_e5m6(
         use_tma_aligned_col_major_sf: return sf column-major with the token dimension padded to
             a multiple of 4, strides (1, align(num_tokens, 4)) (same values).
         use_packed_ue8m0: packed UE8M0 scales; not built (must be False).
+        out: ``(q, sf)`` to write into instead of allocating, as this call would return them
+            (e.g. the pair of an earlier call): q uint8 (num_tokens, hidden * 3 / 2), contiguous;
+            sf float32 (num_tokens, 1) with token stride 1, row- or column-major (token t is
+            element t in both); not overlapping x. Every code and scale is written (not the
+            padding of a column-major sf). Returned as given.
 
     Returns:
         ``(q, sf)``: q uint8 (num_tokens, hidden * 3 / 2), per 8 channels three little-endian
@@ -107,7 +137,13 @@ def per_token_cast_e5m6(
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of 8 (eight codes per three words)")
 
     if torch.compiler.is_compiling():
-        return _cast_op(x, bool(round_sf), bool(use_tma_aligned_col_major_sf))
+        result = _cast_op(x, bool(round_sf), bool(use_tma_aligned_col_major_sf))
+        if out is None:
+            return result
+        q, sf = out_tensors(out, ("q", "sf"))
+        return q.copy_(result[0]), sf.copy_(result[1])
+    if out is not None:
+        return _cast_into(x, bool(round_sf), out)
     return _cast(x, bool(round_sf), bool(use_tma_aligned_col_major_sf))
 
 
@@ -118,12 +154,21 @@ def _back_outputs(q: torch.Tensor, sf: torch.Tensor, out_fmt: str) -> torch.Tens
 
 
 def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str) -> torch.Tensor:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    """The custom op's body: a launch into a fresh tensor."""
+    return _run_back(q, sf, out_fmt, None)
+
+
+def _run_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, out: torch.Tensor | None) -> torch.Tensor:
+    """Pick the variant and launch it into a fresh tensor or out; the launcher checks every tensor
+    (out's too, overlaps included) and names it in errors."""
     if q.storage_offset() % 4 != 0:  # checked here, on real tensors: torch.compile traces _pair
         raise KernelArgumentError(f"x[0] (q): expected to start on a 4-byte word, got storage offset "
                                   f"{q.storage_offset()}")
-    out = _back_outputs(q, sf, out_fmt)
-    launch = _cast_back_kernel.select(out_dtype=dtype_name(out.dtype), hidden=int(out.shape[1]))
+    if out is None:
+        out = _back_outputs(q, sf, out_fmt)
+    # The variant of out_fmt, whatever out's dtype: the launcher then refuses an out of another.
+    launch = _cast_back_kernel.select(out_dtype=dtype_name(OUT_DTYPES[out_fmt]),
+                                      hidden=int(q.shape[1]) // _GROUP_BYTES * 8)
     # One scale per token: element t of sf (strides (1, any)) is token t's in either layout.
     sf_arg = sf.as_strided((sf.shape[0],), (1,))
     if sf_arg.data_ptr() % 32 != 0:  # a token slice of a pair: copy the scales to an aligned start
@@ -168,6 +213,8 @@ def cast_back_e5m6(
     x: tuple[torch.Tensor, torch.Tensor],
     fmt: str | torch.dtype,
     x_block_size: tuple[int, int] | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dequantize packed E5M6 codes with one scale per token: out = decode(q) * sf.
 
@@ -177,6 +224,8 @@ def cast_back_e5m6(
         fmt: output format, ``'bf16'`` or ``'fp32'`` (or the torch dtype).
         x_block_size: TileKernels' (num_per_tokens, num_per_channels); only (1, hidden), one
             scale per token, is built (None means that).
+        out: a contiguous (num_tokens, hidden) tensor of the output dtype to write into instead
+            of allocating (not overlapping q or sf), returned as given.
 
     Returns:
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product of the code's fp16 value and
@@ -195,6 +244,9 @@ def cast_back_e5m6(
         if len(x_block_size) != 2 or block != (1, hidden):
             raise not_built("x_block_size", f"the block size {x_block_size!r} (only (1, {hidden}): one scale per "
                             "token)", "cast_back_e5m6")
+    if out is not None:
+        (out,) = out_tensors(out, ("out",))
     if torch.compiler.is_compiling():
-        return _cast_back_op(q, sf, out_fmt)
-    return _cast_back(q, sf, out_fmt)
+        result = _cast_back_op(q, sf, out_fmt)
+        return result if out is None else out.copy_(result)
+    return _run_back(q, sf, out_fmt, out)

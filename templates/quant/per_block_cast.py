@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._args import matrix, not_built, one_of
+from .._args import matrix, not_built, one_of, out_tensors
 from .._runtime import custom_op, dtype_name, get_kernel
 
 __all__ = ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
@@ -48,9 +48,16 @@ def _select(x: torch.Tensor, fmt: str, block_m: int, block_k: int, *, round_sf: 
 
 
 def _cast(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    """The custom op's body: a launch into fresh outputs."""
+    return _launch(x, fmt, block_m, block_k, round_sf, None)
+
+
+def _launch(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool,
+            out: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
+    tensor (out's too, overlaps included) and names it in errors."""
     launch = _select(x, fmt, block_m, block_k, round_sf=round_sf, precomputed_sf=False)
-    q, sf = _outputs(x, fmt, block_m, block_k)
+    q, sf = _outputs(x, fmt, block_m, block_k) if out is None else out_tensors(out, ("q", "sf"))
     launch(x, q, sf)
     return q, sf
 
@@ -61,9 +68,16 @@ def _q_output(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k
 
 
 def _cast_with_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int) -> torch.Tensor:
-    """q = x * (1 / sf) per block; the launcher checks sf's dtype, shape and layout (an input here)."""
+    """The custom op's body: a launch into a fresh q."""
+    return _launch_with_sf(x, sf, fmt, block_m, block_k, None)
+
+
+def _launch_with_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int,
+                    out: object) -> torch.Tensor:
+    """q = x * (1 / sf) per block, into a fresh q or out; the launcher checks sf's dtype, shape and
+    layout (an input here) and out's as q's."""
     launch = _select(x, fmt, block_m, block_k, round_sf=False, precomputed_sf=True)
-    q = _q_output(x, sf, fmt, block_m, block_k)
+    q = _q_output(x, sf, fmt, block_m, block_k) if out is None else out_tensors(out, ("q",))[0]
     launch(x, q, sf)
     return q
 
@@ -107,10 +121,17 @@ def _checked(
     return block_m, block_k
 
 
-def _run(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool,
+         out: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eagerly the launch (into out, if given); while compiling the custom op, whose result is
+    copied into out (torch.compile sees a pure op)."""
     if torch.compiler.is_compiling():
-        return _per_block_cast_op(x, fmt, block_m, block_k, bool(round_sf))
-    return _cast(x, fmt, block_m, block_k, bool(round_sf))
+        result = _per_block_cast_op(x, fmt, block_m, block_k, bool(round_sf))
+        if out is None:
+            return result
+        q, sf = out_tensors(out, ("q", "sf"))
+        return q.copy_(result[0]), sf.copy_(result[1])
+    return _launch(x, fmt, block_m, block_k, bool(round_sf), out)
 
 
 def per_block_cast(
@@ -120,6 +141,8 @@ def per_block_cast(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast x (num_tokens, hidden) to FP8/FP4 with one scale per (block_m, block_k) block.
 
@@ -131,6 +154,9 @@ def per_block_cast(
         use_tma_aligned_col_major_sf: column-major, TMA-aligned scales; not built (must be False).
         round_sf: round each scale up to a power of two.
         use_packed_ue8m0: UE8M0 exponents packed into int32; not built (must be False).
+        out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
+            return it (dtype, shape, contiguous; e.g. the pair of an earlier call), not
+            overlapping x. Every element is written. Returned as given.
 
     Returns:
         ``(q, sf)``: q is float8_e4m3fn (num_tokens, hidden) for e4m3, or int8
@@ -139,7 +165,7 @@ def per_block_cast(
         ``decode(q) * sf`` (per block) approximates x.
     """
     block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
-    return _run(x, fmt, block_m, block_k, round_sf)
+    return _run(x, fmt, block_m, block_k, round_sf, out)
 
 
 def per_block_cast_with_sf_only(
@@ -166,6 +192,8 @@ def per_block_cast_with_precomputed_sf(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cast x with given per-block scales: q = x_f32 * (1 / sf) per block (1 / sf an IEEE division).
 
@@ -178,6 +206,8 @@ def per_block_cast_with_precomputed_sf(
         use_tma_aligned_col_major_sf: not built (must be False).
         round_sf: has no effect: sf is used as given (as in TileKernels).
         use_packed_ue8m0: not built (must be False).
+        out: a contiguous q of this call's dtype and shape to write into instead of allocating
+            (not overlapping x or sf), returned as given.
 
     Returns:
         q: float8_e4m3fn (num_tokens, hidden) or packed FP4 int8 (num_tokens, hidden / 2).
@@ -186,5 +216,6 @@ def per_block_cast_with_precomputed_sf(
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"sf: expected a float32 torch.Tensor of per-block scales, got {type(sf).__name__}")
     if torch.compiler.is_compiling():
-        return _per_block_cast_with_sf_op(x, sf, fmt, block_m, block_k)
-    return _cast_with_sf(x, sf, fmt, block_m, block_k)
+        q = _per_block_cast_with_sf_op(x, sf, fmt, block_m, block_k)
+        return q if out is None else out_tensors(out, ("q",))[0].copy_(q)
+    return _launch_with_sf(x, sf, fmt, block_m, block_k, out)

@@ -13,7 +13,7 @@ import operator
 
 import torch
 
-from .._args import matrix, not_built, one_of
+from .._args import matrix, not_built, one_of, out_tensors
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["per_block_cast_lossless"]
@@ -33,9 +33,16 @@ def _outputs(x: torch.Tensor, x_sf: torch.Tensor, block_m: int, block_k: int) ->
 
 
 def _cast(x: torch.Tensor, x_sf: torch.Tensor, block_m: int, block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    """The custom op's body: a launch into fresh outputs."""
+    return _launch(x, x_sf, block_m, block_k, None)
+
+
+def _launch(x: torch.Tensor, x_sf: torch.Tensor, block_m: int, block_k: int,
+            out: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
+    tensor (out's too, overlaps included) and names it in errors."""
     launch = _kernel.select(hidden=2 * int(x.shape[1]), block_m=block_m, block_k=block_k)
-    q, sf = _outputs(x, x_sf, block_m, block_k)
+    q, sf = _outputs(x, x_sf, block_m, block_k) if out is None else out_tensors(out, ("q", "sf"))
     launch(x, x_sf, q, sf)
     return q, sf
 
@@ -62,6 +69,8 @@ def per_block_cast_lossless(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Re-quantize an FP4 (e2m1) pair to FP8 (e4m3) with larger scale blocks, exactly.
 
@@ -75,6 +84,9 @@ def per_block_cast_lossless(
         use_tma_aligned_col_major_sf: column-major output scales; not built (must be False).
         round_sf: has no effect: the output scales are powers of two by construction.
         use_packed_ue8m0: UE8M0 output scales; not built (must be False).
+        out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
+            return it (dtype, shape, contiguous; e.g. the pair of an earlier call), not
+            overlapping x. Every element is written. Returned as given.
 
     Returns:
         ``(q, sf)``: q float8_e4m3fn (num_tokens, hidden); sf float32
@@ -103,8 +115,12 @@ def per_block_cast_lossless(
     if x_sf.shape[0] != data.shape[0]:
         raise ValueError(f"x_sf: expected {data.shape[0]} rows (one per token of x), got {x_sf.shape[0]}")
     if torch.compiler.is_compiling():
-        return _lossless_op(data, x_sf, block_m, block_k)
-    return _cast(data, x_sf, block_m, block_k)
+        result = _lossless_op(data, x_sf, block_m, block_k)
+        if out is None:
+            return result
+        q, sf = out_tensors(out, ("q", "sf"))
+        return q.copy_(result[0]), sf.copy_(result[1])
+    return _launch(data, x_sf, block_m, block_k, out)
 
 
 def _not_built(argument: str, what: str) -> NotImplementedError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import matrix, one_of, positive_int
+from .._args import matrix, one_of, out_tensors, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 
 __all__ = ["per_channel_cast", "per_channel_cast_fused"]
@@ -38,10 +38,18 @@ def _outputs(
 def _cast(
     x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    """The custom op's body: a launch into fresh outputs."""
+    return _launch(x, x_sf, pos_to_token, round_sf, None)
+
+
+def _launch(
+    x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool, out: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
+    tensor (out's too, overlaps included) and names it in errors."""
     launch = _kernel.select(in_dtype=dtype_name(x.dtype), hidden=int(x.shape[1]), expand=pos_to_token is not None,
                             round_sf=round_sf)
-    q, sf = _outputs(x, x_sf, pos_to_token, round_sf)
+    q, sf = _outputs(x, x_sf, pos_to_token, round_sf) if out is None else out_tensors(out, ("q", "sf"))
     args = [x] + [t for t in (x_sf, pos_to_token) if t is not None]
     launch(*args, q, sf)
     return q, sf
@@ -52,11 +60,17 @@ _per_channel_cast_op = custom_op("per_channel_cast_fused", fake=_outputs)(_cast)
 
 
 def _run(
-    x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool
+    x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool, out: object
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eagerly the launch (into out, if given); while compiling the custom op, whose result is
+    copied into out (torch.compile sees a pure op)."""
     if torch.compiler.is_compiling():
-        return _per_channel_cast_op(x, x_sf, pos_to_token, bool(round_sf))
-    return _cast(x, x_sf, pos_to_token, bool(round_sf))
+        result = _per_channel_cast_op(x, x_sf, pos_to_token, bool(round_sf))
+        if out is None:
+            return result
+        q, sf = out_tensors(out, ("q", "sf"))
+        return q.copy_(result[0]), sf.copy_(result[1])
+    return _launch(x, x_sf, pos_to_token, bool(round_sf), out)
 
 
 def _check_common(fmt: str, num_per_tokens: int) -> None:
@@ -78,7 +92,8 @@ def _tokens_multiple_of_128(name: str, num_tokens: int) -> None:
 
 
 def per_channel_cast(
-    x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False
+    x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False, *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast x (num_tokens, hidden) to FP8 with one scale per channel and 128 tokens.
 
@@ -87,6 +102,9 @@ def per_channel_cast(
         fmt: ``'e4m3'``.
         num_per_tokens: tokens sharing one scale; 128.
         round_sf: round each scale up to a power of two.
+        out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
+            return it (dtype, shape, contiguous; e.g. the pair of an earlier call), not
+            overlapping x. Every element is written. Returned as given.
 
     Returns:
         ``(q, sf)``: q float8_e4m3fn (num_tokens, hidden); sf float32 (num_tokens / 128, hidden),
@@ -96,7 +114,7 @@ def per_channel_cast(
     x = _plain("x", x)
     _check_common(fmt, num_per_tokens)
     _tokens_multiple_of_128("x", int(x.shape[0]))
-    return _run(x, None, None, round_sf)
+    return _run(x, None, None, round_sf, out)
 
 
 def per_channel_cast_fused(
@@ -106,6 +124,8 @@ def per_channel_cast_fused(
     round_sf: bool = False,
     num_per_channels: int | None = None,
     pos_to_token: torch.Tensor | None = None,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel cast with an optional row gather and an optional FP8 input.
 
@@ -120,6 +140,9 @@ def per_channel_cast_fused(
         pos_to_token: optional int32 (num_tokens_out,) with num_tokens_out % 16 == 0: output row
             i is x row pos_to_token[i]; -1 (or any index outside [0, num_tokens), which is not
             checked on the host: that would need a device sync) gives a zero row.
+        out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
+            return it (dtype, shape, contiguous), not overlapping the inputs. Every element is
+            written (zero rows included). Returned as given.
 
     Returns:
         ``(q, sf)``: q float8_e4m3fn (num_tokens_out, hidden); sf float32
@@ -148,4 +171,4 @@ def per_channel_cast_fused(
             raise ValueError("pos_to_token: expected a 1-D int32 tensor (num_tokens_out,)")
         if pos_to_token.shape[0] % 16 != 0:
             raise ValueError(f"pos_to_token: its length ({pos_to_token.shape[0]}) must be a multiple of 16")
-    return _run(x, x_sf, pos_to_token, round_sf)
+    return _run(x, x_sf, pos_to_token, round_sf, out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import matrix, one_of, positive_int
+from .._args import matrix, one_of, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["per_channel_cast_and_transpose"]
@@ -31,9 +31,15 @@ def _outputs(x: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch.Tensor, t
 
 
 def _cast(x: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    """The custom op's body: a launch into fresh outputs."""
+    return _launch(x, npt, round_sf, None)
+
+
+def _launch(x: torch.Tensor, npt: int, round_sf: bool, out: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
+    tensor (out's too, overlaps included) and names it in errors."""
     launch = _kernel.select(hidden=int(x.shape[1]), npt=npt, round_sf=round_sf)
-    q, sf = _outputs(x, npt, round_sf)
+    q, sf = _outputs(x, npt, round_sf) if out is None else out_tensors(out, ("q", "sf"))
     launch(x, q, sf)
     return q, sf
 
@@ -43,7 +49,8 @@ _transpose_op = custom_op("per_channel_cast_and_transpose", fake=_outputs)(_cast
 
 
 def per_channel_cast_and_transpose(
-    x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False
+    x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False, *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast x to FP8 with one scale per channel and ``num_per_tokens`` tokens, transposing the codes.
 
@@ -53,6 +60,9 @@ def per_channel_cast_and_transpose(
         fmt: ``'e4m3'``.
         num_per_tokens: tokens sharing one scale: 32 or 128.
         round_sf: round each scale up to a power of two.
+        out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
+            return it (dtype, shape, contiguous: q (hidden, num_tokens)), not overlapping x.
+            Every element is written. Returned as given.
 
     Returns:
         ``(q, sf)``: q float8_e4m3fn (hidden, num_tokens), contiguous; sf float32
@@ -72,5 +82,9 @@ def per_channel_cast_and_transpose(
     if hidden % 64 != 0:
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of 64")
     if torch.compiler.is_compiling():
-        return _transpose_op(x, npt, bool(round_sf))
-    return _cast(x, npt, bool(round_sf))
+        result = _transpose_op(x, npt, bool(round_sf))
+        if out is None:
+            return result
+        q, sf = out_tensors(out, ("q", "sf"))
+        return q.copy_(result[0]), sf.copy_(result[1])
+    return _launch(x, npt, bool(round_sf), out)

@@ -339,7 +339,8 @@ def per_token_cast(
         out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
             return it (dtype, shape, and layout: contiguous q; sf row-major, or for the
             column-major flags the (T, G) view with strides (1, P), P >= T, over its storage);
-            they must not overlap x. Returned as given. Not for e5m6 or a quantized pair x.
+            they must not overlap x. Returned as given. Not for a quantized pair x; for e5m6 as
+            ``per_token_cast_e5m6`` takes it.
 
     Returns:
         ``(q, sf)``: q is float8_e4m3fn (num_tokens, hidden) for e4m3, or int8
@@ -355,12 +356,10 @@ def per_token_cast(
     """
     if fmt not in _KERNEL_FORMATS:  # e5m6 goes to its own op; anything else is refused naming fmt
         one_of("fmt", fmt, _FORMATS)
-        if out is not None:
-            raise ValueError("out: fmt 'e5m6' allocates its outputs (call per_token_cast_e5m6); pass None")
         if x_block_size is not None:
             raise ValueError("x_block_size: fmt 'e5m6' casts plain bf16 / fp32 tensors only (must be None)")
         return _e5m6(x, num_per_channels, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
-                     round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0)
+                     round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0, out=out)
     if out is not None and x_block_size is not None:
         raise ValueError("out: a quantized (data, sf) pair x is cast through an fp32 copy; pass None")
     return _cast_form(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,

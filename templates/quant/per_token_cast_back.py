@@ -36,13 +36,14 @@ def _not_built(argument: str, what: str) -> NotImplementedError:
     return not_built(argument, what, "per_token_cast_back")
 
 
-def _e5m6(x: tuple[torch.Tensor, torch.Tensor], fmt: str | torch.dtype, x_block_size: tuple[int, int]) -> torch.Tensor:
+def _e5m6(x: tuple[torch.Tensor, torch.Tensor], fmt: str | torch.dtype, x_block_size: tuple[int, int],
+          out: torch.Tensor | None) -> torch.Tensor:
     """Route E5M6 codes to the E5M6 op module (which checks the block), when the package has it."""
     try:
         from ._e5m6 import cast_back_e5m6  # type: ignore[import-not-found]
     except ImportError:
         raise _not_built("x_special_fmt", "the E5M6 format ('e5m6')") from None
-    return cast_back_e5m6(x, fmt, x_block_size)  # type: ignore[no-any-return]
+    return cast_back_e5m6(x, fmt, x_block_size, out=out)  # type: ignore[no-any-return]
 
 
 def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +168,7 @@ def per_token_cast_back(
         x_special_fmt: None, or ``'e5m6'`` for E5M6 codes (routed to ``cast_back_e5m6``, which
             needs a package built with the E5M6 kernels: NotImplementedError naming it otherwise).
         out: a contiguous (num_tokens, hidden) tensor of the output dtype to write into instead
-            of allocating (not overlapping q or sf), returned as given. Not for E5M6 codes.
+            of allocating (not overlapping q or sf), returned as given (for E5M6 codes too).
 
     Returns:
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
@@ -180,9 +181,7 @@ def per_token_cast_back(
     out_dtype = output_dtype(fmt)
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     if x_special_fmt == "e5m6":
-        if out is not None:
-            raise ValueError("out: E5M6 codes are decoded into a fresh tensor (cast_back_e5m6); pass None")
-        return _e5m6(x, out_fmt, (1, num_per_channels))
+        return _e5m6(x, out_fmt, (1, num_per_channels), out)
     if x_special_fmt is not None:
         raise ValueError(f"x_special_fmt: expected None or 'e5m6', got {x_special_fmt!r}")
     if out is not None:
@@ -263,9 +262,7 @@ def cast_back(
             f"x_block_size: expected a (num_per_tokens, num_per_channels) pair, got {x_block_size!r}"
         ) from None
     if x_special_fmt == "e5m6":
-        if out is not None:
-            raise ValueError("out: E5M6 codes are decoded into a fresh tensor (cast_back_e5m6); pass None")
-        return _e5m6(x, output_dtype(fmt), (num_per_tokens, num_per_channels))
+        return _e5m6(x, output_dtype(fmt), (num_per_tokens, num_per_channels), out)
     if num_per_tokens != 1:
         x, num_per_channels = _per_token_scales(x, num_per_tokens, num_per_channels)
     return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt=x_special_fmt, out=out)

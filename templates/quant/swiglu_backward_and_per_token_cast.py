@@ -54,20 +54,54 @@ def _launch(
     round_sf: bool,
     clamp: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
-    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc)
+    """The custom op's body: a launch into fresh outputs."""
     outputs = _outputs(x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf, clamp)
+    return _run(x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf, clamp, outputs)
+
+
+def _run(
+    x: torch.Tensor,
+    x_sf: torch.Tensor,
+    grad_out: torch.Tensor,
+    weight: torch.Tensor,
+    pos_to_token_topk: torch.Tensor,
+    token_topk_to_pos: torch.Tensor,
+    npc: int,
+    round_sf: bool,
+    clamp: float,
+    outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it into outputs (fresh, or the caller's: the launcher checks every
+    tensor, overlaps included, and names it in errors)."""
+    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc)
     out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad = outputs
-    if x.shape[0] == 0:
-        # No expanded row owns any (token, k) pair; the kernel's grid would be empty.
-        weight_grad.zero_()
     launch(x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos,
            out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad, clamp, int(round_sf))
+    if x.shape[0] == 0:
+        # No expanded row owns any (token, k) pair: the grid is empty and nothing was launched, so
+        # the pairs' zero gradients are written here (after the launcher checked weight_grad).
+        weight_grad.zero_()
     return outputs
 
 
 # What torch.compile sees: one opaque op with a fixed schema.
 _swiglu_backward_op = custom_op("swiglu_backward_and_per_token_cast", fake=_outputs)(_launch)
+
+
+# The op's outputs in its return order, as out= takes them.
+_OUT_FORM = "(out, (x_grad_fp8, x_grad_fp8_sf), x_grad, weight_grad)"
+
+
+def _out_tensors(out: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The five tensors of out, nested as the op returns them, or a TypeError naming out."""
+    if isinstance(out, (tuple, list)) and len(out) == 4 and isinstance(out[1], (tuple, list)) and len(out[1]) == 2:
+        tensors = (out[0], out[1][0], out[1][1], out[2], out[3])
+        for t in tensors:  # a loop, not all(<generator>): one object less per call
+            if not isinstance(t, torch.Tensor):
+                break
+        else:
+            return tensors
+    raise TypeError(f"out: expected {_OUT_FORM} as the op returns it (tensors), got {type(out).__name__}")
 
 
 def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], meaning: str) -> None:
@@ -84,6 +118,8 @@ def swiglu_backward_and_per_token_cast(
     num_per_channels: int,
     round_sf: bool = False,
     swiglu_clamp_value: float | None = None,
+    *,
+    out: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
     """SwiGLU backward of the FP8 forward input x, with the input gradient cast to FP8 e4m3.
 
@@ -98,6 +134,11 @@ def swiglu_backward_and_per_token_cast(
         num_per_channels: 32 or 128, the group of x's scales and of the gradient's.
         round_sf: round each gradient scale up to a power of two.
         swiglu_clamp_value: c > 0 or None: the forward clamp; clamped elements get zero gradient.
+        out: ``(out, (x_grad_fp8, x_grad_fp8_sf), x_grad, weight_grad)`` to write into instead
+            of allocating, nested and each exactly as this call would return it (dtype, shape,
+            contiguous; e.g. the result of an earlier call), not overlapping the inputs or each
+            other. Every element is written (weight_grad is zeroed here when N is 0, as the
+            allocating call does). The tensors are returned as given, in a new tuple.
 
     Returns:
         ``(out, (x_grad_fp8, x_grad_fp8_sf), x_grad, weight_grad)``: out bf16 (N, hidden) =
@@ -134,7 +175,18 @@ def swiglu_backward_and_per_token_cast(
 
     args = (data, sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, bool(round_sf), clamp)
     if torch.compiler.is_compiling():
-        out, q, q_sf, x_grad, weight_grad = _swiglu_backward_op(*args)
+        result = _swiglu_backward_op(*args)
+        if out is None:
+            act, q, q_sf, x_grad, weight_grad = result
+        else:  # torch.compile sees the pure op and five copies
+            act, q, q_sf, x_grad, weight_grad = _out_tensors(out)
+            act.copy_(result[0])
+            q.copy_(result[1])
+            q_sf.copy_(result[2])
+            x_grad.copy_(result[3])
+            weight_grad.copy_(result[4])
+    elif out is None:
+        act, q, q_sf, x_grad, weight_grad = _launch(*args)
     else:
-        out, q, q_sf, x_grad, weight_grad = _launch(*args)
-    return out, (q, q_sf), x_grad, weight_grad
+        act, q, q_sf, x_grad, weight_grad = _run(*args, _out_tensors(out))
+    return act, (q, q_sf), x_grad, weight_grad

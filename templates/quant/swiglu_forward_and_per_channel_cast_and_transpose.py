@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .._args import matrix, one_of, positive_int
+from .._args import matrix, one_of, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["swiglu_forward_and_per_channel_cast_and_transpose"]
@@ -33,9 +33,19 @@ def _outputs(x: torch.Tensor, npt: int, round_sf: bool, without_transpose: bool,
 
 def _launch(x: torch.Tensor, npt: int, round_sf: bool, without_transpose: bool,
             clamp: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
+    """The custom op's body: a launch into fresh outputs."""
+    return _run(x, npt, round_sf, without_transpose, clamp, None)
+
+
+def _run(x: torch.Tensor, npt: int, round_sf: bool, without_transpose: bool, clamp: float,
+         out: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
+    tensor (out's too, overlaps included) and names it in errors."""
     launch = _kernel.select(hidden=int(x.shape[1]) // 2, npt=npt, without_transpose=without_transpose)
-    q, sf = _outputs(x, npt, round_sf, without_transpose, clamp)
+    if out is None:
+        q, sf = _outputs(x, npt, round_sf, without_transpose, clamp)
+    else:
+        q, sf = out_tensors(out, ("q", "sf"))
     # With no token there is nothing to write, and torch gives the empty (hidden, 0) q the
     # strides (1, 1) rather than the (0, 1) the launcher checks.
     if x.shape[0] > 0:
@@ -54,6 +64,8 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     round_sf: bool = False,
     without_transpose: bool = False,
     swiglu_clamp_value: float | None = None,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SwiGLU of x's two halves, cast per channel (groups of tokens) to FP8 e4m3, transposed.
 
@@ -65,6 +77,10 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         round_sf: round each scale up to a power of two.
         without_transpose: return q as (num_tokens, hidden) instead of (hidden, num_tokens).
         swiglu_clamp_value: c > 0 or None: xl = min(xl, c), xr = clamp(xr, -c, c).
+        out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
+            return it (dtype, shape, contiguous: q (hidden, num_tokens), or (num_tokens, hidden)
+            with without_transpose), not overlapping x. Every element is written. Returned as
+            given (not checked when num_tokens is 0: nothing is launched).
 
     Returns:
         ``(q, sf)``: q float8_e4m3fn (hidden, num_tokens) (or (num_tokens, hidden)), and sf
@@ -90,5 +106,9 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
 
     args = (x, npt, bool(round_sf), bool(without_transpose), clamp)
     if torch.compiler.is_compiling():
-        return _swiglu_per_channel_op(*args)
-    return _launch(*args)
+        result = _swiglu_per_channel_op(*args)
+        if out is None:
+            return result
+        q, sf = out_tensors(out, ("q", "sf"))
+        return q.copy_(result[0]), sf.copy_(result[1])
+    return _run(*args, out)

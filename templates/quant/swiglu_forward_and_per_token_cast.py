@@ -13,12 +13,18 @@ import math
 
 import torch
 
-from .._args import matrix, not_built, one_of, positive_int
+from .._args import matrix, not_built, one_of, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["swiglu_forward_and_per_token_cast"]
 
 _kernel = get_kernel("swiglu_forward_and_per_token_cast")
+
+# Per device index: the 1-element (int32 positions, fp32 (1, 1) weights) placeholders passed for
+# absent optional tensors, which the variant built without them never reads. Nothing reads or
+# writes them, so one pair per device serves every call: no allocation per call (the op used to
+# allocate one even when given both tensors), which out= callers would otherwise still pay.
+_placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _not_built(argument: str, what: str) -> NotImplementedError:
@@ -50,24 +56,40 @@ def _launch(
     pos_to_expert: torch.Tensor | None,
     clamp: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it; absent optional tensors become 1-element placeholders
-    that the variant built without them never reads."""
+    """The custom op's body: a launch into fresh outputs."""
+    return _run(x, npc, round_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp, None)
+
+
+def _run(
+    x: torch.Tensor,
+    npc: int,
+    round_sf: bool,
+    pos_to_token_topk: torch.Tensor | None,
+    topk_weights: torch.Tensor | None,
+    pos_to_expert: torch.Tensor | None,
+    clamp: float,
+    out: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the variant and launch it into fresh (q, sf), or into out's (checked by the launcher,
+    overlaps included); absent optional tensors become the device's placeholders."""
     with_weights = topk_weights is not None
     with_pos_to_expert = pos_to_expert is not None
     launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc, with_weights=with_weights,
                             with_pos_to_expert=with_pos_to_expert)
-    q, sf = _outputs(x, npc, round_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp)
-    placeholder = x.new_empty((1,), dtype=torch.int32)
-    launch(
-        x,
-        q,
-        sf,
-        pos_to_token_topk if pos_to_token_topk is not None else placeholder,
-        topk_weights if topk_weights is not None else x.new_empty((1, 1), dtype=torch.float32),
-        pos_to_expert if pos_to_expert is not None else placeholder,
-        clamp,
-        int(round_sf),
-    )
+    if out is None:
+        q, sf = _outputs(x, npc, round_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp)
+    else:
+        q, sf = out_tensors(out, ("q", "sf"))
+    if pos_to_token_topk is None or pos_to_expert is None:
+        placeholders = _placeholders.get(x.get_device())
+        if placeholders is None:  # also for CPU tensors (-1), which the launcher then refuses by name
+            placeholders = _placeholders[x.get_device()] = (x.new_empty((1,), dtype=torch.int32),
+                                                            x.new_empty((1, 1), dtype=torch.float32))
+        if pos_to_token_topk is None:
+            pos_to_token_topk, topk_weights = placeholders
+        if pos_to_expert is None:
+            pos_to_expert = placeholders[0]
+    launch(x, q, sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp, int(round_sf))
     return q, sf
 
 
@@ -97,6 +119,8 @@ def swiglu_forward_and_per_token_cast(
     swiglu_clamp_value: float | None = None,
     clamped_count: torch.Tensor | None = None,
     sf_clamp_min: float | None = None,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SwiGLU of x's two halves, times the row's top-k weight, cast per token to FP8 e4m3.
 
@@ -114,6 +138,11 @@ def swiglu_forward_and_per_token_cast(
         round_sf: round each scale up to a power of two.
         swiglu_clamp_value: c > 0 or None: xl = min(xl, c), xr = clamp(xr, -c, c).
         clamped_count, sf_clamp_min: not built (must be None).
+        out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
+            return it (dtype, shape, contiguous; e.g. the pair of an earlier call), not
+            overlapping the inputs; returned as given. Every row is written except those that
+            pos_to_expert skips, which are unspecified as in the allocating call (eagerly they
+            keep what out held; under torch.compile the result is copied, those rows too).
 
     Returns:
         ``(q, sf)``: q float8_e4m3fn (num_expanded_tokens, hidden) and sf float32
@@ -154,5 +183,9 @@ def swiglu_forward_and_per_token_cast(
 
     args = (x, npc, bool(round_sf), pos_to_token_topk, topk_weights, pos_to_expert, clamp)
     if torch.compiler.is_compiling():
-        return _swiglu_forward_op(*args)
-    return _launch(*args)
+        result = _swiglu_forward_op(*args)
+        if out is None:
+            return result
+        q, sf = out_tensors(out, ("q", "sf"))
+        return q.copy_(result[0]), sf.copy_(result[1])
+    return _run(*args, out)

@@ -703,3 +703,110 @@ def test_fifteenth_sweep_winner_renders_the_shipped_per_block_cast() -> None:
         source = render_source(v, ARCHS["sm90"], TEMPLATES)
         flat = v.param_dict["amax_reduce"] == "flat"
         assert ("T.reduce_max(T.reshape(x_abs, [1, block_m * tile_k]), amax, dim=1)" in source) == flat
+
+
+_SWEEP17_CANDIDATES = {
+    "per_token_cast_back": {"store": ("direct",), "block_order": ("row",)},
+    "normalize_weight": {"threads": (32,), "vector": ("vec", "lanes")},
+}
+
+
+def test_seventeenth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
+    """sweep17.yaml: the cast back e4m3 npc 128 / e2m1 npc 32 -> bf16 at H 7168 with store x block_order, and
+    normalize_weight K 8 with threads x vector (K 6: shipped and vec); each problem holds its baseline once."""
+    found = _spec_variants("tkc_tuning17")
+    assert len(found) == 16
+    groups = sweep.problems(found)
+    _assert_baselines_are_the_sweeps(found, "tkc_tuning17")
+    assert sweep.SWEEPS["tkc_tuning17"].baselines == {
+        "per_token_cast_back": {"store": "shared", "block_order": "column"},
+        "normalize_weight": {"threads": 128, "vector": "scalar"},
+    }
+    sizes = {(kernel, dict(problem).get("fmt", dict(problem).get("num_topk"))): len(g) for (kernel, problem), g in
+             groups.items()}
+    assert sizes == {("per_token_cast_back", "e4m3"): 4, ("per_token_cast_back", "e2m1"): 4,
+                     ("normalize_weight", 8): 6, ("normalize_weight", 6): 2}
+    specs = load_specs([TUNING / "sweep17.yaml"], TEMPLATES)
+    for kernel in specs.kernels:  # jinja2 ignores variables a template does not read
+        source = (TEMPLATES / kernel.template).read_text()
+        for knob in sweep.SWEEPS["tkc_tuning17"].knob_names(kernel.name):
+            assert f"{knob} | default(" in source, (kernel.name, knob)
+            assert "{# knob of benchmarks/tuning/sweep17.yaml #}" in source
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_seventeenth_sweep_defaults_render_the_shipped_kernels(arch: str) -> None:
+    """The sweep's baseline knobs render every shipped per_token_cast_back and normalize_weight variant
+    byte for byte (the defaults are the shipped kernels); every candidate value renders something else."""
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    for name, candidates in _SWEEP17_CANDIDATES.items():
+        kernel = shipped.kernel(name)
+        assert arch in kernel.archs
+        baseline = sweep.SWEEPS["tkc_tuning17"].baselines[name]
+        for match in expand(kernel):
+            plain, knobbed = _renders(match, tuple(baseline.items()), arch)
+            assert knobbed == plain, (match.params, arch)
+            for knob, values in candidates.items():
+                for value in values:
+                    _, other = _renders(match, ((knob, value),), arch)
+                    assert other != plain, (match.params, knob, value, arch)
+
+
+def test_seventeenth_sweep_candidates_render_their_paths() -> None:
+    """direct: no shared memory, one uint32x4 per chunk; row: one grid dimension in memory order; vec: vector
+    loads and stores of the row; lanes: K / 4 lanes per token gathering the row by __shfl_sync."""
+    specs = load_specs([TUNING / "sweep17.yaml"], TEMPLATES)
+    for v in expand(specs.kernel("per_token_cast_back")):
+        source = render_source(v, ARCHS["sm90"], TEMPLATES)
+        p = v.param_dict
+        direct = p["store"] == "direct"
+        assert ('T.Tensor((num_tokens, hidden // chunk), f"uint32x{words}", out.data)' in source) == direct
+        assert ("T.alloc_shared" in source) == (not direct)
+        row = p["block_order"] == "row"
+        assert ("T.Kernel(T.ceildiv(num_tokens, block_m) * k_tiles, threads=THREADS) as bid" in source) == row
+    for v in expand(specs.kernel("normalize_weight")):
+        source = render_source(v, ARCHS["sm90"], TEMPLATES)
+        p = v.param_dict
+        assert f"\nTHREADS = {p['threads']}\n" in source
+        assert ("T.vectorized(VEC)" in source) == (p["vector"] == "vec")
+        assert ("T.shfl_sync(piece[v], s, LANES)" in source) == (p["vector"] == "lanes")
+
+
+def test_normalize_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """normalize_weight's case on the CPU: the reference's sequential sum, the bytes bench.py counts, a one-bit
+    difference caught; the check input has a partial last block and rows where the summation order shows."""
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.setattr(sweep, "GATE_TOKENS", 64)
+    problem = {"num_topk": 8, "threads": 128, "vector": "scalar"}
+    c = sweep.case("normalize_weight", problem)
+    assert c.reference is not None
+    (w,) = c.check_x()
+    assert w.shape == (61, 8) and w.isnan().any() and w.isinf().any()
+    denominator, normalized = c.reference((w,))
+    # Row 2 sums to 1 only in k order: its exact sum, rounded once, is 1 + 2^-21.
+    assert denominator[2].item() == 1.0 and w[2].double().sum().float().item() == 1.0 + 2.0**-21
+    assert denominator[7].item() == 1.0 and denominator[0].item() == pytest.approx(1e-20)
+    assert torch.isinf(denominator[5]) and torch.isnan(normalized[4]).any()
+
+    def launch(*args: Any) -> None:
+        assert c.reference is not None
+        for out, ref in zip(c.outputs(args), c.reference(args[:1]), strict=True):
+            assert (out.shape, out.dtype) == (ref.shape, ref.dtype)
+            out.copy_(ref)
+
+    def off_by_one_bit(*args: Any) -> None:
+        launch(*args)
+        args[2].view(torch.int32)[3, 5] ^= 1
+
+    group = [sweep.Variant(kernel="normalize_weight", name=name, problem=(("num_topk", 8),),
+                           knobs=(("threads", 128), ("vector", vector)), launch=fn,
+                           baseline=(("threads", 128), ("vector", "scalar")))
+             for name, vector, fn in (("base", "scalar", launch), ("vec", "vec", lambda *a: launch(*a)),
+                                      ("off", "lanes", off_by_one_bit))]
+    timer = SimpleNamespace(median_us=lambda fn, inputs: 1.0)
+    bench = SimpleNamespace(rotating_inputs=lambda make: [make()], tensor_bytes=lambda t: (
+        t.nbytes if isinstance(t, torch.Tensor) else 0), reason=lambda exc: f"{type(exc).__name__}: {exc}")
+    rows = {r.variant: r for r in sweep.run_problem(timer, bench, 4000.0, "normalize_weight", {"num_topk": 8}, group)}
+    assert rows["base"].note == "baseline == reference", rows["base"].note
+    assert rows["vec"].bit_exact and rows["off"].bit_exact is False
+    assert round(rows["base"].gb_s * 1e3) == 64 * 8 * 4 + 64 * 4 + 64 * 8 * 4  # weights, denominator, normalized

@@ -10,6 +10,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning4 --out "$OUT"    # the MoE gates (sweep4.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning9 --out "$OUT"    # the MoE gates again (sweep9.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning15 --out "$OUT"   # per_block_cast e4m3 (sweep15.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning17 --out "$OUT"   # cast back, normalize_weight (sweep17.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -154,6 +155,16 @@ SWEEPS["tkc_tuning14"] = Sweep("tkc_tuning14", "sweep14.yaml", {"topk_gate": {"t
 # each row, then over the rows. (Its other baseline knobs, the explicit clamp and one tile per block, are no
 # longer in the template: the clamp lost to the satfinite cast alone, the pipelined tiles lost.)
 SWEEPS["tkc_tuning15"] = Sweep("tkc_tuning15", "sweep15.yaml", {"per_block_cast": {"amax_reduce": "rows"}})
+# The cast back and normalize_weight as shipped before the seventeenth sweep (sweep17.yaml): the output tile
+# staged through shared memory, blocks down the column strips; one thread per token of 128-thread blocks,
+# scalar loads and stores.
+SWEEPS["tkc_tuning17"] = Sweep(
+    "tkc_tuning17", "sweep17.yaml",
+    {
+        "per_token_cast_back": {"store": "shared", "block_order": "column"},
+        "normalize_weight": {"threads": 128, "vector": "scalar"},
+    },
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -306,6 +317,8 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return swiglu_per_channel_case(problem)
     if kernel == "swiglu_backward_and_per_token_cast":
         return swiglu_backward_case(problem)
+    if kernel == "normalize_weight":
+        return normalize_case(problem)
     raise SystemExit(f"sweep.py does not know kernel {kernel!r}; add a case for it")
 
 
@@ -768,6 +781,51 @@ def per_token_row_case(problem: dict[str, Any]) -> Case:
         reference=(lambda x: ref(x[0], fmt=problem["fmt"], npc=x[0].shape[1], round_sf=problem["round_sf"]))
         if ref else None,
         counted=lambda args: args[:3],
+    )
+
+
+# ---- the seventeenth sweep's normalize_weight (sweep17.yaml); inputs as benchmarks/cases/moe_gate.py --------
+
+NORMALIZE_TAIL = 3  # the check input has GATE_TOKENS - 3 rows: a partial last block (and warp)
+
+
+def normalize_check_weights(tokens: int, topk: int) -> torch.Tensor:
+    """fp32 (tokens, topk) where a different summation order or an inexact division shows.
+
+    Rows cycle through: zeros (denominator 1e-20), -0.0, 1 followed by 2^-24's (the sequential
+    sum stays 1, any other order does not), a NaN, an Inf, 3e38's (the sum overflows), subnormals,
+    +-1e8 with 1's between them (cancellation); the rest are random with magnitudes 2^-30 .. 2^30
+    and random signs.
+    """
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    w = torch.rand(tokens, topk, device=DEVICE, generator=gen) - 0.5
+    w *= torch.exp2(torch.randint(-30, 31, (tokens, topk), device=DEVICE, generator=gen).float())
+    rows = torch.arange(tokens, device=DEVICE) % 16
+    col = torch.arange(topk, device=DEVICE)
+    w[rows == 0] = 0.0
+    w[rows == 1] = -0.0
+    w[rows == 2] = torch.where(col == 0, 1.0, 2.0**-24)
+    w[(rows == 3)[:, None] & (col == topk // 2)] = float("nan")
+    w[(rows == 4)[:, None] & (col == topk - 1)] = float("inf")
+    w[rows == 5] = 3e38
+    w[rows == 6] = 1e-42
+    w[rows == 7] = torch.where(col % 2 == 1, 1.0, torch.where(col % 4 == 0, 1e8, -1e8))
+    return w
+
+
+def normalize_case(problem: dict[str, Any]) -> Case:
+    """normalize_weight(torch.rand(T, K)) at T = 16384 as benchmarks/cases/moe_gate.py runs it; bytes as
+    bench.py counts them (topk_weights read, denominator and normalized_weights written). The kernel
+    and tests/reference/moe_gate.py both sum ((1e-20 + w0) + w1) + ... in fp32 and divide in IEEE fp32,
+    so the baseline must equal the reference byte for byte (the default same_bytes)."""
+    topk = problem["num_topk"]
+    ref = _reference("moe_gate", "normalize_weight_ref")
+    return Case(
+        make=lambda x: (x[0], torch.empty(x[0].shape[0], device=DEVICE), torch.empty_like(x[0])),
+        new_x=lambda: (torch.rand(GATE_TOKENS, topk, device=DEVICE),),
+        check_x=lambda: (normalize_check_weights(GATE_TOKENS - NORMALIZE_TAIL, topk),),
+        outputs=lambda args: args[1:3],
+        reference=(lambda x: tuple(ref(x[0]))) if ref else None,
     )
 
 

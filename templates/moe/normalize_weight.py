@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import matrix, out_tensors
+from .._args import copied_into, matrix, out_tensors
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["normalize_weight"]
@@ -59,8 +59,5 @@ def normalize_weight(topk_weights: torch.Tensor, *,
     topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
     if torch.compiler.is_compiling():
         result = _normalize_weight_op(topk_weights)
-        if out is None:
-            return result  # type: ignore[no-any-return]
-        denominator, normalized = out_tensors(out, ("denominator", "normalized_weights"))
-        return denominator.copy_(result[0]), normalized.copy_(result[1])
+        return result if out is None else copied_into(out, ("denominator", "normalized_weights"), result)  # type: ignore[no-any-return]
     return _run(topk_weights, out)

@@ -17,7 +17,7 @@ import operator
 
 import torch
 
-from .._args import OUT_DTYPES, matrix, not_built, out_tensors, output_dtype, positive_int
+from .._args import OUT_DTYPES, copied_into, matrix, not_built, out_tensors, output_dtype, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
@@ -138,10 +138,7 @@ def per_token_cast_e5m6(
 
     if torch.compiler.is_compiling():
         result = _cast_op(x, bool(round_sf), bool(use_tma_aligned_col_major_sf))
-        if out is None:
-            return result
-        q, sf = out_tensors(out, ("q", "sf"))
-        return q.copy_(result[0]), sf.copy_(result[1])
+        return result if out is None else copied_into(out, ("q", "sf"), result)
     if out is not None:
         return _cast_into(x, bool(round_sf), out)
     return _cast(x, bool(round_sf), bool(use_tma_aligned_col_major_sf))

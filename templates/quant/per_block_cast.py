@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._args import matrix, not_built, one_of, out_tensors
+from .._args import copied_into, matrix, not_built, one_of, out_tensors
 from .._runtime import custom_op, dtype_name, get_kernel
 
 __all__ = ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
@@ -127,10 +127,7 @@ def _run(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool,
     copied into out (torch.compile sees a pure op)."""
     if torch.compiler.is_compiling():
         result = _per_block_cast_op(x, fmt, block_m, block_k, bool(round_sf))
-        if out is None:
-            return result
-        q, sf = out_tensors(out, ("q", "sf"))
-        return q.copy_(result[0]), sf.copy_(result[1])
+        return result if out is None else copied_into(out, ("q", "sf"), result)
     return _launch(x, fmt, block_m, block_k, bool(round_sf), out)
 
 

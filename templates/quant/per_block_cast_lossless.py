@@ -13,7 +13,7 @@ import operator
 
 import torch
 
-from .._args import matrix, not_built, one_of, out_tensors
+from .._args import copied_into, matrix, not_built, one_of, out_tensors
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["per_block_cast_lossless"]
@@ -116,10 +116,7 @@ def per_block_cast_lossless(
         raise ValueError(f"x_sf: expected {data.shape[0]} rows (one per token of x), got {x_sf.shape[0]}")
     if torch.compiler.is_compiling():
         result = _lossless_op(data, x_sf, block_m, block_k)
-        if out is None:
-            return result
-        q, sf = out_tensors(out, ("q", "sf"))
-        return q.copy_(result[0]), sf.copy_(result[1])
+        return result if out is None else copied_into(out, ("q", "sf"), result)
     return _launch(data, x_sf, block_m, block_k, out)
 
 

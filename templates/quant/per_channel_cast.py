@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import matrix, one_of, out_tensors, positive_int
+from .._args import copied_into, matrix, one_of, out_tensors, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
 
 __all__ = ["per_channel_cast", "per_channel_cast_fused"]
@@ -66,10 +66,7 @@ def _run(
     copied into out (torch.compile sees a pure op)."""
     if torch.compiler.is_compiling():
         result = _per_channel_cast_op(x, x_sf, pos_to_token, bool(round_sf))
-        if out is None:
-            return result
-        q, sf = out_tensors(out, ("q", "sf"))
-        return q.copy_(result[0]), sf.copy_(result[1])
+        return result if out is None else copied_into(out, ("q", "sf"), result)
     return _launch(x, x_sf, pos_to_token, bool(round_sf), out)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import matrix, one_of, out_tensors, positive_int
+from .._args import copied_into, matrix, one_of, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["per_channel_cast_and_transpose"]
@@ -83,8 +83,5 @@ def per_channel_cast_and_transpose(
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of 64")
     if torch.compiler.is_compiling():
         result = _transpose_op(x, npt, bool(round_sf))
-        if out is None:
-            return result
-        q, sf = out_tensors(out, ("q", "sf"))
-        return q.copy_(result[0]), sf.copy_(result[1])
+        return result if out is None else copied_into(out, ("q", "sf"), result)
     return _launch(x, npt, bool(round_sf), out)

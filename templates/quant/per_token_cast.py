@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._args import column_storage, matrix, not_built, one_of, out_tensors, positive_int
+from .._args import column_storage, copied_into, matrix, not_built, one_of, out_tensors, positive_int
 from .._build_info import ALIGNMENT
 from .._runtime import custom_op, dtype_name, get_kernel
 from ..errors import KernelArgumentError
@@ -298,10 +298,7 @@ def _cast_form(
                                        round_sf, use_packed_ue8m0)
     if torch.compiler.is_compiling():
         result = _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, sf_only)
-        if out is None:
-            return result  # type: ignore[no-any-return]
-        q, sf = out_tensors(out, ("q", "sf"))
-        return q.copy_(result[0]), sf.copy_(result[1])
+        return result if out is None else copied_into(out, ("q", "sf"), result)  # type: ignore[no-any-return]
     variant = _remember(key, _Variant(_select(x, fmt, npc, bool(round_sf), sf_layout), fmt, npc, sf_layout))
     if out is not None:
         return _run_into(variant.launch, x, out, npc, sf_layout)

@@ -140,7 +140,7 @@ def _run_cached(x: object, fmt: object, npc: object, out: object) -> torch.Tenso
 
 
 # fmt as the cache keys it: what output_dtype accepts, spelled as the custom op's out_fmt.
-_FMT_NAMES: dict[object, str] = {"bf16": "bf16", "fp32": "fp32", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_FMT_NAMES: dict[object, str] = {**{name: name for name in OUT_DTYPES}, **{d: name for name, d in OUT_DTYPES.items()}}
 
 
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_token_cast_back, with a fixed schema.

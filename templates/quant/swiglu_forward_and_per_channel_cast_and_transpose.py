@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .._args import matrix, one_of, out_tensors, positive_int
+from .._args import copied_into, matrix, one_of, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
 
 __all__ = ["swiglu_forward_and_per_channel_cast_and_transpose"]
@@ -107,8 +107,5 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     args = (x, npt, bool(round_sf), bool(without_transpose), clamp)
     if torch.compiler.is_compiling():
         result = _swiglu_per_channel_op(*args)
-        if out is None:
-            return result
-        q, sf = out_tensors(out, ("q", "sf"))
-        return q.copy_(result[0]), sf.copy_(result[1])
+        return result if out is None else copied_into(out, ("q", "sf"), result)
     return _run(*args, out)

@@ -93,3 +93,15 @@ def out_tensors(out: object, names: Sequence[str]) -> tuple[torch.Tensor, ...]:
     spelled = names[0] if len(names) == 1 else f"({', '.join(names)})"
     raise TypeError(f"out: expected {spelled} as the op returns it ({'a tensor' if len(names) == 1 else 'tensors'}), "
                     f"got {type(out).__name__}")
+
+
+def copied_into(out: object, names: Sequence[str], result: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The op's result copied into the caller's ``out`` (checked as ``out_tensors`` does), returned as out.
+
+    What an op with ``out=`` returns while compiling: there the custom op allocates its result,
+    and the copy keeps the traced graph functional.
+    """
+    targets = out_tensors(out, names)
+    for target, value in zip(targets, result, strict=True):
+        target.copy_(value)
+    return targets

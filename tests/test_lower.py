@@ -91,6 +91,10 @@ def test_cooperative_and_cluster_launches_are_recorded(tmp_path: Path, cluster: 
     assert ("launch_cooperative(" in "\n".join(source.body)) is cooperative
     assert (f"{source.functions[0][0]}.launch(device, grid," in "\n".join(source.body)) is (expected_cluster is not None)
     assert ("cluster=(2, 1, 1)" in function) is (expected_cluster is not None)
+    # run() takes a plain or cooperative launch in one C call; a cluster launch has no plan.
+    assert (f"if run(_F_CONTRACT, _F_PLAN, {source.functions[0][0]}.handles, " in "\n".join(source.body)) is (
+        expected_cluster is None)
+    assert [var for var, _ in source.contract] == ["_F_CONTRACT", "_F_PLAN"][:1 + (expected_cluster is None)]
     if expected_cluster is not None:  # the grid is checked against the cluster before the launch
         assert "must be a multiple of the thread-block cluster" in "\n".join(source.body)
 
@@ -113,6 +117,8 @@ def test_unknown_pass_config_names_the_spec_key(tmp_path: Path) -> None:
 def test_tma_stores_and_scratch_tensors_count_as_written(tmp_path: Path) -> None:
     """tma_transpose writes y only through a TMA store (its descriptor); grid_rotate writes its
     scratch tensor and y with plain stores and reads x."""
+    from tkc.codegen import launcher_source
+
     templates = REPO / "tests" / "data" / "templates"
     specs = load_specs([REPO / "tests" / "data" / "specs" / "loader.yaml"], templates)
     for kernel, written in (("tma_transpose", ["y"]), ("grid_rotate", ["tmp", "y"])):
@@ -120,3 +126,6 @@ def test_tma_stores_and_scratch_tensors_count_as_written(tmp_path: Path) -> None
         contract = lower(render(variant, ARCHS["sm90"], templates, tmp_path), ARCHS["sm90"]).contract
         assert [p.name for p in contract.params if isinstance(p, TensorParam) and p.written] == written, kernel
         assert any(a.kind == "tma" for launch in contract.launches for a in launch.args) is (kernel == "tma_transpose")
+        # A TMA descriptor is encoded (and cached) in Python: such a launcher has no plan for run().
+        source = launcher_source(func="f", doc="", cubin="f.cubin", key="()", contract=contract)
+        assert ("_F_PLAN" in dict(source.contract)) is (kernel != "tma_transpose")

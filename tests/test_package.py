@@ -43,9 +43,9 @@ def test_launch_module_is_stable_abi_and_needs_no_library(small_build: tuple[Bui
     versions = [tuple(map(int, v)) for v in re.findall(rb"GLIBC_(\d+)\.(\d+)", data)]
     assert all(v <= (2, 17) for v in versions), versions
     symbols = set(re.findall(rb"\b(Py[A-Za-z_]+|_Py[A-Za-z_]+)\b", data))
-    # The two underscored names the limited API's own macros use (Py_RETURN_NONE, Py_DECREF); both
-    # are in CPython's stable ABI list (Misc/stable_abi.toml).
-    stable_private = {b"_Py_NoneStruct", b"_Py_Dealloc"}
+    # The underscored names the limited API's own macros use (Py_RETURN_NONE, Py_RETURN_TRUE and
+    # Py_RETURN_FALSE, Py_DECREF); all are in CPython's stable ABI list (Misc/stable_abi.toml).
+    stable_private = {b"_Py_NoneStruct", b"_Py_TrueStruct", b"_Py_FalseStruct", b"_Py_Dealloc"}
     assert symbols and not [s for s in symbols if s.startswith(b"_Py") and s not in stable_private]
 
 

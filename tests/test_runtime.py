@@ -231,3 +231,153 @@ def test_tensor_checks_name_the_argument(package: ModuleType) -> None:
         runtime.check_strides("x", x.t().contiguous().t(), (2048, 1))
     runtime.check_strides("x", torch.empty(0, 2048).t(), (2048, 1))  # empty: never indexed
     runtime.check_strides("x", x[:1, ::1], (2048, 1))
+
+
+# ---- run(): the compiled check and launch in one call, on CPU tensors through the stub driver ----
+
+def _run_setup(package: ModuleType, stub_driver: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch,
+               cooperative: bool = False) -> tuple[ModuleType, ModuleType, bytes, object, bytes]:
+    """(runtime, native, contract, Function, plan) of a per_token_cast-like launch on DLPack's CPU device:
+    strided x rows, a row-major q, scales by an expression of the tokens, a grid of max(...), and one
+    kernel argument of every source (pointers, sizes as int32 and int64, an int and a float scalar)."""
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    native = importlib.import_module("tkc_small_kernels._launch")
+    if not runtime.NATIVE_RUN:
+        pytest.skip("the small package was built without its compiled module")
+    _bind(native, stub_driver)
+    native.set_stream(lambda device: 0x5678 + device)
+    monkeypatch.setattr(runtime, "_DRIVER_LIB", [stub_driver])
+    contract = runtime.contract(
+        (
+            ("x", torch.bfloat16, ("num_tokens", 256), ("x_row_stride", 1)),
+            ("q", torch.float8_e4m3fn, ("num_tokens", 256), runtime.ROW_MAJOR),
+            ("sf", torch.float32, ("(num_tokens + 127) // 128", 2), runtime.ROW_MAJOR),
+        ),
+        sizes=(("num_tokens", "x", "shape", 0, 2**31), ("x_row_stride", "x", "stride", 0, 0)),
+        written=("q", "sf"), alignment=16, device_type=1,
+    )
+    function = runtime.Function(runtime.Cubin("none.cubin"), "k", (128, 2, 1), 512, "QQQiqfd",
+                                cooperative=cooperative)
+    plan = runtime.plan(function, arguments=("x", "q", "sf", "mode", "eps"), tensors=("x", "q", "sf"),
+                        sizes=("num_tokens", "x_row_stride"), grid=("max((num_tokens + 3) // 4, 1)", "3", "1"),
+                        values=("q_ptr", "sf_ptr", "x_ptr", "int(mode)", "x_row_stride", "float(eps)",
+                                "float(eps)"))
+    assert plan is not None
+    return runtime, native, contract, function, plan
+
+
+def _reset(stub_driver: ctypes.CDLL, params: int = 7) -> None:
+    ctypes.c_int.in_dll(stub_driver, "param_count").value = params
+    ctypes.c_int.in_dll(stub_driver, "next_result").value = 0
+    ctypes.c_int.in_dll(stub_driver, "current_device").value = 0
+    ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value = 0
+    ctypes.c_int.in_dll(stub_driver, "seen_num_attrs").value = 0
+
+
+def _launched(stub_driver: ctypes.CDLL) -> bool:
+    return ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value != 0
+
+
+def _token_tensors(tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.randn(tokens, 320).to(torch.bfloat16)[:, :256]
+    return x, torch.empty(tokens, 256, dtype=torch.float8_e4m3fn), torch.empty((tokens + 127) // 128, 2)
+
+
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_run_launches_what_the_python_path_launches(package: ModuleType, stub_driver: ctypes.CDLL,
+                                                    monkeypatch: pytest.MonkeyPatch, cooperative: bool) -> None:
+    runtime, native, contract, function, plan = _run_setup(package, stub_driver, monkeypatch, cooperative)
+    function.handles[0] = 0x1234
+    x, q, sf = _token_tensors(300)
+    _reset(stub_driver)
+    assert native.run(contract, plan, function.handles, x, q, sf, 2, 0.1) is True
+    by_run = _seen(stub_driver)
+    attributes = ctypes.c_int.in_dll(stub_driver, "seen_num_attrs").value
+    # The Python path of a generated launcher: check(), the grid, the values, launch().
+    device, x_ptr, q_ptr, sf_ptr, num_tokens, x_row_stride = runtime.check(contract, x, q, sf)
+    grid = (max((num_tokens + 3) // 4, 1), 3, 1)
+    launch = native.launch_cooperative if cooperative else native.launch
+    _reset(stub_driver)
+    assert launch(0x1234, device, grid, (128, 2, 1), 512, 0x5678 + device, b"QQQiqfd", q_ptr, sf_ptr, x_ptr, 2,
+                  x_row_stride, 0.1, 0.1) == 0
+    assert by_run == _seen(stub_driver)
+    assert by_run[1:3] == (0x5678, (75, 3, 1, 128, 2, 1, 512))
+    assert attributes == ctypes.c_int.in_dll(stub_driver, "seen_num_attrs").value == int(cooperative)
+
+
+def test_run_launches_nothing_for_an_empty_grid(package: ModuleType, stub_driver: ctypes.CDLL,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime, native, contract, function, _ = _run_setup(package, stub_driver, monkeypatch)
+    function.handles[0] = 0x1234
+    plan = runtime.plan(function, arguments=("x", "q", "sf", "mode", "eps"), tensors=("x", "q", "sf"),
+                        sizes=("num_tokens", "x_row_stride"), grid=("(num_tokens + 3) // 4", "3", "1"),
+                        values=("q_ptr", "sf_ptr", "x_ptr", "int(mode)", "x_row_stride", "float(eps)",
+                                "float(eps)"))
+    _reset(stub_driver)
+    assert native.run(contract, plan, function.handles, *_token_tensors(0), 2, 0.1) is True  # `if 0 in grid`
+    assert not _launched(stub_driver)
+
+
+@pytest.mark.parametrize("case", [
+    "no handle yet", "another device's context", "driver error", "x dtype", "q rows", "not a tensor",
+    "mode not an int", "eps not a number", "argument missing", "no plan", "no contract", "truncated plan",
+    "plan version",
+])
+def test_run_declines_what_the_python_path_must_decide(package: ModuleType, stub_driver: ctypes.CDLL,
+                                                       monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """False means the launcher's Python path runs: it names a bad argument, loads the kernel on a new
+    device, switches contexts or reports the driver's error. Nothing is launched, except a launch the
+    driver refused (which never ran, so launching again is safe)."""
+    _, native, contract, _, plan = _run_setup(package, stub_driver, monkeypatch)
+    handles = {0: 0x1234}
+    x, q, sf = _token_tensors(300)
+    args: list[object] = [contract, plan, handles, x, q, sf, 2, 0.1]
+    _reset(stub_driver)
+    if case == "no handle yet":
+        handles.clear()
+    elif case == "another device's context":
+        ctypes.c_int.in_dll(stub_driver, "current_device").value = 1
+    elif case == "driver error":
+        ctypes.c_int.in_dll(stub_driver, "next_result").value = 719
+    elif case == "x dtype":
+        args[3] = x.float()
+    elif case == "q rows":
+        args[4] = q[:299]
+    elif case == "not a tensor":
+        args[5] = sf.tolist()
+    elif case == "mode not an int":
+        args[6] = "2"
+    elif case == "eps not a number":
+        args[7] = None
+    elif case == "argument missing":
+        del args[7]
+    elif case == "no plan":
+        args[1] = None
+    elif case == "no contract":
+        args[0] = None
+    elif case == "truncated plan":
+        args[1] = plan[:-8]
+    elif case == "plan version":
+        args[1] = (9).to_bytes(8, "little") + plan[8:]
+    assert native.run(*args) is False
+    assert _launched(stub_driver) is (case == "driver error")
+
+
+def test_plan_leaves_what_run_cannot_take_to_python(package: ModuleType) -> None:
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    if not runtime.NATIVE_RUN:
+        pytest.skip("the small package was built without its compiled module")
+    cubin = runtime.Cubin("none.cubin")
+
+    def plan(kinds: str, values: tuple[str, ...], grid: tuple[str, ...] = ("n", "1", "1"), **extra: object) -> object:
+        return runtime.plan(runtime.Function(cubin, "k", (32, 1, 1), 0, kinds, **extra), arguments=("x", "n_arg"),
+                            tensors=("x",), sizes=("n",), grid=grid, values=values)
+
+    assert plan("Qi", ("x_ptr", "n")) is not None
+    assert plan("Qi", ("x_ptr", "n"), cluster=(2, 1, 1)) is None  # cuLaunchKernelEx with a cluster: ctypes
+    assert plan("Ti", ("x_ptr", "n")) is None  # a TMA descriptor: encoded in Python
+    assert plan("Qi", ("x_ptr", "n + 1")) is None  # not a pointer, size or scalar argument
+    assert plan("Qi", ("y_ptr", "n")) is None  # not a tensor of the contract
+    assert plan("Qf", ("x_ptr", "int(n_arg)")) is None  # an int where the kernel takes a float
+    assert plan("Qi", ("x_ptr",)) is None  # fewer values than kinds
+    assert plan("Qi", ("x_ptr", "n"), grid=("n ** 2", "1", "1")) is None  # outside the expression grammar

@@ -115,7 +115,7 @@ def test_check_declines_contracts_it_cannot_read(runtime: ModuleType) -> None:
     assert runtime.check(contract[:-8], x, q, sf) is None  # truncated
     assert runtime.check(contract + bytes(8), x, q, sf) is None  # trailing words
     assert runtime.check(contract, x, q) is None  # a tensor short
-    assert contract[:8] == (2).to_bytes(8, "little")  # the format check() reads
+    assert contract[:8] == (3).to_bytes(8, "little")  # the format check() reads
     assert runtime.check((9).to_bytes(8, "little") + contract[8:], x, q, sf) is None  # another version
 
 
@@ -137,9 +137,9 @@ def test_expressions_follow_python_arithmetic(runtime: ModuleType) -> None:
 
 
 def test_expressions_outside_the_grammar_are_refused(runtime: ModuleType) -> None:
-    with pytest.raises(ValueError, match="not a sum, product or floor quotient"):
+    with pytest.raises(ValueError, match="not a sum, product, floor quotient, max or min"):
         runtime.contract((("t", torch.int8, ("n ** 2",), None),), sizes=(("n", "t", "shape", 0, 0),))
-    with pytest.raises(ValueError, match="not a sum, product or floor quotient"):
+    with pytest.raises(ValueError, match="not a sum, product, floor quotient, max or min"):
         runtime.contract((("t", torch.int8, ("m",), None),), sizes=(("n", "t", "shape", 0, 0),))
 
 
@@ -188,8 +188,9 @@ def test_check_agrees_with_the_python_checks_on_random_views(runtime: ModuleType
 
 def test_generated_launchers_hold_a_contract_and_decline_cpu_tensors(small_package: ModuleType,
                                                                      runtime: ModuleType) -> None:
-    """Each launcher module packs one contract per variant at import; CPU tensors are refused by the
-    Python checks with the usual error, not accepted by the CUDA contract."""
+    """Each launcher module packs one contract and one plan per variant at import; CPU tensors are
+    declined by run() and refused by the Python checks with the usual error, not accepted by the CUDA
+    contract."""
     errors = importlib.import_module("tkc_small_kernels.errors")
     kernel = runtime.get_kernel("per_token_cast")
     launch = kernel.select(in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128, round_sf=True,
@@ -197,8 +198,11 @@ def test_generated_launchers_hold_a_contract_and_decline_cpu_tensors(small_packa
     module = importlib.import_module(launch.__module__)
     contract = getattr(module, f"_{launch.__name__.upper()}_CONTRACT")
     assert isinstance(contract, bytes) and len(contract) % 8 == 0
+    plan = getattr(module, f"_{launch.__name__.upper()}_PLAN")
+    assert isinstance(plan, bytes) and len(plan) % 8 == 0
     x, q, _ = token_tensors(tokens=4)
     assert runtime.check(contract, x.contiguous(), q, torch.empty(4, 16)) is None
+    assert runtime.run(contract, plan, {0: 1}, x.contiguous(), q, torch.empty(4, 16), 0) is False
     with pytest.raises((errors.KernelArgumentError, errors.NoGpuError), match="^x: "):
         launch(x.contiguous(), q, torch.empty(4, 16), 0)
 
@@ -255,3 +259,17 @@ def test_compiled_overlap_check_agrees_with_check_disjoint(runtime: ModuleType) 
         declined += raised
         accepted += not raised
     assert declined > 50 and accepted > 50
+
+
+def test_expressions_take_max_and_min_of_two(runtime: ModuleType) -> None:
+    """Grids like max(num_tokens, num_expanded_tokens), as the launchers' Python spells them."""
+    for a, b in ((0, 5), (7, 3), (4, 4)):
+        for text, value in (("max(a, b)", max(a, b)), ("min(a + 1, b) * 2", min(a + 1, b) * 2)):
+            contract = runtime.contract(
+                (("s", torch.int8, ("a", "b"), runtime.ROW_MAJOR), ("t", torch.int8, (text,), None)),
+                sizes=(("a", "s", "shape", 0, 0), ("b", "s", "shape", 1, 0)), alignment=1, device_type=KDL_CPU)
+            s = torch.empty(a, b, dtype=torch.int8)
+            assert runtime.check(contract, s, torch.empty(value, dtype=torch.int8)) is not None, text
+            assert runtime.check(contract, s, torch.empty(value + 1, dtype=torch.int8)) is None, text
+    with pytest.raises(ValueError, match="max or min"):
+        runtime.contract((("t", torch.int8, ("max(n, 1, 2)",), None),), sizes=(("n", "t", "shape", 0, 0),))

@@ -41,7 +41,8 @@ class LauncherSource:
     cubin: str
     key: str
     functions: tuple[tuple[str, str], ...]  # (variable, Function(...) expression) per launch, host order
-    contract: tuple[tuple[str, str], ...] = ()  # (variable, contract(...) source lines) for the compiled check
+    # (variable, source) of the contract(...) of the compiled check and the plan(...) of run()
+    contract: tuple[tuple[str, str], ...] = ()
 
 
 def torch_dtype(name: str) -> str:
@@ -323,6 +324,25 @@ def _launch_lines(launch: Launch, function_var: str) -> list[str]:
     ]
 
 
+def _plan_source(contract: LaunchContract, function_var: str) -> str | None:
+    """The ``plan(...)`` call that packs the launch for ``_launch.run``; None where the launcher has
+    no single plain launch (several kernels, clusters and TMA descriptors take the Python path)."""
+    tensors = [p.name for p in contract.params if isinstance(p, TensorParam)]
+    if len(contract.launches) != 1 or contract.tma or not tensors or contract.launches[0].cluster is not None:
+        return None
+    launch = contract.launches[0]
+    return "\n".join([
+        "plan(",
+        f"    {function_var},",
+        f"    arguments={_quoted(tuple(p.name for p in contract.params))},",
+        f"    tensors={_quoted(tuple(tensors))},",
+        f"    sizes={_quoted(tuple(s.name for s in contract.sizes))},",
+        f"    grid={_quoted(tuple(launch.grid))},",
+        f"    values={_quoted(tuple(_launch_values(launch)))},",
+        ")",
+    ])
+
+
 def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract,
                     alignment: int = 16) -> LauncherSource:
     """The launcher function of one variant."""
@@ -332,11 +352,22 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
         function_vars = [f"{cubin_var}_KERNEL"]
     elif len(set(function_vars)) != len(function_vars):  # one kernel launched twice: number them
         function_vars = [f"{cubin_var}_LAUNCH{i}" for i in range(len(contract.launches))]
+    has_tensors = any(isinstance(p, TensorParam) for p in contract.params)
     slow = _tensor_checks(contract.params, contract) + _size_limits(contract)
     python_checks = [*_fast_checks(contract, alignment), "if not fast:", *(f"    {line}" for line in slow)]
     contract_var = f"{cubin_var}_CONTRACT"
     body = _checked_lines(contract, contract_var, python_checks)
-    has_tensors = any(isinstance(p, TensorParam) for p in contract.params)
+    module_vars = [(contract_var, _contract_source(contract, alignment))] if has_tensors else []
+    plan = _plan_source(contract, function_vars[0])
+    if plan is not None:
+        plan_var = f"{cubin_var}_PLAN"
+        module_vars.append((plan_var, plan))
+        tensors = ", ".join(p.name for p in contract.params)
+        body = [
+            f"if run({contract_var}, {plan_var}, {function_vars[0]}.handles, {tensors}):",
+            "    return  # checked and launched by the compiled module in one call",
+            *body,
+        ]
     for i, launch in enumerate(contract.launches):
         grid = ", ".join(launch.grid)
         body.append(f"grid = ({grid})")
@@ -354,5 +385,5 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
         cubin=cubin,
         key=key,
         functions=tuple((var, _function(launch, cubin_var)) for var, launch in zip(function_vars, contract.launches)),
-        contract=((contract_var, _contract_source(contract, alignment)),) if has_tensors else (),
+        contract=tuple(module_vars),
     )

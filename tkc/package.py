@@ -140,6 +140,7 @@ def _kernel_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, 
         kernel=kernel, variants=launchers, keys=repr(kernel.grid_keys),
         uses_errors=any("KernelArgumentError" in line for v in launchers for line in v.body),
         uses_cooperative=any("launch_cooperative(" in line for v in launchers for line in v.body),
+        uses_run=any(line.startswith("if run(") for v in launchers for line in v.body),
     )
 
 

@@ -18,6 +18,11 @@
  * that _runtime.contract() packed once per variant at import. check() only ever accepts: on
  * anything it does not like it returns None and the launcher's Python checks decide, and
  * raise errors that name the argument.
+ *
+ * run() is both in one call, and what the generated launchers try first: check(), then the
+ * grid, the kernel arguments and the launch as _runtime.plan() packed them once per variant.
+ * Reading check()'s results back into Python, building the grid and argument tuples and
+ * calling launch() cost about as much as the check itself.
  */
 #define PY_SSIZE_T_CLEAN
 #define Py_LIMITED_API 0x030A0000
@@ -236,7 +241,7 @@ typedef struct DLManagedTensor {
 
 static PyObject *to_dlpack; /* torch._C._to_dlpack, set by set_dlpack() */
 
-#define CONTRACT_VERSION 2
+#define CONTRACT_VERSION 3
 #define MAX_TENSORS 32
 #define MAX_SIZES 32
 #define MAX_STACK 16
@@ -253,6 +258,8 @@ static PyObject *to_dlpack; /* torch._C._to_dlpack, set by set_dlpack() */
 #define OP_MUL 5
 #define OP_FLOORDIV 6
 #define OP_MOD 7
+#define OP_MAX 8
+#define OP_MIN 9
 
 /* Reads words from the packed contract; every read is bounds-checked, so a malformed contract
  * makes check() decline instead of reading past the buffer. */
@@ -287,6 +294,8 @@ static int eval(Reader *r, const int64_t *sizes, int64_t n_sizes, int64_t *out) 
         case OP_ADD: v = a + b; break;
         case OP_SUB: v = a - b; break;
         case OP_MUL: v = a * b; break;
+        case OP_MAX: v = a > b ? a : b; break;
+        case OP_MIN: v = a < b ? a : b; break;
         case OP_FLOORDIV:
         case OP_MOD: {
             if (b == 0) return -1;
@@ -413,6 +422,33 @@ static int matches(const int64_t *words, Py_ssize_t n_words, DLTensor *const *te
     return disjoint(tensors, n_tensors, written);
 }
 
+/* Exports tensors[0..n) through DLPack into capsules (the caller drops them with release())
+ * and views; how many were exported: fewer than n when one is not a tensor or has a dtype
+ * DLPack lacks (the error is left for the caller to clear). */
+static Py_ssize_t export_tensors(PyObject *const *objects, const Py_ssize_t *positions, Py_ssize_t n,
+                                 PyObject **capsules, DLTensor **tensors) {
+    Py_ssize_t held = 0;
+    for (; held < n; held++) {
+        PyObject *object = objects[positions == NULL ? held : positions[held]];
+        capsules[held] = PyObject_CallFunctionObjArgs(to_dlpack, object, NULL);
+        if (capsules[held] == NULL) break;
+        DLManagedTensor *managed = PyCapsule_GetPointer(capsules[held], "dltensor");
+        if (managed == NULL) {
+            Py_DECREF(capsules[held]);
+            break;
+        }
+        tensors[held] = &managed->dl_tensor;
+    }
+    return held;
+}
+
+/* The capsules' destructor calls the DLPack deleter, which drops torch's reference. */
+static void release(PyObject **capsules, Py_ssize_t held) {
+    for (Py_ssize_t i = 0; i < held; i++) Py_DECREF(capsules[i]);
+}
+
+static uintptr_t address_of(const DLTensor *t) { return (uintptr_t)t->data + (uintptr_t)t->byte_offset; }
+
 /* check(contract, *tensors) -> (device, *data_pointers, *sizes), or None
  *
  * contract: the bytes _runtime.contract() packed (None: there is none, e.g. a dtype this
@@ -427,38 +463,184 @@ static PyObject *check(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (n_tensors < 1 || n_tensors > MAX_TENSORS || length % 8) Py_RETURN_NONE;
     PyObject *capsules[MAX_TENSORS];
     DLTensor *tensors[MAX_TENSORS];
-    Py_ssize_t held = 0;
     PyObject *result = NULL;
     int64_t sizes[MAX_SIZES], n_sizes = 0;
-    for (; held < n_tensors; held++) {
-        capsules[held] = PyObject_CallFunctionObjArgs(to_dlpack, args[1 + held], NULL);
-        if (capsules[held] == NULL) break; /* not a tensor, or a dtype DLPack lacks */
-        DLManagedTensor *managed = PyCapsule_GetPointer(capsules[held], "dltensor");
-        if (managed == NULL) {
-            Py_DECREF(capsules[held]);
-            break;
-        }
-        tensors[held] = &managed->dl_tensor;
-    }
+    Py_ssize_t held = export_tensors(args + 1, NULL, n_tensors, capsules, tensors);
     if (held == n_tensors &&
         matches((const int64_t *)buffer, length / 8, tensors, n_tensors, sizes, &n_sizes) == 0) {
         result = PyTuple_New(1 + n_tensors + n_sizes);
         if (result != NULL) {
             PyTuple_SetItem(result, 0, PyLong_FromLong(tensors[0]->device.device_id));
-            for (Py_ssize_t i = 0; i < n_tensors; i++) {
-                uintptr_t address = (uintptr_t)tensors[i]->data + (uintptr_t)tensors[i]->byte_offset;
-                PyTuple_SetItem(result, 1 + i, PyLong_FromUnsignedLongLong(address));
-            }
+            for (Py_ssize_t i = 0; i < n_tensors; i++)
+                PyTuple_SetItem(result, 1 + i, PyLong_FromUnsignedLongLong(address_of(tensors[i])));
             for (int64_t i = 0; i < n_sizes; i++) PyTuple_SetItem(result, 1 + n_tensors + i, PyLong_FromLongLong(sizes[i]));
         }
     }
-    /* The capsules' destructor calls the DLPack deleter, which drops torch's reference. */
-    for (Py_ssize_t i = 0; i < held; i++) Py_DECREF(capsules[i]);
+    release(capsules, held);
     if (result == NULL) {
         PyErr_Clear(); /* declined, not failed: the Python checks will name the problem */
         Py_RETURN_NONE;
     }
     return result;
+}
+
+/* ---- run(): check, grid, stream and launch in one call ----------------------------------- */
+
+static PyObject *stream_getter; /* torch._C._cuda_getCurrentRawStream, set by set_stream() */
+
+#define PLAN_VERSION 1
+/* Where a kernel argument comes from (plan words: source, index, kind letter). */
+#define FROM_POINTER 0 /* the data pointer of tensor slot index */
+#define FROM_SIZE 1    /* runtime size index, as check() read it */
+#define FROM_ARGUMENT 2 /* the launcher's argument at position index (a scalar: int(...) or float(...)) */
+
+/* Writes an integer the launcher computed (a pointer or a size) into its slot, within the range
+ * of the parameter kind; -1 where it does not fit (the Python path then raises). */
+static int pack_integer(char kind, int64_t v, uint64_t *slot) {
+    switch (kind) {
+    case 'Q': if (v < 0) return -1; *slot = (uint64_t)v; return 0;
+    case 'q': memcpy(slot, &v, 8); return 0;
+    case 'i': case 'I': {
+        if (kind == 'i' ? (v < INT32_MIN || v > INT32_MAX) : (v < 0 || v > UINT32_MAX)) return -1;
+        uint32_t bits = (uint32_t)v;
+        memcpy(slot, &bits, 4);
+        return 0;
+    }
+    default: return -1;
+    }
+}
+
+/* A plan's launch configuration (the Function's block, shared memory and cooperative flag). */
+typedef struct {
+    int64_t cooperative, smem, block[3];
+} Config;
+
+/* The launch after check(): grid from the sizes, handle of the device, arguments, stream,
+ * launch. 1: launched (or nothing to launch); 0: declined (no handle yet, a value out of range,
+ * another device's context, a driver error: the Python path retries and reports). */
+static int launch_planned(Reader *r, PyObject *const *arguments, Py_ssize_t n_arguments, PyObject *handles,
+                          DLTensor *const *tensors, Py_ssize_t n_tensors, const int64_t *sizes, int64_t n_sizes) {
+    Config c;
+    if (next(r, &c.cooperative) || next(r, &c.block[0]) || next(r, &c.block[1]) || next(r, &c.block[2]) ||
+        next(r, &c.smem))
+        return 0;
+    unsigned grid[3];
+    int empty = 0;
+    for (int d = 0; d < 3; d++) {
+        int64_t g;
+        if (eval(r, sizes, n_sizes, &g) || g < 0 || g > (int64_t)UINT32_MAX) return 0;
+        grid[d] = (unsigned)g;
+        empty |= g == 0;
+    }
+    int64_t n_values;
+    if (next(r, &n_values) || n_values < 0 || n_values > MAX_ARGS) return 0;
+    if (empty) return r->left == 3 * n_values; /* an empty input: nothing to launch, as `if 0 in grid` */
+    int device = tensors[0]->device.device_id;
+    PyObject *device_object = PyLong_FromLong(device);
+    if (device_object == NULL) return 0;
+    PyObject *handle = PyDict_GetItem(handles, device_object); /* borrowed; NULL: first launch here */
+    void *kernel = handle == NULL ? NULL : PyLong_AsVoidPtr(handle);
+    uint64_t slots[MAX_ARGS];
+    void *params[MAX_ARGS];
+    int ok = kernel != NULL;
+    for (int64_t i = 0; ok && i < n_values; i++) {
+        int64_t source, index, kind;
+        if (next(r, &source) || next(r, &index) || next(r, &kind)) {
+            ok = 0;
+        } else if (source == FROM_POINTER) {
+            ok = index >= 0 && index < n_tensors &&
+                 pack_integer((char)kind, (int64_t)address_of(tensors[index]), &slots[i]) == 0;
+            params[i] = &slots[i];
+        } else if (source == FROM_SIZE) {
+            ok = index >= 0 && index < n_sizes && pack_integer((char)kind, sizes[index], &slots[i]) == 0;
+            params[i] = &slots[i];
+        } else if (source == FROM_ARGUMENT && index >= 0 && index < n_arguments && kind != 'T') {
+            ok = pack((char)kind, arguments[index], &slots[i], &params[i], (Py_ssize_t)i) == 0;
+        } else {
+            ok = 0;
+        }
+    }
+    void *stream = NULL;
+    if (ok && r->left == 0) {
+        PyObject *s = PyObject_CallFunctionObjArgs(stream_getter, device_object, NULL);
+        stream = s == NULL ? NULL : PyLong_AsVoidPtr(s);
+        ok = s != NULL && !PyErr_Occurred();
+        Py_XDECREF(s);
+    } else {
+        ok = 0;
+    }
+    Py_DECREF(device_object);
+    int current;
+    if (!ok || (cu_ctx_get_device(&current) == 0 && current != device)) return 0;
+    int result;
+    if (c.cooperative) {
+        launch_attribute attribute = {CU_LAUNCH_ATTRIBUTE_COOPERATIVE, {0}, {1}};
+        launch_config config = {{grid[0], grid[1], grid[2]},
+                                {(unsigned)c.block[0], (unsigned)c.block[1], (unsigned)c.block[2]},
+                                (unsigned)c.smem, stream, &attribute, 1};
+        result = cu_launch_kernel_ex(&config, kernel, params, NULL);
+    } else {
+        result = cu_launch_kernel(kernel, grid[0], grid[1], grid[2], (unsigned)c.block[0], (unsigned)c.block[1],
+                                  (unsigned)c.block[2], (unsigned)c.smem, stream, params, NULL);
+    }
+    return result == 0; /* a launch the driver refused never ran: the Python path may launch again */
+}
+
+/* run(contract, plan, handles, *arguments) -> True when launched, else False
+ *
+ * A launcher's whole fast path in one call: check() of the tensor arguments against the
+ * contract, then the grid from the runtime sizes, the kernel arguments in the cubin's order,
+ * torch's current stream of the tensors' device and cuLaunchKernel (cuLaunchKernelEx for a
+ * cooperative kernel), all as _runtime.plan() packed them. handles: the Function's dict of
+ * device -> kernel handle. False never means "invalid", only "not here": the launcher's
+ * Python path then checks (naming the argument), loads the kernel on a new device, switches
+ * contexts or reports the driver's error. */
+static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 3 || args[0] == Py_None || args[1] == Py_None || to_dlpack == NULL || stream_getter == NULL ||
+        cu_launch_kernel == NULL || cu_launch_kernel_ex == NULL || !PyDict_Check(args[2]))
+        Py_RETURN_FALSE;
+    char *contract, *plan;
+    Py_ssize_t contract_length, plan_length;
+    if (PyBytes_AsStringAndSize(args[0], &contract, &contract_length) ||
+        PyBytes_AsStringAndSize(args[1], &plan, &plan_length))
+        return NULL;
+    if (contract_length % 8 || plan_length % 8) Py_RETURN_FALSE;
+    PyObject *const *arguments = args + 3;
+    Py_ssize_t n_arguments = nargs - 3;
+    Reader r = {(const int64_t *)plan, plan_length / 8};
+    int64_t version, expected, n_tensors;
+    if (next(&r, &version) || version != PLAN_VERSION || next(&r, &expected) || expected != n_arguments ||
+        next(&r, &n_tensors) || n_tensors < 1 || n_tensors > MAX_TENSORS)
+        Py_RETURN_FALSE;
+    Py_ssize_t positions[MAX_TENSORS];
+    for (int64_t i = 0; i < n_tensors; i++) {
+        int64_t position;
+        if (next(&r, &position) || position < 0 || position >= n_arguments) Py_RETURN_FALSE;
+        positions[i] = (Py_ssize_t)position;
+    }
+    PyObject *capsules[MAX_TENSORS];
+    DLTensor *tensors[MAX_TENSORS];
+    int64_t sizes[MAX_SIZES], n_sizes = 0;
+    Py_ssize_t held = export_tensors(arguments, positions, (Py_ssize_t)n_tensors, capsules, tensors);
+    int launched = held == n_tensors &&
+                   matches((const int64_t *)contract, contract_length / 8, tensors, held, sizes, &n_sizes) == 0 &&
+                   launch_planned(&r, arguments, n_arguments, args[2], tensors, held, sizes, n_sizes);
+    release(capsules, held);
+    PyErr_Clear(); /* declined, not failed: the Python path will name the problem */
+    if (launched) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+/* set_stream(torch._C._cuda_getCurrentRawStream): the stream getter run() calls with the device. */
+static PyObject *set_stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "set_stream(torch._C._cuda_getCurrentRawStream)");
+        return NULL;
+    }
+    Py_XDECREF(stream_getter);
+    Py_INCREF(args[0]);
+    stream_getter = args[0];
+    Py_RETURN_NONE;
 }
 
 /* set_dlpack(torch._C._to_dlpack): the export check() calls once per tensor. */
@@ -497,6 +679,11 @@ static PyMethodDef methods[] = {
      "the current context is another device's."},
     {"check", (PyCFunction)(void (*)(void))check, METH_FASTCALL,
      "check(contract, *tensors) -> (device, *data_pointers, *sizes), or None where the Python checks must decide."},
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+     "run(contract, plan, handles, *arguments) -> True when checked and launched, False where the Python path must "
+     "decide."},
+    {"set_stream", (PyCFunction)(void (*)(void))set_stream, METH_FASTCALL,
+     "set_stream(torch._C._cuda_getCurrentRawStream): the stream getter run() calls with the device index."},
     {"set_dlpack", (PyCFunction)(void (*)(void))set_dlpack, METH_FASTCALL,
      "set_dlpack(torch._C._to_dlpack): the DLPack export check() reads tensors through."},
     {"dlpack_dtype", (PyCFunction)(void (*)(void))dlpack_dtype, METH_FASTCALL,

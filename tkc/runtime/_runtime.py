@@ -8,9 +8,12 @@ Copied verbatim by tkc into every generated package; it needs only torch and
   and each cubin costs nothing until a variant of it runs;
 - ``check_tensor`` validates an argument against the lowered contract and
   names the argument in every error;
-- ``launch`` is the hot path: one call of the compiled ``_launch`` module (see
-  ``_launch.c``; the same through ctypes where the package has none) on torch's
-  current stream of the tensors' device;
+- ``run`` is the hot path: one call of the compiled ``_launch`` module (see
+  ``_launch.c``) that checks the tensors against the variant's ``contract`` and launches
+  as its ``plan`` says, on torch's current stream of the tensors' device;
+- ``check`` and ``launch`` are the same two steps apart, for the launchers' Python path
+  (a first launch, errors, a package without the compiled module: then ``launch`` goes
+  through ctypes);
 - ``Function`` holds one kernel's launch configuration, its handle per device, and
   the rare paths (first launch, another device's context, launch attributes, errors);
 - ``Kernel.select`` maps compile-time parameters to a variant's launcher.
@@ -23,6 +26,7 @@ import ast
 import ctypes
 import functools
 import importlib
+import re
 import struct
 import threading
 from collections.abc import Callable, Sequence
@@ -415,10 +419,11 @@ launch_cooperative = _launch_cooperative
 # a dtype this torch cannot export, a wrong argument), and the launcher's Python checks decide.
 
 ROW_MAJOR = "row_major"  # a contract layout: the strides Tensor.is_contiguous() accepts
-_CONTRACT_VERSION = 2
+_CONTRACT_VERSION = 3
 _KDL_CUDA = 2  # DLDeviceType of CUDA memory
 _LAYOUTS = {ROW_MAJOR: 1, None: 2}  # strides given per dimension: 0
 _OPS = {ast.Add: 3, ast.Sub: 4, ast.Mult: 5, ast.FloorDiv: 6, ast.Mod: 7}
+_CALLS = {"max": 8, "min": 9}  # of two arguments
 _OP_CONST, _OP_SIZE = 1, 2
 _dlpack_dtypes: dict[torch.dtype, int | None] = {}
 _to_dlpack = getattr(torch._C, "_to_dlpack", None)
@@ -431,7 +436,8 @@ def _no_check(contract: bytes | None, *tensors: Any) -> tuple[int, ...] | None:
 NATIVE_CHECK = _native is not None and _to_dlpack is not None and hasattr(_native, "check")
 if NATIVE_CHECK:
     _native.set_dlpack(_to_dlpack)
-# What the generated launchers call first: check(contract, *tensors) -> (device, *pointers, *sizes) or None.
+# What the generated launchers call when run() declined: check(contract, *tensors) -> (device, *pointers,
+# *sizes) or None.
 check: Callable[..., tuple[int, ...] | None] = _native.check if NATIVE_CHECK else _no_check
 
 
@@ -447,8 +453,8 @@ def _dlpack_dtype(dtype: torch.dtype) -> int | None:
 
 @functools.cache
 def _expression(text: str, sizes: tuple[str, ...]) -> tuple[int, ...]:
-    """A shape or stride expression (``"((num_tokens + 127) - 127) // 128"``) in reverse Polish
-    (op, operand) pairs over the size slots; raises ValueError for anything else."""
+    """A shape, stride or grid expression (``"((num_tokens + 127) - 127) // 128"``, ``max(a, b)``) in
+    reverse Polish (op, operand) pairs over the size slots; raises ValueError for anything else."""
     out: list[int] = []
 
     def emit(node: ast.AST) -> None:
@@ -460,8 +466,13 @@ def _expression(text: str, sizes: tuple[str, ...]) -> tuple[int, ...]:
             emit(node.left)
             emit(node.right)
             out.extend((_OPS[type(node.op)], 0))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS
+              and len(node.args) == 2 and not node.keywords):
+            emit(node.args[0])
+            emit(node.args[1])
+            out.extend((_CALLS[node.func.id], 0))
         else:
-            raise ValueError(f"{text!r}: not a sum, product or floor quotient of sizes and integers")
+            raise ValueError(f"{text!r}: not a sum, product, floor quotient, max or min of sizes and integers")
 
     emit(ast.parse(text, mode="eval").body)
     return (len(out) // 2, *out)
@@ -501,6 +512,52 @@ def contract(
         for item in (*shape, *(strides if layout == 0 else ())):  # type: ignore[misc]
             words += (1, _OP_CONST, item) if isinstance(item, int) else _expression(item, names)
     return array.array("q", words).tobytes()
+
+
+_PLAN_VERSION = 1
+_FROM_POINTER, _FROM_SIZE, _FROM_ARGUMENT = 0, 1, 2  # where a kernel argument comes from (_launch.c)
+_POINTER = re.compile(r"(\w+)_ptr")
+_SCALAR = re.compile(r"(?:int|float)\((\w+)\)")
+
+
+def plan(function: Function, arguments: Sequence[str], tensors: Sequence[str], sizes: Sequence[str],
+         grid: Sequence[str], values: Sequence[str]) -> bytes | None:
+    """The launch after a passed check, packed for run() (``_launch.run``); None where run() cannot take it.
+
+    The generated launcher's own fast path, as data: ``arguments`` its parameters, ``tensors``
+    the contract's tensors and ``sizes`` its runtime sizes (both in the contract's order),
+    ``grid`` three expressions of the sizes, ``values`` the kernel arguments in the cubin's
+    order as the launcher spells them (``x_ptr``, a size, ``int(mode)``, ``float(eps)``). A
+    cluster launch, a TMA descriptor or anything else these do not describe gets None, and the
+    launcher's Python path launches it.
+    """
+    if not NATIVE_RUN or function.cluster is not None or len(values) != len(function.kinds):
+        return None
+    words = [_PLAN_VERSION, len(arguments), len(tensors), *(arguments.index(t) for t in tensors),
+             int(function.cooperative), *function.block, function.smem]
+    try:
+        for text in grid:
+            words += _expression(text, tuple(sizes))
+    except ValueError:
+        return None
+    words.append(len(values))
+    for text, kind in zip(values, function.kinds.decode()):
+        pointer, scalar = _POINTER.fullmatch(text), _SCALAR.fullmatch(text)
+        if kind == "T":
+            return None  # a tensor map is encoded in Python (tensor_map's cache)
+        if pointer and pointer[1] in tensors:
+            words += (_FROM_POINTER, tensors.index(pointer[1]), ord(kind))
+        elif text in sizes:
+            words += (_FROM_SIZE, sizes.index(text), ord(kind))
+        elif scalar and scalar[1] in arguments and text.startswith("float") == (kind in "fd"):
+            words += (_FROM_ARGUMENT, arguments.index(scalar[1]), ord(kind))
+        else:
+            return None
+    return array.array("q", words).tobytes()
+
+
+def _no_run(contract: bytes | None, plan: bytes | None, handles: dict[int, int], *arguments: Any) -> bool:
+    return False  # no compiled run: the launcher's Python path launches
 
 
 class Cubin:
@@ -621,6 +678,13 @@ else:  # pragma: no cover - older torch
     def _current_stream(index: int) -> int:
         return int(torch.cuda.current_stream(index).cuda_stream)
 current_stream = _current_stream  # for the generated launchers
+
+NATIVE_RUN = NATIVE_CHECK and hasattr(_native, "run")
+if NATIVE_RUN:
+    _native.set_stream(_current_stream)
+# What the generated launchers call first: run(contract, plan, handles, *arguments) -> True when the
+# compiled module checked the tensors and launched; False where the Python path must (see plan()).
+run: Callable[..., bool] = _native.run if NATIVE_RUN else _no_run
 
 
 class Kernel:

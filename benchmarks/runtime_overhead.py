@@ -47,17 +47,19 @@ def host_us(fn: Callable[[], object], calls: int = CALLS) -> float:
     return statistics.median(samples)
 
 
-def with_global(launcher: Callable[..., None], name: str, value: object, *args: object) -> Callable[[], None]:
-    """A call of a generated launcher with one of its module's globals (``launch``, ``check``) swapped."""
+def with_globals(launcher: Callable[..., None], swaps: dict[str, object], *args: object) -> Callable[[], None]:
+    """A call of a generated launcher with some of its module's globals (``run``, ``check``, ``launch``) swapped;
+    ``run`` only where the module has it (a package from before run())."""
     namespace = vars(sys.modules[launcher.__module__])
+    swaps = {name: value for name, value in swaps.items() if name in namespace}
 
     def call() -> None:
-        kept = namespace[name]
-        namespace[name] = value
+        kept = {name: namespace[name] for name in swaps}
+        namespace.update(swaps)
         try:
             launcher(*args)
         finally:
-            namespace[name] = kept
+            namespace.update(kept)
 
     return call
 
@@ -66,14 +68,23 @@ def _runtime_of(launcher: Callable[..., None]) -> ModuleType:
     return sys.modules[launcher.__module__.rsplit(".", 2)[0] + "._runtime"]
 
 
+def _no_run(*args: object) -> bool:
+    return False
+
+
 def through_ctypes(launcher: Callable[..., None], *args: object) -> Callable[[], None]:
     """A call of a generated launcher on the launch path of a package built without the compiled module."""
-    return with_global(launcher, "launch", _runtime_of(launcher)._ctypes_launch, *args)
+    return with_globals(launcher, {"run": _no_run, "launch": _runtime_of(launcher)._ctypes_launch}, *args)
 
 
 def python_checks(launcher: Callable[..., None], *args: object) -> Callable[[], None]:
-    """A call of a generated launcher with its tensors checked in Python (the compiled check declining)."""
-    return with_global(launcher, "check", _runtime_of(launcher)._no_check, *args)
+    """A call of a generated launcher with its tensors checked in Python (run() and the compiled check declining)."""
+    return with_globals(launcher, {"run": _no_run, "check": _runtime_of(launcher)._no_check}, *args)
+
+
+def without_run(launcher: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A call of a generated launcher that skips run(): the compiled check, then the launch from Python."""
+    return with_globals(launcher, {"run": _no_run}, *args)
 
 
 def ops() -> dict[str, Callable[[], object]]:
@@ -93,6 +104,8 @@ def ops() -> dict[str, Callable[[], object]]:
     q = torch.empty(1, 2048, device="cuda", dtype=torch.float8_e4m3fn)
     sf = torch.empty(1, 16, device="cuda")
     out["per_token_cast launcher only"] = lambda: launch(x, q, sf, 0)  # mode 0: cast
+    if getattr(tk._runtime, "NATIVE_RUN", False):
+        out["per_token_cast launcher only, check and launch apart"] = without_run(launch, x, q, sf, 0)
     if tk._runtime.NATIVE_LAUNCH:
         out["per_token_cast launcher only, ctypes fallback"] = through_ctypes(launch, x, q, sf, 0)
     if getattr(tk._runtime, "NATIVE_CHECK", False):

@@ -24,13 +24,23 @@ def _contract(launch: object) -> bytes | None:
     return getattr(module, f"_{launch.__name__.upper()}_CONTRACT")
 
 
+def _plan(launch: object) -> bytes | None:
+    module = sys.modules[launch.__module__]
+    return getattr(module, f"_{launch.__name__.upper()}_PLAN", None)
+
+
+def _handles(launch: object) -> dict[int, int]:
+    module = sys.modules[launch.__module__]
+    return getattr(module, f"_{launch.__name__.upper()}_KERNEL").handles  # type: ignore[no-any-return]
+
+
 def _per_token_launcher(fmt: str, npc: int) -> object:
     return runtime.get_kernel("per_token_cast").select(in_dtype="bfloat16", hidden=7168, fmt=fmt, npc=npc,
                                                        round_sf=False, sf_layout="row_major")
 
 
 def test_the_package_has_the_compiled_check() -> None:
-    assert runtime.NATIVE_LAUNCH and runtime.NATIVE_CHECK
+    assert runtime.NATIVE_LAUNCH and runtime.NATIVE_CHECK and runtime.NATIVE_RUN
 
 
 @pytest.mark.parametrize(("fmt", "npc"), [("e4m3", 128), ("e2m1", 32)])
@@ -85,3 +95,36 @@ def test_launchers_of_every_kernel_module_hold_contracts() -> None:
             if _contract(launch) is None:
                 empty.append(launch.__name__)
     assert not empty, f"{len(empty)} launchers have no compiled check, e.g. {empty[:3]}"
+
+
+def test_run_launches_what_the_python_path_launches_on_the_current_stream() -> None:
+    """run() after the first launch (which loads the kernel through the Python path): the same codes and
+    scales as the Python path, on the current stream; its declines leave the errors to the Python checks."""
+    launch = _per_token_launcher("e4m3", 128)
+    contract, plan, handles = _contract(launch), _plan(launch), _handles(launch)
+    assert plan is not None
+    x = torch.randn(33, 7680, device="cuda", dtype=torch.bfloat16)[:, :7168] * 100
+    outputs = [(torch.full((33, 7168), 1.0, device="cuda").to(torch.float8_e4m3fn),
+                torch.full((33, 56), float("nan"), device="cuda")) for _ in range(2)]
+    launch(x, *outputs[0], 0)  # the first launch: the Python path loads the kernel on this device
+    assert x.get_device() in handles
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert runtime.run(contract, plan, handles, x, *outputs[1], 0) is True
+    side.synchronize()
+    assert torch.equal(outputs[0][0].view(torch.uint8), outputs[1][0].view(torch.uint8))
+    assert torch.equal(outputs[0][1], outputs[1][1])
+    q, sf = outputs[1]
+    assert runtime.run(contract, plan, handles, x.float(), q, sf, 0) is False
+    assert runtime.run(contract, plan, handles, x, q[:7], sf, 0) is False
+    assert runtime.run(contract, plan, {}, x, q, sf, 0) is False  # no kernel on this device yet
+    assert runtime.run(contract, plan, handles, x[:0], q[:0], sf[:0], 0) is True  # empty: nothing to launch
+
+
+def test_launchers_of_every_kernel_module_hold_plans() -> None:
+    """Every launcher of the catalogue takes run(): one plain or cooperative launch, no TMA descriptor."""
+    info = importlib.import_module("tile_kernels_aot._build_info")
+    missing = [launch.__name__ for name in info.KERNELS for launch in runtime.get_kernel(name).variants.values()
+               if _plan(launch) is None]
+    assert not missing, f"{len(missing)} launchers have no plan for run(), e.g. {missing[:3]}"

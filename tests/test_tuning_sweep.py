@@ -817,3 +817,71 @@ def test_normalize_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPat
     assert rows["base"].note == "baseline == reference", rows["base"].note
     assert rows["vec"].bit_exact and rows["off"].bit_exact is False
     assert round(rows["base"].gb_s * 1e3) == 64 * 8 * 4 + 64 * 4 + 64 * 8 * 4  # weights, denominator, normalized
+
+
+# The eighteenth sweep (sweep18.yaml): block order. kernel -> (shipped value, candidate).
+_SWEEP18_ORDERS = {
+    "per_block_cast": ("column", "row"),
+    "per_channel_cast_fused": ("column", "row"),
+    "per_channel_cast_and_transpose": ("input", "output"),
+    "swiglu_forward_and_per_channel_cast_and_transpose": ("input", "output"),
+}
+
+
+def test_eighteenth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
+    """sweep18.yaml: per_block_cast e4m3 128 x 128 and e2m1 32 x 32, per_channel_cast_fused bf16 plain and gather,
+    per_channel_cast_and_transpose npt 32 / 128 and the transposed SwiGLU per-channel cast npt 32 / 128 at H 7168,
+    each in the shipped block order and the candidate: one baseline per problem, the knob read by every template."""
+    found = _spec_variants("tkc_tuning18")
+    assert len(found) == 16
+    groups = sweep.problems(found)  # raises unless each problem holds exactly one baseline
+    assert len(groups) == 8 and all(len(g) == 2 for g in groups.values())
+    _assert_baselines_are_the_sweeps(found, "tkc_tuning18")
+    assert sweep.SWEEPS["tkc_tuning18"].baselines == {
+        name: {"block_order": shipped} for name, (shipped, _) in _SWEEP18_ORDERS.items()}
+    assert {kernel for kernel, _ in groups} == set(_SWEEP18_ORDERS)
+    for v in found:
+        assert dict(v.knobs)["block_order"] in _SWEEP18_ORDERS[v.kernel]
+        assert not dict(v.problem).get("without_transpose", False)  # not transposed, q is already in order
+    specs = load_specs([TUNING / "sweep18.yaml"], TEMPLATES)
+    for kernel in specs.kernels:  # jinja2 ignores variables a template does not read
+        source = (TEMPLATES / kernel.template).read_text()
+        assert "block_order | default(" in source and "{# knob of benchmarks/tuning/sweep18.yaml #}" in source
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_eighteenth_sweep_defaults_render_the_shipped_kernels(arch: str) -> None:
+    """The shipped block order renders every shipped variant of the four templates byte for byte (the knob's
+    default); the candidate renders something else everywhere (the sweep measures it transposed only)."""
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    for name, (default, candidate) in _SWEEP18_ORDERS.items():
+        kernel = shipped.kernel(name)
+        assert arch in kernel.archs
+        for match in expand(kernel):
+            plain, knobbed = _renders(match, (("block_order", default),), arch)
+            assert knobbed == plain, (match.params, arch)
+            _, other = _renders(match, (("block_order", candidate),), arch)
+            assert other != plain, (match.params, arch)
+
+
+def test_eighteenth_sweep_candidates_render_their_paths() -> None:
+    """row: the grid's two dimensions swapped, channel tiles first (memory order); output: swapped the other way,
+    token tiles first (q's order)."""
+    specs = load_specs([TUNING / "sweep18.yaml"], TEMPLATES)
+    for kernel in specs.kernels:
+        for v in expand(kernel):
+            source = render_source(v, ARCHS["sm90"], TEMPLATES)
+            order = v.param_dict["block_order"]
+            if kernel.name == "per_block_cast":
+                assert ("with T.Kernel(hidden // tile_k, T.ceildiv(num_tokens, block_m), threads=threads) as "
+                        "(pid_k, pid_m):" in source) == (order == "row")
+                assert ("as (pid_m, pid_k):" in source) == (order == "column")
+            elif kernel.name == "per_channel_cast_fused":
+                assert ("with T.Kernel(hidden // TILE_K, T.ceildiv(num_tokens_out, TILE_M), threads=threads) as "
+                        "(pid_k, pid_m):" in source) == (order == "row")
+                assert ("as (pid_m, pid_k):" in source) == (order == "column")
+            else:
+                threads = "THREADS" if kernel.name == "per_channel_cast_and_transpose" else "threads"
+                swapped = f"with T.Kernel(num_tokens // TILE_T, hidden // TILE_H, threads={threads}) as (pid_t, pid_h):"
+                shipped = f"with T.Kernel(hidden // TILE_H, num_tokens // TILE_T, threads={threads}) as (pid_h, pid_t):"
+                assert (swapped in source) == (order == "output") and (shipped in source) == (order == "input")

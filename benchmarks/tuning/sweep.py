@@ -11,6 +11,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning9 --out "$OUT"    # the MoE gates again (sweep9.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning15 --out "$OUT"   # per_block_cast e4m3 (sweep15.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning17 --out "$OUT"   # cast back, normalize_weight (sweep17.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning18 --out "$OUT"   # block order (sweep18.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -163,6 +164,18 @@ SWEEPS["tkc_tuning17"] = Sweep(
     {
         "per_token_cast_back": {"store": "shared", "block_order": "column"},
         "normalize_weight": {"threads": 128, "vector": "scalar"},
+    },
+)
+# The memory-bound kernels under 90% of copy with their blocks in the shipped order (sweep18.yaml): blockIdx.x
+# walks down one column strip (per_block_cast, per_channel_cast_fused) or, for the transposing kernels, the
+# tiles of one input row band (x read in order, q / y written in strips).
+SWEEPS["tkc_tuning18"] = Sweep(
+    "tkc_tuning18", "sweep18.yaml",
+    {
+        "per_block_cast": {"block_order": "column"},
+        "per_channel_cast_fused": {"block_order": "column"},
+        "per_channel_cast_and_transpose": {"block_order": "input"},
+        "swiglu_forward_and_per_channel_cast_and_transpose": {"block_order": "input"},
     },
 )
 DEFAULT_PACKAGE = "tkc_tuning"

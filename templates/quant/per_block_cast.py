@@ -34,12 +34,16 @@ def _outputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Uninitialised (q, sf) for x; also the fake (meta) kernel that torch.compile traces with."""
     num_tokens, hidden = x.shape
-    if fmt == "e4m3":
-        q = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-    else:
-        q = x.new_empty((num_tokens, hidden // 2), dtype=torch.int8)
     sf = x.new_empty(((num_tokens + block_m - 1) // block_m, hidden // block_k), dtype=torch.float32)
-    return q, sf
+    return _codes(x, fmt), sf
+
+
+def _codes(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Uninitialised q for x: e4m3 codes, or e2m1 ones two to an int8."""
+    num_tokens, hidden = x.shape
+    if fmt == "e4m3":
+        return x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    return x.new_empty((num_tokens, hidden // 2), dtype=torch.int8)
 
 
 def _select(x: torch.Tensor, fmt: str, block_m: int, block_k: int, *, round_sf: bool,
@@ -57,7 +61,7 @@ def _cast(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool)
 
 def _q_output(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int) -> torch.Tensor:
     """Uninitialised q for x; also the fake kernel of the precomputed-sf op."""
-    return _outputs(x, fmt, block_m, block_k)[0]
+    return _codes(x, fmt)
 
 
 def _cast_with_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int) -> torch.Tensor:
@@ -172,7 +176,7 @@ def per_block_cast(
     key = _key(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     launch = _CASTS.get(key)
     if launch is not None:
-        q, sf = _outputs(x, fmt, *block_size) if out is None else out_tensors(out, ("q", "sf"))  # type: ignore
+        q, sf = _outputs(x, fmt, *block_size) if out is None else out_tensors(out, ("q", "sf"))  # type: ignore[arg-type]
         try:
             launch(x, q, sf)
             return q, sf
@@ -233,7 +237,7 @@ def per_block_cast_with_precomputed_sf(
     key = _key(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     launch = _GIVEN.get(key)
     if launch is not None:
-        q = _outputs(x, fmt, *block_size)[0] if out is None else out_tensors(out, ("q",))[0]  # type: ignore
+        q = _codes(x, fmt) if out is None else out_tensors(out, ("q",))[0]
         try:
             launch(x, q, sf)
             return q

@@ -54,7 +54,9 @@ def host_us(fn: Callable[[], object], runtimes: list[Any], calls: int) -> float:
 def stubbed_ops(root: Path) -> Iterator[tuple[dict[str, ModuleType], list[Any]]]:
     """(op modules by family/stem, the stub runtimes) of three stub packages, one per family."""
     families = {
-        "quant": ("per_token_cast", "per_token_cast_back"),
+        "quant": ("per_token_cast", "per_token_cast_back", "per_block_cast", "per_channel_cast",
+                  "per_channel_cast_and_transpose", "swiglu_forward_and_per_token_cast",
+                  "swiglu_forward_and_per_channel_cast_and_transpose", "swiglu_backward_and_per_token_cast"),
         "transpose": ("batched_transpose",),
         "moe": ("topk_gate", "gate_top2_sum", "normalize_weight", "expand", "reduce", "fused_mapping"),
     }
@@ -96,6 +98,24 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
     top2_out = moe_top2.top2_sum_gate(*top2_args)
     expand_out = moe_expand.expand_to_fused(xh, pos, p2e)
     reduce_out = moe_reduce.reduce_fused(xe, w, pos)
+    block, channel, transpose = m["quant/per_block_cast"], m["quant/per_channel_cast"], \
+        m["quant/per_channel_cast_and_transpose"]
+    swiglu_fwd = m["quant/swiglu_forward_and_per_token_cast"]
+    swiglu_channel = m["quant/swiglu_forward_and_per_channel_cast_and_transpose"]
+    swiglu_bwd = m["quant/swiglu_backward_and_per_token_cast"]
+    block_out = block.per_block_cast(x, "e4m3", (128, 128))
+    # The per-channel casts need 128 tokens: a narrow hidden keeps their CPU allocations small.
+    xc = torch.randn(128, 256).bfloat16()
+    channel_out = channel.per_channel_cast(xc, "e4m3", 128)
+    transpose_out = transpose.per_channel_cast_and_transpose(xc, "e4m3", 128)
+    xs = torch.randn(1, 2 * 7168).bfloat16()
+    p2t, p2x = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    fwd_args = (xs, "e4m3", 128, p2t, w, p2x)
+    fwd_out = swiglu_fwd.swiglu_forward_and_per_token_cast(*fwd_args)
+    swiglu_channel_out = swiglu_channel.swiglu_forward_and_per_channel_cast_and_transpose(xc, "e4m3", 128)
+    bwd_args = ((torch.zeros(1, 2 * 7168, dtype=torch.float8_e4m3fn), torch.ones(1, 112)),
+                torch.zeros(1, 7168).bfloat16(), w, p2t, torch.zeros(1, 8, dtype=torch.int32), 128)
+    bwd_out = swiglu_bwd.swiglu_backward_and_per_token_cast(*bwd_args)
     return {
         "quant.per_token_cast e4m3/128": lambda: cast.per_token_cast(x, "e4m3", 128),
         "quant.per_token_cast e4m3/128 out=": lambda: cast.per_token_cast(x, "e4m3", 128, out=cast_out),
@@ -107,6 +127,31 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
         "quant.per_token_cast_back e4m3/128 bf16": lambda: back.per_token_cast_back((q, sf), "bf16", 128),
         "quant.per_token_cast_back e4m3/128 bf16 out=": lambda: back.per_token_cast_back((q, sf), "bf16", 128,
                                                                                           out=back_out),
+        "quant.per_block_cast e4m3/128x128": lambda: block.per_block_cast(x, "e4m3", (128, 128)),
+        "quant.per_block_cast e4m3/128x128 out=": lambda: block.per_block_cast(x, "e4m3", (128, 128),
+                                                                              out=block_out),
+        "quant.per_block_cast_with_precomputed_sf e4m3/128x128": lambda: block.per_block_cast_with_precomputed_sf(
+            x, "e4m3", (128, 128), block_out[1]),
+        "quant.per_channel_cast T=128 H=256": lambda: channel.per_channel_cast(xc, "e4m3", 128),
+        "quant.per_channel_cast T=128 H=256 out=": lambda: channel.per_channel_cast(xc, "e4m3", 128,
+                                                                                    out=channel_out),
+        "quant.per_channel_cast_and_transpose T=128 H=256": lambda: transpose.per_channel_cast_and_transpose(
+            xc, "e4m3", 128),
+        "quant.per_channel_cast_and_transpose T=128 H=256 out=": lambda: transpose.per_channel_cast_and_transpose(
+            xc, "e4m3", 128, out=transpose_out),
+        "quant.swiglu_forward_and_per_token_cast weighted": lambda: swiglu_fwd.swiglu_forward_and_per_token_cast(
+            *fwd_args),
+        "quant.swiglu_forward_and_per_token_cast weighted out=": lambda: (
+            swiglu_fwd.swiglu_forward_and_per_token_cast(*fwd_args, out=fwd_out)),
+        "quant.swiglu_forward_and_per_channel_cast_and_transpose T=128": lambda: (
+            swiglu_channel.swiglu_forward_and_per_channel_cast_and_transpose(xc, "e4m3", 128)),
+        "quant.swiglu_forward_and_per_channel_cast_and_transpose T=128 out=": lambda: (
+            swiglu_channel.swiglu_forward_and_per_channel_cast_and_transpose(xc, "e4m3", 128,
+                                                                             out=swiglu_channel_out)),
+        "quant.swiglu_backward_and_per_token_cast": lambda: swiglu_bwd.swiglu_backward_and_per_token_cast(
+            *bwd_args),
+        "quant.swiglu_backward_and_per_token_cast out=": lambda: swiglu_bwd.swiglu_backward_and_per_token_cast(
+            *bwd_args, out=bwd_out),
         "transpose.batched_transpose bf16": lambda: m["transpose/batched_transpose"].batched_transpose(xt),
         "moe.topk_gate E=256 K=8": lambda: moe_gate.topk_gate(scores, 8),
         "moe.top2_sum_gate E=256 K=8 8/4 groups": lambda: moe_top2.top2_sum_gate(*top2_args),

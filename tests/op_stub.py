@@ -142,3 +142,27 @@ class WritingKernel:
             for i in self.written:
                 bits(args[i]).fill_(int.from_bytes(bytes([MARK]) * args[i].element_size(), "little", signed=True))
         return run
+
+
+class CheckingKernel:
+    """A stub kernel whose launchers refuse a tensor argument that is not contiguous, naming it as the
+    real launcher's stride check does (``names``: the kernel's parameters in order), and count
+    their refusals in ``refused``; accepted launches are recorded as the stub records them."""
+
+    def __init__(self, kernel: Any, names: Sequence[str]) -> None:
+        self.kernel, self.keys, self.names, self.refused = kernel, kernel.keys, tuple(names), 0
+
+    def variant(self, *values: Any) -> Any:
+        return self.select(**dict(zip(self.keys, values)))
+
+    def select(self, **values: Any) -> Any:
+        launch = self.kernel.select(**values)
+        errors = importlib.import_module(f"{self.kernel.__module__.split('.')[0]}.errors")
+
+        def run(*args: Any) -> None:
+            for name, t in zip(self.names, args):
+                if isinstance(t, torch.Tensor) and not t.is_contiguous():
+                    self.refused += 1
+                    raise errors.KernelArgumentError(f"{name}: expected a contiguous tensor")
+            launch(*args)
+        return run

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.op_stub import stub_package
+from tests.op_stub import CheckingKernel, stub_package
 
 
 @pytest.fixture(scope="module")
@@ -416,3 +416,252 @@ def test_cast_back_fast_path_stays_out_of_compiled_graphs(quant: tuple[dict[str,
     monkeypatch.setattr(back, "_scale_argument", lambda sf: pytest.fail("sf was inspected while compiling"))
     pair = (torch.zeros(4, 2048, dtype=torch.float8_e4m3fn), torch.ones(16, 4).t())
     assert back._run_cached(pair, "bf16", 128, None) is None
+
+
+# --- the casts' fast paths ------------------------------------------------------------------
+
+CAST_OPS = ("per_block_cast", "per_channel_cast", "per_channel_cast_and_transpose", "swiglu_forward_and_per_token_cast",
+            "swiglu_forward_and_per_channel_cast_and_transpose", "swiglu_backward_and_per_token_cast")
+
+
+@pytest.fixture(scope="module")
+def casts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
+    with stub_package(tmp_path_factory.mktemp("cache_casts"), "cache_casts_pkg", "quant", CAST_OPS) as stubbed:
+        yield stubbed
+
+
+def _bf16(rows: int, width: int) -> torch.Tensor:
+    return torch.zeros(rows, width, dtype=torch.bfloat16)
+
+
+def _backward(op: ModuleType, npc: int = 128, rows: int = 4, **kwargs: Any) -> Any:
+    x = (torch.zeros(rows, 4096, dtype=torch.float8_e4m3fn), torch.ones(rows, 4096 // int(npc)))
+    return op.swiglu_backward_and_per_token_cast(x, _bf16(rows, 2048), torch.rand(2, 2),
+                                                 torch.arange(rows, dtype=torch.int32),
+                                                 torch.arange(4, dtype=torch.int32).view(2, 2), npc, **kwargs)
+
+
+_POS = torch.tensor([0, 1, -1, 3], dtype=torch.int32)
+# (op module, call(op, **out), the grid values its launch must have): each call's signature differs
+# from the others of its op in one option, dtype or width, so a cache keyed on too little would
+# hand it another's launcher.
+FAST_CALLS: list[tuple[str, Any, dict[str, Any]]] = [
+    ("per_block_cast", lambda op, **o: op.per_block_cast(_bf16(3, 2048), "e4m3", (128, 128), **o),
+     dict(in_dtype="bfloat16", hidden=2048, fmt="e4m3", block_m=128, round_sf=False, precomputed_sf=False)),
+    ("per_block_cast", lambda op, **o: op.per_block_cast(_bf16(3, 2048), "e4m3", (128, 128), round_sf=True, **o),
+     dict(round_sf=True, precomputed_sf=False)),
+    ("per_block_cast", lambda op, **o: op.per_block_cast(_bf16(3, 2048), "e2m1", (32, 128), **o),
+     dict(fmt="e2m1", block_m=32)),
+    ("per_block_cast", lambda op, **o: op.per_block_cast(_bf16(3, 4096), "e4m3", (128, 128), **o), dict(hidden=4096)),
+    ("per_block_cast", lambda op, **o: op.per_block_cast(torch.zeros(3, 2048), "e4m3", (128, 128), **o),
+     dict(in_dtype="float32")),
+    ("per_block_cast", lambda op, **o: op.per_block_cast_with_precomputed_sf(
+        _bf16(3, 2048), "e4m3", (128, 128), torch.ones(1, 16), round_sf=True, **o),
+     dict(round_sf=False, precomputed_sf=True)),
+    ("per_channel_cast", lambda op, **o: op.per_channel_cast(_bf16(128, 256), "e4m3", 128, **o),
+     dict(in_dtype="bfloat16", hidden=256, expand=False, round_sf=False)),
+    ("per_channel_cast", lambda op, **o: op.per_channel_cast(torch.zeros(128, 256), "e4m3", 128, True, **o),
+     dict(in_dtype="float32", round_sf=True)),
+    ("per_channel_cast_and_transpose", lambda op, **o: op.per_channel_cast_and_transpose(
+        _bf16(128, 256), "e4m3", 32, **o), dict(hidden=256, npt=32, round_sf=False)),
+    ("per_channel_cast_and_transpose", lambda op, **o: op.per_channel_cast_and_transpose(
+        _bf16(128, 512), "e4m3", 128, True, **o), dict(hidden=512, npt=128, round_sf=True)),
+    ("swiglu_forward_and_per_token_cast", lambda op, **o: op.swiglu_forward_and_per_token_cast(
+        _bf16(4, 4096), "e4m3", 128, **o), dict(hidden=2048, npc=128, with_weights=False, with_pos_to_expert=False)),
+    ("swiglu_forward_and_per_token_cast", lambda op, **o: op.swiglu_forward_and_per_token_cast(
+        _bf16(4, 4096), "e4m3", 2048, _POS, torch.rand(2, 2), _POS, **o),
+     dict(npc=2048, with_weights=True, with_pos_to_expert=True)),
+    ("swiglu_forward_and_per_token_cast", lambda op, **o: op.swiglu_forward_and_per_token_cast(
+        _bf16(4, 4096), "e4m3", 128, pos_to_expert=_POS, round_sf=True, swiglu_clamp_value=7.0, **o),
+     dict(npc=128, with_weights=False, with_pos_to_expert=True)),
+    ("swiglu_forward_and_per_channel_cast_and_transpose", lambda op, **o: (
+        op.swiglu_forward_and_per_channel_cast_and_transpose(_bf16(128, 512), "e4m3", 32, **o)),
+     dict(hidden=256, npt=32, without_transpose=False)),
+    ("swiglu_forward_and_per_channel_cast_and_transpose", lambda op, **o: (
+        op.swiglu_forward_and_per_channel_cast_and_transpose(_bf16(128, 512), "e4m3", 128, False, True, 3.0, **o)),
+     dict(hidden=256, npt=128, without_transpose=True)),
+    ("swiglu_backward_and_per_token_cast", lambda op, **o: _backward(op, **o), dict(hidden=2048, npc=128)),
+    ("swiglu_backward_and_per_token_cast", lambda op, **o: _backward(op, 32, round_sf=True, **o),
+     dict(hidden=2048, npc=32)),
+]
+
+
+def _flat(result: Any) -> list[torch.Tensor]:
+    """The tensors of an op's result (a tensor, or tuples of them, nested) in order."""
+    if isinstance(result, torch.Tensor):
+        return [result]
+    return [t for part in result for t in _flat(part)]
+
+
+def _nest(tensors: list[torch.Tensor], like: Any) -> Any:
+    """tensors nested as the result ``like`` is: what out= takes."""
+    if isinstance(like, torch.Tensor):
+        return tensors.pop(0)
+    return tuple(_nest(tensors, part) for part in like)
+
+
+def test_casts_second_call_of_a_signature_skips_select(casts: tuple[dict[str, ModuleType], Any],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, runtime = casts
+    for op, call, _ in FAST_CALLS:  # the first call of each signature: the full checks, then select
+        call(modules[op])
+    for module in modules.values():
+        monkeypatch.setattr(module._kernel, "select", lambda **values: pytest.fail(f"select({values})"))
+    for op, call, expected in FAST_CALLS:  # the cached launcher of the call's own signature
+        result = call(modules[op])
+        assert expected.items() <= _last(runtime).items(), (op, expected)
+        tensors = _flat(result)
+        out = _nest(list(tensors), result)
+        runtime.LAUNCHES.clear()
+        again = call(modules[op], out=out)
+        assert all(a is b for a, b in zip(_flat(again), tensors, strict=True)) and _launched_with(runtime, *tensors)
+        assert expected.items() <= _last(runtime).items()
+    # with_sf_only shares per_block_cast's signatures (and drops q)
+    sf = modules["per_block_cast"].per_block_cast_with_sf_only(_bf16(3, 2048), "e2m1", (32, 128))
+    assert sf.shape == (1, 16) and _last(runtime)["fmt"] == "e2m1"
+
+
+# (op module, call(op, option) with a value of the wrong type, the error the full checks raise)
+WRONG_TYPES: list[tuple[str, Any, Any, type[Exception], str]] = [
+    ("per_block_cast", lambda op, b: op.per_block_cast(_bf16(3, 2048), "e4m3", b), (128.0, 128), TypeError,
+     "block_size"),
+    ("per_block_cast", lambda op, b: op.per_block_cast(_bf16(3, 2048), "e4m3", b), (True, 128), TypeError,
+     "block_size"),
+    ("per_channel_cast", lambda op, n: op.per_channel_cast(_bf16(128, 256), "e4m3", n), 128.0, TypeError,
+     "num_per_tokens"),
+    ("per_channel_cast_and_transpose", lambda op, n: op.per_channel_cast_and_transpose(_bf16(128, 256), "e4m3", n),
+     32.0, TypeError, "num_per_tokens"),
+    ("swiglu_forward_and_per_token_cast", lambda op, n: op.swiglu_forward_and_per_token_cast(_bf16(4, 4096), "e4m3",
+                                                                                            n), 128.0, TypeError,
+     "num_per_channels"),
+    ("swiglu_forward_and_per_token_cast", lambda op, c: op.swiglu_forward_and_per_token_cast(
+        _bf16(4, 4096), "e4m3", 128, swiglu_clamp_value=c), -7.0, ValueError, "swiglu_clamp_value"),
+    ("swiglu_forward_and_per_channel_cast_and_transpose", lambda op, n: (
+        op.swiglu_forward_and_per_channel_cast_and_transpose(_bf16(128, 512), "e4m3", n)), 32.0, TypeError,
+     "num_per_tokens"),
+    ("swiglu_backward_and_per_token_cast", lambda op, n: _backward(op, n), 128.0, TypeError, "num_per_channels"),
+    ("swiglu_backward_and_per_token_cast", lambda op, n: _backward(op, n), True, ValueError, "num_per_channels"),
+    ("swiglu_forward_and_per_token_cast", lambda op, r: op.swiglu_forward_and_per_token_cast(
+        _bf16(4, 4096), "e4m3", 128, use_packed_ue8m0=r), 1, NotImplementedError, "use_packed_ue8m0"),
+]
+
+
+def test_casts_cached_signatures_still_refuse_options_by_type(casts: tuple[dict[str, ModuleType], Any]) -> None:
+    # Each call equals (and hashes as) a cached signature but for a type the full checks refuse.
+    modules, runtime = casts
+    for op, call, _ in FAST_CALLS:
+        call(modules[op])
+    runtime.LAUNCHES.clear()
+    for op, call, value, error, name in WRONG_TYPES:
+        with pytest.raises(error, match=rf"^{name}: "):
+            call(modules[op], value)
+    assert runtime.LAUNCHES == []
+    # round_sf=1 is round_sf=True to the full checks: the same variant, by the full path
+    modules["per_block_cast"].per_block_cast(_bf16(3, 2048), "e4m3", (128, 128), round_sf=1)
+    assert _last(runtime)["round_sf"] is True
+
+
+def test_casts_check_the_sizes_the_launcher_cannot_see(casts: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = casts
+    for op, call, _ in FAST_CALLS:
+        call(modules[op])
+    runtime.LAUNCHES.clear()
+    forward = modules["swiglu_forward_and_per_token_cast"].swiglu_forward_and_per_token_cast
+    with pytest.raises(ValueError, match=r"^pos_to_expert: expected shape \(4,\)"):  # its own size in the contract
+        forward(_bf16(4, 4096), "e4m3", 2048, _POS, torch.rand(2, 2), _POS[:3])
+    with pytest.raises(ValueError, match=r"^pos_to_token_topk: expected shape \(4,\)"):
+        forward(_bf16(4, 4096), "e4m3", 2048, _POS[:2], torch.rand(2, 2), _POS)
+    with pytest.raises(ValueError, match=r"^x: num_tokens \(64\) must be a multiple of 128"):
+        modules["per_channel_cast"].per_channel_cast(_bf16(64, 256), "e4m3", 128)
+    with pytest.raises(ValueError, match=r"^x: num_tokens \(64\) must be a multiple of 128"):
+        modules["per_channel_cast_and_transpose"].per_channel_cast_and_transpose(_bf16(64, 256), "e4m3", 32)
+    channel = modules["swiglu_forward_and_per_channel_cast_and_transpose"]
+    with pytest.raises(ValueError, match=r"^x: num_tokens \(64\) must be a multiple of 128"):
+        channel.swiglu_forward_and_per_channel_cast_and_transpose(_bf16(64, 512), "e4m3", 32)
+    q, sf = channel.swiglu_forward_and_per_channel_cast_and_transpose(_bf16(256, 512), "e4m3", 32)
+    runtime.LAUNCHES.clear()
+    for _ in range(2):  # the grid has one row of blocks per row of sf: its rows are checked on both paths
+        with pytest.raises(errors_of(channel).KernelArgumentError, match=r"^sf: expected 8 rows"):
+            channel.swiglu_forward_and_per_channel_cast_and_transpose(_bf16(256, 512), "e4m3", 32, out=(q, sf[:4]))
+        channel._CALLS.clear()
+    assert runtime.LAUNCHES == []
+
+
+def errors_of(module: ModuleType) -> Any:
+    """The errors module of the stub package holding module."""
+    return __import__(module.__name__.split(".")[0] + ".errors", fromlist=["KernelArgumentError"])
+
+
+# (op module, the kernel's parameters, a call(op, x) whose x (the first parameter) may be strided)
+STRICT_CALLS: list[tuple[str, tuple[str, ...], Any]] = [
+    ("per_block_cast", ("x", "q", "sf"), lambda op, x: op.per_block_cast(x, "e4m3", (128, 128))),
+    ("per_channel_cast", ("x", "q", "sf"), lambda op, x: op.per_channel_cast(x, "e4m3", 128)),
+    ("per_channel_cast_and_transpose", ("x", "q", "sf"),
+     lambda op, x: op.per_channel_cast_and_transpose(x, "e4m3", 128)),
+    ("swiglu_forward_and_per_token_cast", ("x", "q", "sf"),
+     lambda op, x: op.swiglu_forward_and_per_token_cast(x, "e4m3", 128)),
+    ("swiglu_forward_and_per_channel_cast_and_transpose", ("x", "q", "sf"),
+     lambda op, x: op.swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", 128)),
+]
+
+
+@pytest.mark.parametrize(("op", "names", "call"), STRICT_CALLS, ids=[c[0] for c in STRICT_CALLS])
+def test_casts_fall_back_to_the_full_checks_where_the_launcher_refuses(
+        casts: tuple[dict[str, ModuleType], Any], monkeypatch: pytest.MonkeyPatch, op: str, names: tuple[str, ...],
+        call: Any) -> None:
+    # The cached launcher refuses the strided x by name (the stub's CheckingKernel, as the real
+    # launcher's stride check): the full path runs and its launcher refuses it again, by name.
+    modules, _ = casts
+    module = modules[op]
+    kernel = CheckingKernel(module._kernel, names)
+    monkeypatch.setattr(module, "_kernel", kernel)
+    cache = next(name for name in ("_CASTS", "_LAUNCHERS", "_CALLS") if hasattr(module, name))
+    monkeypatch.setattr(module, cache, {})
+    width = 512 if op.startswith("swiglu") else 256
+    call(module, _bf16(128, width))  # cached with a launcher that checks
+    assert getattr(module, cache)
+    strided = _bf16(128, 2 * width)[:, ::2]
+    with pytest.raises(errors_of(module).KernelArgumentError, match=r"^x: expected a contiguous tensor"):
+        call(module, strided)
+    assert kernel.refused == 2  # the cached launcher, then the full path's
+
+
+def test_swiglu_backward_names_a_bad_tensor_through_its_full_checks(casts: tuple[dict[str, ModuleType], Any],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cached launcher refuses x_sf; the full checks name it, or the full path's launcher does.
+    modules, runtime = casts
+    module = modules["swiglu_backward_and_per_token_cast"]
+    names = ("x", "x_sf", "grad_out", "weight", "pos_to_token_topk", "token_topk_to_pos")
+    kernel = CheckingKernel(module._kernel, names)
+    monkeypatch.setattr(module, "_kernel", kernel)
+    monkeypatch.setattr(module, "_CALLS", {})
+    _backward(module)
+    runtime.LAUNCHES.clear()
+    data = torch.zeros(4, 4096, dtype=torch.float8_e4m3fn)
+    args = (_bf16(4, 2048), torch.rand(2, 2), torch.arange(4, dtype=torch.int32),
+            torch.arange(4, dtype=torch.int32).view(2, 2), 128)
+    # 31 scales a row where 32 go (strided, so that the checking stub refuses it as the real launcher would)
+    with pytest.raises(ValueError, match=r"^x_sf: expected shape \(4, 32\)"):
+        module.swiglu_backward_and_per_token_cast((data, torch.ones(4, 62)[:, ::2]), *args)
+    assert kernel.refused == 1 and runtime.LAUNCHES == []  # the cached launcher's refusal, then the checks
+    with pytest.raises(errors_of(module).KernelArgumentError, match=r"^x_sf: expected a contiguous tensor"):
+        module.swiglu_backward_and_per_token_cast((data, torch.ones(4, 64)[:, ::2]), *args)
+    assert kernel.refused == 3  # the cached launcher, then the full path's
+
+
+def test_casts_cache_nothing_while_compiling(casts: tuple[dict[str, ModuleType], Any],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, runtime = casts
+    # While torch.compile traces, the ops take the full checks and the custom op (the stub's
+    # custom_op is the function itself), and store nothing a traced call could depend on.
+    modules, runtime = casts
+    for module in modules.values():
+        for cache in ("_CASTS", "_GIVEN", "_LAUNCHERS", "_CALLS"):
+            if hasattr(module, cache):
+                monkeypatch.setattr(module, cache, {})
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for op, call, expected in FAST_CALLS:
+        call(modules[op])
+        assert expected.items() <= _last(runtime).items()
+    assert not [cache for module in modules.values() for cache in ("_CASTS", "_GIVEN", "_LAUNCHERS", "_CALLS")
+                if getattr(module, cache, None)]

@@ -42,7 +42,14 @@ def _launches(runtime: ModuleType) -> list[Any]:
 
 @pytest.fixture()
 def quant(stub: tuple[ModuleType, ModuleType]) -> Any:
+    """The ops with no launch logged and no call signature cached: each test starts on the full checks.
+
+    (A cached signature leaves the tensors to the launcher, which the stub's does not check;
+    tests/test_op_cache_ops.py covers the cached calls.)
+    """
     stub[1].LAUNCHES.clear()
+    for module in stub[0].modules.values():
+        module._CALLS.clear()
     return stub[0]
 
 

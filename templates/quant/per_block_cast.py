@@ -16,6 +16,7 @@ import torch
 
 from .._args import copied_into, matrix, not_built, one_of, out_tensors
 from .._runtime import custom_op, dtype_name, get_kernel
+from ..errors import KernelArgumentError
 
 __all__ = ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
 
@@ -33,12 +34,16 @@ def _outputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Uninitialised (q, sf) for x; also the fake (meta) kernel that torch.compile traces with."""
     num_tokens, hidden = x.shape
-    if fmt == "e4m3":
-        q = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-    else:
-        q = x.new_empty((num_tokens, hidden // 2), dtype=torch.int8)
     sf = x.new_empty(((num_tokens + block_m - 1) // block_m, hidden // block_k), dtype=torch.float32)
-    return q, sf
+    return _codes(x, fmt), sf
+
+
+def _codes(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Uninitialised q for x: e4m3 codes, or e2m1 ones two to an int8."""
+    num_tokens, hidden = x.shape
+    if fmt == "e4m3":
+        return x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    return x.new_empty((num_tokens, hidden // 2), dtype=torch.int8)
 
 
 def _select(x: torch.Tensor, fmt: str, block_m: int, block_k: int, *, round_sf: bool,
@@ -49,42 +54,59 @@ def _select(x: torch.Tensor, fmt: str, block_m: int, block_k: int, *, round_sf: 
 
 def _cast(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The custom op's body: a launch into fresh outputs."""
-    return _launch(x, fmt, block_m, block_k, round_sf, None)
-
-
-def _launch(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool,
-            out: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
-    tensor (out's too, overlaps included) and names it in errors."""
-    launch = _select(x, fmt, block_m, block_k, round_sf=round_sf, precomputed_sf=False)
-    q, sf = _outputs(x, fmt, block_m, block_k) if out is None else out_tensors(out, ("q", "sf"))
-    launch(x, q, sf)
+    q, sf = _outputs(x, fmt, block_m, block_k)
+    _select(x, fmt, block_m, block_k, round_sf=round_sf, precomputed_sf=False)(x, q, sf)
     return q, sf
 
 
 def _q_output(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int) -> torch.Tensor:
     """Uninitialised q for x; also the fake kernel of the precomputed-sf op."""
-    return _outputs(x, fmt, block_m, block_k)[0]
+    return _codes(x, fmt)
 
 
 def _cast_with_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int) -> torch.Tensor:
-    """The custom op's body: a launch into a fresh q."""
-    return _launch_with_sf(x, sf, fmt, block_m, block_k, None)
-
-
-def _launch_with_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str, block_m: int, block_k: int,
-                    out: object) -> torch.Tensor:
-    """q = x * (1 / sf) per block, into a fresh q or out; the launcher checks sf's dtype, shape and
-    layout (an input here) and out's as q's."""
-    launch = _select(x, fmt, block_m, block_k, round_sf=False, precomputed_sf=True)
-    q = _q_output(x, sf, fmt, block_m, block_k) if out is None else out_tensors(out, ("q",))[0]
-    launch(x, q, sf)
+    """The custom op's body: q = x * (1 / sf) per block into a fresh q (the launcher checks sf, an input here)."""
+    q = _q_output(x, sf, fmt, block_m, block_k)
+    _select(x, fmt, block_m, block_k, round_sf=False, precomputed_sf=True)(x, q, sf)
     return q
 
 
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_block_cast, with a fixed schema.
 _per_block_cast_op = custom_op("per_block_cast", fake=_outputs)(_cast)
 _per_block_cast_with_sf_op = custom_op("per_block_cast_with_precomputed_sf", fake=_q_output)(_cast_with_sf)
+
+
+# Eager calls on a 2-D x, keyed by what the checks and select read: (x.dtype, hidden, fmt,
+# block_size, the three flags) -> the launcher. A key is stored only after the checks passed and
+# the launcher accepted the call, so a hit skips both; the launcher checks every tensor on every
+# call (the contract ties all their sizes to x's tokens and the variant's hidden), and where it
+# refuses one the checks run, to name it. Only options of exactly the types str, bool and (for
+# block_size) a tuple of two ints are keyed: (128.0, 128) == (128, 128) hashes alike, but
+# _block_size refuses the float (and True for 1). Bounded by the signatures a program uses.
+_CASTS: dict[tuple[object, ...], Callable[..., None]] = {}
+# The same for per_block_cast_with_precomputed_sf, whose variants are others (precomputed_sf).
+_GIVEN: dict[tuple[object, ...], Callable[..., None]] = {}
+
+
+def _key(x: object, fmt: object, block_size: object, use_tma_aligned_col_major_sf: object, round_sf: object,
+         use_packed_ue8m0: object) -> tuple[object, ...] | None:
+    """The cache key of an eager call on a 2-D tensor x with plainly typed options; None for anything else
+    (a call while compiling included). A None key is never stored: its lookup misses."""
+    if torch.compiler.is_compiling() or not (
+            isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str and type(block_size) is tuple
+            and len(block_size) == 2 and type(block_size[0]) is int and type(block_size[1]) is int
+            and type(use_tma_aligned_col_major_sf) is bool and type(round_sf) is bool
+            and type(use_packed_ue8m0) is bool):
+        return None
+    return (x.dtype, x.shape[1], fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+
+
+def _launched(launch: Callable[..., None], x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor,
+              key: tuple[object, ...] | None, cache: dict[tuple[object, ...], Callable[..., None]]) -> None:
+    """launch(x, q, sf), then launch stored under key (None: a call not cached): it accepted the call."""
+    launch(x, q, sf)
+    if key is not None:
+        cache[key] = launch
 
 
 def _block_size(block_size: object) -> tuple[int, int]:
@@ -121,16 +143,6 @@ def _checked(
     return block_m, block_k
 
 
-def _run(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool,
-         out: object = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eagerly the launch (into out, if given); while compiling the custom op, whose result is
-    copied into out (torch.compile sees a pure op)."""
-    if torch.compiler.is_compiling():
-        result = _per_block_cast_op(x, fmt, block_m, block_k, bool(round_sf))
-        return result if out is None else copied_into(out, ("q", "sf"), result)
-    return _launch(x, fmt, block_m, block_k, bool(round_sf), out)
-
-
 def per_block_cast(
     x: torch.Tensor,
     fmt: str,
@@ -161,8 +173,22 @@ def per_block_cast(
         one); sf is float32 (ceil(num_tokens / block_m), hidden / block_k), row-major, so that
         ``decode(q) * sf`` (per block) approximates x.
     """
+    key = _key(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    launch = _CASTS.get(key)
+    if launch is not None:
+        q, sf = _outputs(x, fmt, *block_size) if out is None else out_tensors(out, ("q", "sf"))  # type: ignore[arg-type]
+        try:
+            launch(x, q, sf)
+            return q, sf
+        except KernelArgumentError:
+            pass  # the checks below name what is wrong
     block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
-    return _run(x, fmt, block_m, block_k, round_sf, out)
+    if torch.compiler.is_compiling():  # torch.compile sees a pure op, its result copied into out
+        result = _per_block_cast_op(x, fmt, block_m, block_k, bool(round_sf))
+        return result if out is None else copied_into(out, ("q", "sf"), result)
+    q, sf = _outputs(x, fmt, block_m, block_k) if out is None else out_tensors(out, ("q", "sf"))
+    _launched(_select(x, fmt, block_m, block_k, round_sf=bool(round_sf), precomputed_sf=False), x, q, sf, key, _CASTS)
+    return q, sf
 
 
 def per_block_cast_with_sf_only(
@@ -177,8 +203,7 @@ def per_block_cast_with_sf_only(
 
     This build runs the full cast and drops the codes (no sf-only kernel variant yet).
     """
-    block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
-    return _run(x, fmt, block_m, block_k, round_sf)[1]
+    return per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)[1]
 
 
 def per_block_cast_with_precomputed_sf(
@@ -209,10 +234,22 @@ def per_block_cast_with_precomputed_sf(
     Returns:
         q: float8_e4m3fn (num_tokens, hidden) or packed FP4 int8 (num_tokens, hidden / 2).
     """
+    key = _key(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    launch = _GIVEN.get(key)
+    if launch is not None:
+        q = _codes(x, fmt) if out is None else out_tensors(out, ("q",))[0]
+        try:
+            launch(x, q, sf)
+            return q
+        except KernelArgumentError:
+            pass  # the checks below name what is wrong
     block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"sf: expected a float32 torch.Tensor of per-block scales, got {type(sf).__name__}")
     if torch.compiler.is_compiling():
         q = _per_block_cast_with_sf_op(x, sf, fmt, block_m, block_k)
         return q if out is None else out_tensors(out, ("q",))[0].copy_(q)
-    return _launch_with_sf(x, sf, fmt, block_m, block_k, out)
+    q = _q_output(x, sf, fmt, block_m, block_k) if out is None else out_tensors(out, ("q",))[0]
+    # The launcher checks sf's dtype, shape and layout (an input here) and out's as q's.
+    _launched(_select(x, fmt, block_m, block_k, round_sf=False, precomputed_sf=True), x, q, sf, key, _GIVEN)
+    return q

@@ -10,10 +10,13 @@ non-tensor arguments and the sizes TileKernels requires.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .._args import copied_into, matrix, one_of, out_tensors, positive_int
 from .._runtime import custom_op, dtype_name, get_kernel
+from ..errors import KernelArgumentError
 
 __all__ = ["per_channel_cast", "per_channel_cast_fused"]
 
@@ -43,15 +46,19 @@ def _cast(
 
 
 def _launch(
-    x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool, out: object
+    x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool, out: object,
+    key: tuple[object, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
-    tensor (out's too, overlaps included) and names it in errors."""
+    tensor (out's too, overlaps included) and names it in errors. The launcher is then stored
+    under key (None: a call not cached)."""
     launch = _kernel.select(in_dtype=dtype_name(x.dtype), hidden=int(x.shape[1]), expand=pos_to_token is not None,
                             round_sf=round_sf)
     q, sf = _outputs(x, x_sf, pos_to_token, round_sf) if out is None else out_tensors(out, ("q", "sf"))
     args = [x] + [t for t in (x_sf, pos_to_token) if t is not None]
     launch(*args, q, sf)
+    if key is not None:  # the launcher accepted the call: later ones of its signature may skip the checks
+        _LAUNCHERS[key] = launch
     return q, sf
 
 
@@ -60,14 +67,25 @@ _per_channel_cast_op = custom_op("per_channel_cast_fused", fake=_outputs)(_cast)
 
 
 def _run(
-    x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool, out: object
+    x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool, out: object,
+    key: tuple[object, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eagerly the launch (into out, if given); while compiling the custom op, whose result is
     copied into out (torch.compile sees a pure op)."""
     if torch.compiler.is_compiling():
         result = _per_channel_cast_op(x, x_sf, pos_to_token, bool(round_sf))
         return result if out is None else copied_into(out, ("q", "sf"), result)
-    return _launch(x, x_sf, pos_to_token, bool(round_sf), out)
+    return _launch(x, x_sf, pos_to_token, bool(round_sf), out, key)
+
+
+# per_channel_cast's eager calls on a 2-D x, keyed by what its checks and select read: (x.dtype,
+# hidden, fmt, num_per_tokens, round_sf) -> the launcher. A key is stored only after the checks
+# passed and the launcher accepted the call, so a hit skips both; the launcher checks every
+# tensor on every call (the contract ties q's and sf's sizes to x's), and where it refuses one
+# the checks run, to name it. That num_tokens is a multiple of 128, which the launcher cannot
+# see, is checked on every hit. Only options of exactly the types str, int and bool are keyed:
+# 128.0 == 128 and True == 1 hash alike, but positive_int refuses the float and the bool.
+_LAUNCHERS: dict[tuple[object, ...], Callable[..., None]] = {}
 
 
 def _check_common(fmt: str, num_per_tokens: int) -> None:
@@ -108,10 +126,22 @@ def per_channel_cast(
         so that ``q[t, h] * sf[t // 128, h]`` approximates x. NaN inputs are left out of the
         scales and give NaN codes.
     """
+    key = None
+    if not torch.compiler.is_compiling() and isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str \
+            and type(num_per_tokens) is int and type(round_sf) is bool:
+        key = (x.dtype, x.shape[1], fmt, num_per_tokens, round_sf)
+        launch = _LAUNCHERS.get(key)
+        if launch is not None and x.shape[0] % NUM_PER_TOKENS == 0:
+            q, sf = _outputs(x, None, None, round_sf) if out is None else out_tensors(out, ("q", "sf"))
+            try:
+                launch(x, q, sf)
+                return q, sf
+            except KernelArgumentError:
+                pass  # the checks below name what is wrong
     x = _plain("x", x)
     _check_common(fmt, num_per_tokens)
     _tokens_multiple_of_128("x", int(x.shape[0]))
-    return _run(x, None, None, round_sf, out)
+    return _run(x, None, None, round_sf, out, key)
 
 
 def per_channel_cast_fused(

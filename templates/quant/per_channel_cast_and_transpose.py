@@ -9,10 +9,13 @@ requires.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .._args import copied_into, matrix, one_of, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
+from ..errors import KernelArgumentError
 
 __all__ = ["per_channel_cast_and_transpose"]
 
@@ -35,17 +38,31 @@ def _cast(x: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch.Tensor, torc
     return _launch(x, npt, round_sf, None)
 
 
-def _launch(x: torch.Tensor, npt: int, round_sf: bool, out: object) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(x: torch.Tensor, npt: int, round_sf: bool, out: object,
+            key: tuple[object, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
-    tensor (out's too, overlaps included) and names it in errors."""
+    tensor (out's too, overlaps included) and names it in errors. The launcher is then stored
+    under key (None: a call not cached)."""
     launch = _kernel.select(hidden=int(x.shape[1]), npt=npt, round_sf=round_sf)
     q, sf = _outputs(x, npt, round_sf) if out is None else out_tensors(out, ("q", "sf"))
     launch(x, q, sf)
+    if key is not None:  # the launcher accepted the call: later ones of its signature may skip the checks
+        _LAUNCHERS[key] = (launch, npt)
     return q, sf
 
 
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_channel_cast_and_transpose.
 _transpose_op = custom_op("per_channel_cast_and_transpose", fake=_outputs)(_cast)
+
+
+# Eager calls on a 2-D x, keyed by what the checks and select read: (x.dtype, hidden, fmt,
+# num_per_tokens, round_sf) -> (the launcher, npt). A key is stored only after the checks passed
+# and the launcher accepted the call, so a hit skips both; the launcher checks every tensor on
+# every call (sf's rows are num_tokens // npt in the contract), and where it refuses one the
+# checks run, to name it. That num_tokens is a multiple of the tile, which the launcher cannot
+# see, is checked on every hit. Only options of exactly the types str, int and bool are keyed:
+# 128.0 == 128 and True == 1 hash alike, but positive_int refuses the float and the bool.
+_LAUNCHERS: dict[tuple[object, ...], tuple[Callable[..., None], int]] = {}
 
 
 def per_channel_cast_and_transpose(
@@ -69,6 +86,19 @@ def per_channel_cast_and_transpose(
         (num_tokens / num_per_tokens, hidden), so that ``q[h, t] * sf[t // npt, h]``
         approximates x[t, h]. NaN inputs are left out of the scales and give NaN codes.
     """
+    key = None
+    if not torch.compiler.is_compiling() and isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str \
+            and type(num_per_tokens) is int and type(round_sf) is bool:
+        key = (x.dtype, x.shape[1], fmt, num_per_tokens, round_sf)
+        hit = _LAUNCHERS.get(key)
+        if hit is not None and x.shape[0] % TOKEN_TILE == 0:
+            launch, npt = hit
+            q, sf = _outputs(x, npt, round_sf) if out is None else out_tensors(out, ("q", "sf"))
+            try:
+                launch(x, q, sf)
+                return q, sf
+            except KernelArgumentError:
+                pass  # the checks below name what is wrong
     x = matrix("x", x)
     if x.dtype != torch.bfloat16:
         raise TypeError(f"x: expected bfloat16, got {x.dtype}")
@@ -84,4 +114,4 @@ def per_channel_cast_and_transpose(
     if torch.compiler.is_compiling():
         result = _transpose_op(x, npt, bool(round_sf))
         return result if out is None else copied_into(out, ("q", "sf"), result)
-    return _launch(x, npt, bool(round_sf), out)
+    return _launch(x, npt, bool(round_sf), out, key)

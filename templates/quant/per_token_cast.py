@@ -60,15 +60,14 @@ def _key(x: object, fmt: object, num_per_channels: object, x_block_size: object,
          use_tma_aligned_col_major_sf: object, round_sf: object, use_packed_ue8m0: object) -> tuple[object, ...] | None:
     """The cache key of an eager call on a 2-D tensor x with plainly typed options; None for anything else
     (a quantized pair, a call while compiling, options of other types)."""
-    if not (x_block_size is None and isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str
+    if not (x_block_size is None and isinstance(x, torch.Tensor) and type(fmt) is str
             and type(num_per_channels) is int and type(use_tma_aligned_col_major_sf) is bool
             and type(round_sf) is bool and type(use_packed_ue8m0) is bool) or torch.compiler.is_compiling():
         return None
-    return (x.dtype, x.shape[1], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
-
-
-def _cached(key: tuple[object, ...] | None, cache: dict[tuple[object, ...], _Variant] = _VARIANTS) -> _Variant | None:
-    return None if key is None else cache.get(key)
+    shape = x.shape  # once: each read builds a torch.Size
+    if len(shape) != 2:
+        return None
+    return (x.dtype, shape[1], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 
 
 def _remember(key: tuple[object, ...] | None, variant: _Variant,
@@ -95,11 +94,8 @@ def _allocate(x: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> tuple[torc
     sf = storage.T[:T]; the kernel writes its bytes, uint8 (ceil(G/4), align(T, 4), 4). The
     padding columns (tokens T .. align(T, 4) - 1) are never written.
     """
+    q = _codes(x, fmt)
     num_tokens, hidden = x.shape
-    if fmt == "e4m3":
-        q = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-    else:
-        q = x.new_empty((num_tokens, hidden // 2), dtype=torch.int8)
     groups = hidden // npc
     if sf_layout == "row_major":
         sf = x.new_empty((num_tokens, groups), dtype=torch.float32)
@@ -114,6 +110,14 @@ def _allocate(x: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> tuple[torc
     storage = x.new_empty((words, padded), dtype=torch.int32)
     sf_bytes = storage.view(torch.uint8).as_strided((words, padded, 4), (4 * padded, 4, 1))
     return q, storage.T[:num_tokens], sf_bytes
+
+
+def _codes(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Uninitialised q for x: e4m3 codes, or e2m1 ones two to an int8."""
+    num_tokens, hidden = x.shape
+    if fmt == "e4m3":
+        return x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    return x.new_empty((num_tokens, hidden // 2), dtype=torch.int8)
 
 
 def _outputs(
@@ -181,7 +185,7 @@ def _select_given(x: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> Callab
 def _run_given(launch: Callable[..., None], x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int,
                out: object = None) -> torch.Tensor:
     """Launch with the given scales into a fresh q, or into out (checked by the launcher as q)."""
-    q = _allocate(x, fmt, npc, "row_major")[0] if out is None else out_tensors(out, ("q",))[0]
+    q = _codes(x, fmt) if out is None else out_tensors(out, ("q",))[0]
     launch(x, q, sf_arg, _MODE_GIVEN_SF)
     return q
 
@@ -192,7 +196,7 @@ def _cast_given(x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int, sf_la
 
 
 def _given_outputs(x: torch.Tensor, sf_arg: torch.Tensor, fmt: str, npc: int, sf_layout: str) -> torch.Tensor:
-    return _allocate(x, fmt, npc, "row_major")[0]
+    return _codes(x, fmt)
 
 
 _per_token_cast_given_op = custom_op("per_token_cast_with_precomputed_sf", fake=_given_outputs)(_cast_given)
@@ -218,7 +222,8 @@ def _check_x(x: object) -> torch.Tensor:
 def _check_row_stride(x: torch.Tensor) -> torch.Tensor:
     """x, unless its row stride leaves rows off a vector boundary (the launcher cannot see rows)."""
     row_stride, column_stride = x.stride()  # one call: stride(i) parses its argument each time
-    if x.shape[0] > 1 and column_stride == 1 and (row_stride * x.element_size()) % ALIGNMENT != 0:
+    # The usual aligned stride first: it decides alone, without reading x.shape (a new torch.Size).
+    if (row_stride * x.element_size()) % ALIGNMENT != 0 and column_stride == 1 and x.shape[0] > 1:
         raise KernelArgumentError(
             f"x: the row stride ({row_stride} elements) must be a multiple of {ALIGNMENT} bytes "
             f"({ALIGNMENT // x.element_size()} elements) for the kernel's vector loads; pass x.contiguous()"
@@ -288,7 +293,7 @@ def _cast_form(
     """
     mode = _MODE_SF_ONLY if sf_only else _MODE_CAST
     key = _key(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
-    variant = _cached(key)
+    variant = _VARIANTS.get(key)  # a None key is never stored
     if variant is not None:
         x = _check_row_stride(x)  # type: ignore[arg-type]
         if out is not None:
@@ -451,7 +456,7 @@ def per_token_cast_with_precomputed_sf(
     """
     # Its own cache: the variant differs from per_token_cast's for round_sf with fp32 scales.
     key = _key(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
-    variant = _cached(key, _GIVEN_VARIANTS)
+    variant = _GIVEN_VARIANTS.get(key)  # a None key is never stored
     if variant is not None:
         x = _check_row_stride(x)  # type: ignore[arg-type]
         sf_arg = _given_scales(sf, x, variant.npc, variant.sf_layout)

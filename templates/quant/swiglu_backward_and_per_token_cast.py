@@ -11,11 +11,13 @@ and the shapes that tie the tensors together.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from .._args import matrix, positive_int
 from .._runtime import custom_op, get_kernel
+from ..errors import KernelArgumentError
 
 __all__ = ["swiglu_backward_and_per_token_cast"]
 
@@ -70,18 +72,29 @@ def _run(
     round_sf: bool,
     clamp: float,
     outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    key: tuple[object, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into outputs (fresh, or the caller's: the launcher checks every
-    tensor, overlaps included, and names it in errors)."""
+    tensor, overlaps included, and names it in errors); the launcher is then stored under key
+    (None: a call not cached)."""
     launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc)
-    out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad = outputs
-    launch(x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos,
-           out, x_grad_fp8, x_grad_fp8_sf, x_grad, weight_grad, clamp, int(round_sf))
-    if x.shape[0] == 0:
+    round_flag = int(round_sf)
+    _launch_into(launch, (x, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos), outputs, clamp,
+                 round_flag)
+    if key is not None:  # the launcher accepted the call: later ones of its signature may skip the checks
+        _CALLS[key] = (launch, clamp, round_flag)
+    return outputs
+
+
+def _launch_into(launch: Callable[..., None], inputs: tuple[torch.Tensor, ...],
+                 outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                 clamp: float, round_flag: int) -> None:
+    """launch with the six inputs, the five outputs and the two scalars; weight_grad zeroed without rows."""
+    launch(*inputs, *outputs, clamp, round_flag)
+    if inputs[0].shape[0] == 0:
         # No expanded row owns any (token, k) pair: the grid is empty and nothing was launched, so
         # the pairs' zero gradients are written here (after the launcher checked weight_grad).
-        weight_grad.zero_()
-    return outputs
+        outputs[4].zero_()
 
 
 # What torch.compile sees: one opaque op with a fixed schema.
@@ -107,6 +120,28 @@ def _out_tensors(out: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
 def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], meaning: str) -> None:
     if tuple(t.shape) != shape:
         raise ValueError(f"{name}: expected shape {shape} ({meaning}), got {tuple(t.shape)}")
+
+
+# Eager calls, keyed by what the checks and select read: (the dtypes of x's pair, x's width,
+# num_per_channels, round_sf, swiglu_clamp_value) -> (the launcher, its clamp, its round_sf
+# flag). A key is stored only after the checks passed and the launcher accepted the call, so a
+# hit skips both: the contract ties every size to x's rows, hidden and weight's shape, so the
+# launcher checks every tensor on every call, and where it refuses one the checks run, to name
+# it. Only options of exactly the types int, bool and (the clamp) None or float are keyed:
+# 128.0 == 128 and True == 1 hash alike, but positive_int refuses the float and the bool.
+_CALLS: dict[tuple[object, ...], tuple[Callable[..., None], float, int]] = {}
+
+
+def _key(x: object, num_per_channels: object, round_sf: object,
+         swiglu_clamp_value: object) -> tuple[object, ...] | None:
+    """The cache key of an eager call with x a pair of 2-D tensors and plainly typed options; None for
+    anything else (a call while compiling included). A None key is never stored: its lookup misses."""
+    if torch.compiler.is_compiling() or not (
+            type(x) is tuple and len(x) == 2 and isinstance(x[0], torch.Tensor) and isinstance(x[1], torch.Tensor)
+            and x[0].dim() == 2 and type(num_per_channels) is int and type(round_sf) is bool
+            and (swiglu_clamp_value is None or type(swiglu_clamp_value) is float)):
+        return None
+    return (x[0].dtype, x[1].dtype, x[0].shape[1], num_per_channels, round_sf, swiglu_clamp_value)
 
 
 def swiglu_backward_and_per_token_cast(
@@ -146,6 +181,18 @@ def swiglu_backward_and_per_token_cast(
         pair and as bf16 (N, 2 * hidden); weight_grad float32 (num_tokens, num_topk) =
         sum over the row of grad_out * swiglu(x), 0 for pairs without a row.
     """
+    key = _key(x, num_per_channels, round_sf, swiglu_clamp_value)
+    hit = _CALLS.get(key)
+    if hit is not None and isinstance(weight, torch.Tensor):  # weight's shape sizes weight_grad
+        launch, clamp, round_flag = hit
+        outputs = _outputs(x[0], x[1], grad_out, weight, pos_to_token_topk, token_topk_to_pos, num_per_channels,
+                           round_sf, clamp) if out is None else _out_tensors(out)
+        try:
+            _launch_into(launch, (*x, grad_out, weight, pos_to_token_topk, token_topk_to_pos), outputs, clamp,
+                         round_flag)
+            return outputs[0], (outputs[1], outputs[2]), outputs[3], outputs[4]
+        except KernelArgumentError:
+            pass  # the checks below name what is wrong
     if not (isinstance(x, tuple) and len(x) == 2):
         raise TypeError(f"x: expected the pair (data, sf) of an FP8 per-token cast, got {type(x).__name__}")
     data = matrix("x", x[0], "(N, 2 * hidden)")
@@ -185,8 +232,7 @@ def swiglu_backward_and_per_token_cast(
             q_sf.copy_(result[2])
             x_grad.copy_(result[3])
             weight_grad.copy_(result[4])
-    elif out is None:
-        act, q, q_sf, x_grad, weight_grad = _launch(*args)
     else:
-        act, q, q_sf, x_grad, weight_grad = _run(*args, _out_tensors(out))
+        outputs = _outputs(*args) if out is None else _out_tensors(out)
+        act, q, q_sf, x_grad, weight_grad = _run(*args, outputs, key)
     return act, (q, q_sf), x_grad, weight_grad

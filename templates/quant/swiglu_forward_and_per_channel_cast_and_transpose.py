@@ -10,11 +10,13 @@ in its errors; this module checks the other arguments.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from .._args import copied_into, matrix, one_of, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
+from ..errors import KernelArgumentError
 
 __all__ = ["swiglu_forward_and_per_channel_cast_and_transpose"]
 
@@ -38,23 +40,79 @@ def _launch(x: torch.Tensor, npt: int, round_sf: bool, without_transpose: bool,
 
 
 def _run(x: torch.Tensor, npt: int, round_sf: bool, without_transpose: bool, clamp: float,
-         out: object) -> tuple[torch.Tensor, torch.Tensor]:
+         out: object, key: tuple[object, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
-    tensor (out's too, overlaps included) and names it in errors."""
+    tensor (out's too, overlaps included) and names it in errors. The launcher is then stored
+    under key (None: a call not cached)."""
     launch = _kernel.select(hidden=int(x.shape[1]) // 2, npt=npt, without_transpose=without_transpose)
-    if out is None:
-        q, sf = _outputs(x, npt, round_sf, without_transpose, clamp)
-    else:
-        q, sf = out_tensors(out, ("q", "sf"))
+    q, sf = _outputs(x, npt, round_sf, without_transpose, clamp) if out is None else _out_pair(out, x, npt)
     # With no token there is nothing to write, and torch gives the empty (hidden, 0) q the
     # strides (1, 1) rather than the (0, 1) the launcher checks.
     if x.shape[0] > 0:
-        launch(x, q, sf, clamp, int(round_sf))
+        round_flag = int(round_sf)
+        launch(x, q, sf, clamp, round_flag)
+        if key is not None:  # the launcher accepted the call: later ones of its signature may skip the checks
+            _CALLS[key] = (launch, npt, without_transpose, clamp, round_flag)
+    return q, sf
+
+
+def _out_pair(out: object, x: torch.Tensor, npt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """out's (q, sf), or an error naming out or sf.
+
+    The kernel's grid has one row of blocks per row of sf (num_token_groups, a size of its own in
+    the contract), each reading npt rows of x and writing them to q: sf must have exactly
+    num_tokens / npt rows, which the launcher cannot see.
+    """
+    q, sf = out_tensors(out, ("q", "sf"))
+    groups = x.shape[0] // npt
+    if sf.dim() != 2 or sf.shape[0] != groups:
+        raise KernelArgumentError(f"sf: expected {groups} rows (num_tokens / num_per_tokens), got shape "
+                                  f"{tuple(sf.shape)}")
     return q, sf
 
 
 # What torch.compile sees: one opaque op with a fixed schema.
 _swiglu_per_channel_op = custom_op("swiglu_forward_and_per_channel_cast_and_transpose", fake=_outputs)(_launch)
+
+
+# Eager calls, keyed by what the checks and select read: (x.dtype, x's width, fmt,
+# num_per_tokens, round_sf, without_transpose, swiglu_clamp_value) -> (the launcher, npt,
+# without_transpose, its clamp, its round_sf flag). A key is stored only after the checks passed
+# and the launcher accepted the call, so a hit skips both; the launcher checks every tensor on
+# every call, and where it refuses one the checks run, to name it. What the launcher cannot see
+# is checked on every hit: that num_tokens is a multiple of 128 (and not 0: nothing is launched
+# then), and out's sf rows (_out_pair). Only options of exactly the types str, int, bool and (the
+# clamp) None or float are keyed: 128.0 == 128 and True == 1 hash alike, but positive_int refuses
+# the float and the bool.
+_CALLS: dict[tuple[object, ...], tuple[Callable[..., None], int, bool, float, int]] = {}
+
+
+def _key(x: object, fmt: object, num_per_tokens: object, round_sf: object, without_transpose: object,
+         swiglu_clamp_value: object) -> tuple[object, ...] | None:
+    """The cache key of an eager call on a 2-D tensor x with plainly typed options; None for anything else
+    (a call while compiling included). A None key is never stored: its lookup misses."""
+    if torch.compiler.is_compiling() or not (
+            isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str and type(num_per_tokens) is int
+            and type(round_sf) is bool and type(without_transpose) is bool
+            and (swiglu_clamp_value is None or type(swiglu_clamp_value) is float)):
+        return None
+    return (x.dtype, x.shape[1], fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
+
+
+def _run_cached(hit: tuple[Callable[..., None], int, bool, float, int], x: torch.Tensor,
+                out: object) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The call through a cached launcher, or None where the checks must run (a number of tokens
+    they refuse or that launches nothing, or tensors the launcher refused)."""
+    num_tokens = x.shape[0]
+    if num_tokens % 128 != 0 or num_tokens == 0:
+        return None
+    launch, npt, without_transpose, clamp, round_flag = hit
+    q, sf = _outputs(x, npt, False, without_transpose, clamp) if out is None else _out_pair(out, x, npt)
+    try:
+        launch(x, q, sf, clamp, round_flag)
+    except KernelArgumentError:
+        return None
+    return q, sf
 
 
 def swiglu_forward_and_per_channel_cast_and_transpose(
@@ -79,13 +137,20 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         swiglu_clamp_value: c > 0 or None: xl = min(xl, c), xr = clamp(xr, -c, c).
         out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
             return it (dtype, shape, contiguous: q (hidden, num_tokens), or (num_tokens, hidden)
-            with without_transpose), not overlapping x. Every element is written. Returned as
-            given (not checked when num_tokens is 0: nothing is launched).
+            with without_transpose; sf with num_tokens / num_per_tokens rows), not overlapping x.
+            Every element is written. Returned as given (q is not checked when num_tokens is 0:
+            nothing is launched).
 
     Returns:
         ``(q, sf)``: q float8_e4m3fn (hidden, num_tokens) (or (num_tokens, hidden)), and sf
         float32 (num_tokens / num_per_tokens, hidden), with q * sf ~ act per group.
     """
+    key = _key(x, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
+    hit = _CALLS.get(key)
+    if hit is not None:
+        result = _run_cached(hit, x, out)  # type: ignore[arg-type]
+        if result is not None:
+            return result
     x = matrix("x", x, "(num_tokens, 2 * hidden)")
     one_of("fmt", fmt, ("e4m3",))
     npt = positive_int("num_per_tokens", num_per_tokens)
@@ -108,4 +173,4 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     if torch.compiler.is_compiling():
         result = _swiglu_per_channel_op(*args)
         return result if out is None else copied_into(out, ("q", "sf"), result)
-    return _run(*args, out)
+    return _run(*args, out, key)

@@ -10,11 +10,13 @@ this module checks the non-tensor arguments and the shapes that tie the tensors 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from .._args import copied_into, matrix, not_built, one_of, out_tensors, positive_int
 from .._runtime import custom_op, get_kernel
+from ..errors import KernelArgumentError
 
 __all__ = ["swiglu_forward_and_per_token_cast"]
 
@@ -41,6 +43,11 @@ def _outputs(
     clamp: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Uninitialised (q, sf); also the fake (meta) kernel that torch.compile traces with."""
+    return _fresh(x, npc)
+
+
+def _fresh(x: torch.Tensor, npc: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (q, sf) for x and npc."""
     rows, hidden = int(x.shape[0]), int(x.shape[1]) // 2
     q = x.new_empty((rows, hidden), dtype=torch.float8_e4m3fn)
     sf = x.new_empty((rows, hidden // npc), dtype=torch.float32)
@@ -69,17 +76,23 @@ def _run(
     pos_to_expert: torch.Tensor | None,
     clamp: float,
     out: object,
+    key: tuple[object, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into fresh (q, sf), or into out's (checked by the launcher,
-    overlaps included); absent optional tensors become the device's placeholders."""
-    with_weights = topk_weights is not None
-    with_pos_to_expert = pos_to_expert is not None
-    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc, with_weights=with_weights,
-                            with_pos_to_expert=with_pos_to_expert)
-    if out is None:
-        q, sf = _outputs(x, npc, round_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp)
-    else:
-        q, sf = out_tensors(out, ("q", "sf"))
+    overlaps included); the launcher is then stored under key (None: a call not cached)."""
+    launch = _kernel.select(hidden=int(x.shape[1]) // 2, npc=npc, with_weights=topk_weights is not None,
+                            with_pos_to_expert=pos_to_expert is not None)
+    q, sf = _fresh(x, npc) if out is None else out_tensors(out, ("q", "sf"))
+    round_flag = int(round_sf)
+    launch(x, q, sf, *_optional(x, pos_to_token_topk, topk_weights, pos_to_expert), clamp, round_flag)
+    if key is not None:  # the launcher accepted the call: later ones of its signature may skip the checks
+        _CALLS[key] = (launch, clamp, round_flag, npc)
+    return q, sf
+
+
+def _optional(x: torch.Tensor, pos_to_token_topk: torch.Tensor | None, topk_weights: torch.Tensor | None,
+              pos_to_expert: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The optional tensors as the launcher takes them: an absent one is the device's placeholder."""
     if pos_to_token_topk is None or pos_to_expert is None:
         placeholders = _placeholders.get(x.get_device())
         if placeholders is None:  # also for CPU tensors (-1), which the launcher then refuses by name
@@ -89,8 +102,7 @@ def _run(
             pos_to_token_topk, topk_weights = placeholders
         if pos_to_expert is None:
             pos_to_expert = placeholders[0]
-    launch(x, q, sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp, int(round_sf))
-    return q, sf
+    return pos_to_token_topk, topk_weights, pos_to_expert  # type: ignore[return-value]
 
 
 # What torch.compile sees: one opaque op with a fixed schema.
@@ -104,6 +116,51 @@ def _positions(name: str, t: object, rows: int) -> torch.Tensor:
     if t.dim() != 1 or int(t.shape[0]) != rows:
         raise ValueError(f"{name}: expected shape ({rows},) (one entry per row of x), got {tuple(t.shape)}")
     return t
+
+
+# Eager calls, keyed by what the checks and select read: (x.dtype, x's width, fmt,
+# num_per_channels, which optional tensors are given, the flags, swiglu_clamp_value) -> (the
+# launcher, its clamp, its round_sf flag, npc). A key is stored only after the checks passed and
+# the launcher accepted the call, so a hit skips both; the launcher checks every tensor on every
+# call, and where it refuses one the checks run, to name it. The lengths of pos_to_token_topk
+# and pos_to_expert are sizes of their own in the contract (num_positions, num_expert_positions:
+# the launcher cannot tie them to x's rows), so the hit checks them. Only options of exactly the
+# types str, int, bool and (the clamp) None or float are keyed: 128.0 == 128 and True == 1 hash
+# alike, but positive_int refuses the float and the bool.
+_CALLS: dict[tuple[object, ...], tuple[Callable[..., None], float, int, int]] = {}
+
+
+def _key(x: object, fmt: object, num_per_channels: object, pos_to_token_topk: object, topk_weights: object,
+         pos_to_expert: object, use_tma_aligned_col_major_sf: object, round_sf: object, use_packed_ue8m0: object,
+         swiglu_clamp_value: object) -> tuple[object, ...] | None:
+    """The cache key of an eager call on a 2-D tensor x with plainly typed options; None for anything else
+    (a call while compiling included). A None key is never stored: its lookup misses."""
+    if torch.compiler.is_compiling() or not (
+            isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str and type(num_per_channels) is int
+            and type(use_tma_aligned_col_major_sf) is bool and type(round_sf) is bool
+            and type(use_packed_ue8m0) is bool and (swiglu_clamp_value is None or type(swiglu_clamp_value) is float)):
+        return None
+    return (x.dtype, x.shape[1], fmt, num_per_channels, pos_to_token_topk is None, topk_weights is None,
+            pos_to_expert is None, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value)
+
+
+def _run_cached(hit: tuple[Callable[..., None], float, int, int], x: torch.Tensor,
+                pos_to_token_topk: object, topk_weights: torch.Tensor | None, pos_to_expert: object,
+                out: object) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The call through a cached launcher, or None where the checks must run (a position tensor of
+    another length than x's rows, or tensors the launcher refused)."""
+    rows = x.shape[0]
+    for positions in (pos_to_token_topk, pos_to_expert):
+        if positions is not None and not (isinstance(positions, torch.Tensor) and positions.shape == (rows,)):
+            return None
+    launch, clamp, round_flag, npc = hit
+    q, sf = _fresh(x, npc) if out is None else out_tensors(out, ("q", "sf"))
+    try:
+        launch(x, q, sf, *_optional(x, pos_to_token_topk, topk_weights, pos_to_expert),  # type: ignore[arg-type]
+               clamp, round_flag)
+    except KernelArgumentError:
+        return None
+    return q, sf
 
 
 def swiglu_forward_and_per_token_cast(
@@ -148,6 +205,15 @@ def swiglu_forward_and_per_token_cast(
         ``(q, sf)``: q float8_e4m3fn (num_expanded_tokens, hidden) and sf float32
         (num_expanded_tokens, hidden / num_per_channels), row-major, with q * sf ~ y per group.
     """
+    key = None
+    if clamped_count is None and sf_clamp_min is None:
+        key = _key(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
+                   use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value)
+        hit = _CALLS.get(key)
+        if hit is not None:
+            result = _run_cached(hit, x, pos_to_token_topk, topk_weights, pos_to_expert, out)  # type: ignore[arg-type]
+            if result is not None:
+                return result
     x = matrix("x", x, "(num_expanded_tokens, 2 * hidden)")
     one_of("fmt", fmt, ("e4m3",))
     npc = positive_int("num_per_channels", num_per_channels)
@@ -185,4 +251,4 @@ def swiglu_forward_and_per_token_cast(
     if torch.compiler.is_compiling():
         result = _swiglu_forward_op(*args)
         return result if out is None else copied_into(out, ("q", "sf"), result)
-    return _run(*args, out)
+    return _run(*args, out, key)

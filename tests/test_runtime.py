@@ -381,3 +381,26 @@ def test_plan_leaves_what_run_cannot_take_to_python(package: ModuleType) -> None
     assert plan("Qf", ("x_ptr", "int(n_arg)")) is None  # an int where the kernel takes a float
     assert plan("Qi", ("x_ptr",)) is None  # fewer values than kinds
     assert plan("Qi", ("x_ptr", "n"), grid=("n ** 2", "1", "1")) is None  # outside the expression grammar
+
+
+def test_grids_beyond_cudas_limits_are_refused_by_name(package: ModuleType, stub_driver: ctypes.CDLL,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grid follows from the tensors' sizes: 65536 row tiles in y is the caller's to split, named as such,
+    where the driver would only say CUDA_ERROR_INVALID_VALUE. run() leaves it to that error."""
+    runtime, native, _, _, _ = _run_setup(package, stub_driver, monkeypatch)
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    contract = runtime.contract((("x", torch.int8, ("n",), runtime.ROW_MAJOR),), sizes=(("n", "x", "shape", 0, 0),),
+                                alignment=1, device_type=1)
+    function = runtime.Function(runtime.Cubin("none.cubin"), "k", (32, 1, 1), 0, "Q")
+    function.handles[0] = 0x1234
+    plan = runtime.plan(function, arguments=("x",), tensors=("x",), sizes=("n",), grid=("1", "n", "1"),
+                        values=("x_ptr",))
+    _reset(stub_driver, params=1)
+    assert native.run(contract, plan, function.handles, torch.empty(65535, dtype=torch.int8)) is True
+    _reset(stub_driver, params=1)
+    assert native.run(contract, plan, function.handles, torch.empty(65536, dtype=torch.int8)) is False
+    assert not _launched(stub_driver)
+    for grid in ((1, 65536, 1), (1, 1, 65536), (2**31, 1, 1)):
+        with pytest.raises(errors.KernelArgumentError, match=r"^k: the tensors' sizes give a grid of .* beyond CUDA's "
+                                                             r"limit of \(2147483647, 65535, 65535\); split the call"):
+            function.launch_slow(0, grid, (0x1000,))

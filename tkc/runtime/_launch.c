@@ -528,7 +528,8 @@ static int launch_planned(Reader *r, PyObject *const *arguments, Py_ssize_t n_ar
     int empty = 0;
     for (int d = 0; d < 3; d++) {
         int64_t g;
-        if (eval(r, sizes, n_sizes, &g) || g < 0 || g > (int64_t)UINT32_MAX) return 0;
+        /* CUDA's limits (2^31 - 1 blocks in x, 65535 in y and z): beyond them the Python path raises. */
+        if (eval(r, sizes, n_sizes, &g) || g < 0 || g > (d == 0 ? (int64_t)INT32_MAX : 65535)) return 0;
         grid[d] = (unsigned)g;
         empty |= g == 0;
     }

@@ -52,6 +52,7 @@ _CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720
 _CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+_MAX_GRID = (2**31 - 1, 65535, 65535)  # blocks per grid dimension, every arch since sm_30
 _TORCH_TO_NAME = {
     torch.bfloat16: "bfloat16",
     torch.float16: "float16",
@@ -639,6 +640,11 @@ class Function:
         Called after the fast path found no kernel handle for ``device`` or the driver refused
         the launch: a failed launch never ran, so launching again here is safe.
         """
+        if not (grid[0] <= _MAX_GRID[0] and grid[1] <= _MAX_GRID[1] and grid[2] <= _MAX_GRID[2]):
+            # The driver would say CUDA_ERROR_INVALID_VALUE; a grid follows from the tensors' sizes.
+            raise KernelArgumentError(
+                f"{self.symbol}: the tensors' sizes give a grid of {grid} blocks, beyond CUDA's limit of "
+                f"{_MAX_GRID}; split the call into smaller ones (fewer tokens per call)")
         extended = self.cluster is not None
         kernel = (self._extended if extended else self.handles).get(device)
         if kernel is None:

@@ -128,6 +128,12 @@ def ops() -> dict[str, Callable[[], object]]:
     out["swiglu_forward_and_per_token_cast H=7168"] = partial(quant.swiglu_forward_and_per_token_cast, *swiglu_args)
     out["swiglu_forward_and_per_token_cast H=7168 out="] = partial(quant.swiglu_forward_and_per_token_cast,
                                                                    *swiglu_args, out=swiglu_out)
+    # per_channel_cast of one 128-token tile (its scale groups run down the tokens).
+    xc = torch.randn(128, 2048, device="cuda", dtype=torch.bfloat16)
+    channel_out = (torch.empty(128, 2048, device="cuda", dtype=torch.float8_e4m3fn),
+                   torch.empty(1, 2048, device="cuda"))
+    out["per_channel_cast e4m3 T=128"] = partial(quant.per_channel_cast, xc, "e4m3", 128)
+    out["per_channel_cast e4m3 T=128 out="] = partial(quant.per_channel_cast, xc, "e4m3", 128, out=channel_out)
     yt = torch.empty_like(xt)
     out["batched_transpose bf16"] = lambda: transpose.batched_transpose(xt)
     out["batched_transpose bf16 out="] = lambda: transpose.batched_transpose(xt, out=yt)

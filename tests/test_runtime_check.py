@@ -119,6 +119,17 @@ def test_check_declines_contracts_it_cannot_read(runtime: ModuleType) -> None:
     assert runtime.check((9).to_bytes(8, "little") + contract[8:], x, q, sf) is None  # another version
 
 
+def _assert_expression(runtime: ModuleType, a: int, b: int, text: str, value: int) -> None:
+    """check() takes a tensor of length ``text`` (an expression of sizes a and b) where it is ``value`` long,
+    and declines one element more."""
+    contract = runtime.contract(
+        (("s", torch.int8, ("a", "b"), runtime.ROW_MAJOR), ("t", torch.int8, (text,), None)),
+        sizes=(("a", "s", "shape", 0, 0), ("b", "s", "shape", 1, 0)), alignment=1, device_type=KDL_CPU)
+    s = torch.empty(a, b, dtype=torch.int8)
+    assert runtime.check(contract, s, torch.empty(value, dtype=torch.int8)) is not None, text
+    assert runtime.check(contract, s, torch.empty(value + 1, dtype=torch.int8)) is None, text
+
+
 def test_expressions_follow_python_arithmetic(runtime: ModuleType) -> None:
     """Sums, products, floor quotients and remainders of sizes, as the launchers' Python spells them."""
     rng = random.Random(0)
@@ -128,12 +139,7 @@ def test_expressions_follow_python_arithmetic(runtime: ModuleType) -> None:
                             ("(a - 60) // b", (a - 60) // b), ("(a - 60) % b", (a - 60) % b)):
             if value < 0:
                 continue  # a negative dimension matches no tensor
-            contract = runtime.contract(
-                (("s", torch.int8, ("a", "b"), runtime.ROW_MAJOR), ("t", torch.int8, (text,), None)),
-                sizes=(("a", "s", "shape", 0, 0), ("b", "s", "shape", 1, 0)), alignment=1, device_type=KDL_CPU)
-            s = torch.empty(a, b, dtype=torch.int8)
-            assert runtime.check(contract, s, torch.empty(value, dtype=torch.int8)) is not None, text
-            assert runtime.check(contract, s, torch.empty(value + 1, dtype=torch.int8)) is None, text
+            _assert_expression(runtime, a, b, text, value)
 
 
 def test_expressions_outside_the_grammar_are_refused(runtime: ModuleType) -> None:
@@ -265,11 +271,6 @@ def test_expressions_take_max_and_min_of_two(runtime: ModuleType) -> None:
     """Grids like max(num_tokens, num_expanded_tokens), as the launchers' Python spells them."""
     for a, b in ((0, 5), (7, 3), (4, 4)):
         for text, value in (("max(a, b)", max(a, b)), ("min(a + 1, b) * 2", min(a + 1, b) * 2)):
-            contract = runtime.contract(
-                (("s", torch.int8, ("a", "b"), runtime.ROW_MAJOR), ("t", torch.int8, (text,), None)),
-                sizes=(("a", "s", "shape", 0, 0), ("b", "s", "shape", 1, 0)), alignment=1, device_type=KDL_CPU)
-            s = torch.empty(a, b, dtype=torch.int8)
-            assert runtime.check(contract, s, torch.empty(value, dtype=torch.int8)) is not None, text
-            assert runtime.check(contract, s, torch.empty(value + 1, dtype=torch.int8)) is None, text
+            _assert_expression(runtime, a, b, text, value)
     with pytest.raises(ValueError, match="max or min"):
         runtime.contract((("t", torch.int8, ("max(n, 1, 2)",), None),), sizes=(("n", "t", "shape", 0, 0),))

@@ -99,6 +99,19 @@ static int dims(PyObject *tuple, const char *what, unsigned out[3]) {
     return 0;
 }
 
+/* Writes a signed integer into its 8-byte slot as an int64 ('q') or, within its range, an int32
+ * ('i') or uint32 ('I'); -1 where it does not fit. */
+static int pack_integer(char kind, int64_t v, uint64_t *slot) {
+    if (kind == 'q') {
+        memcpy(slot, &v, 8);
+        return 0;
+    }
+    if (kind == 'i' ? (v < INT32_MIN || v > INT32_MAX) : (v < 0 || v > UINT32_MAX)) return -1;
+    uint32_t bits = (uint32_t)v;
+    memcpy(slot, &bits, 4);
+    return 0;
+}
+
 /* Writes one argument into its 8-byte slot; the format letters are struct's. */
 static int pack(char kind, PyObject *value, uint64_t *slot, void **param, Py_ssize_t index) {
     *param = slot;
@@ -109,22 +122,14 @@ static int pack(char kind, PyObject *value, uint64_t *slot, void **param, Py_ssi
         *slot = v;
         return 0;
     }
-    case 'q': {
+    case 'q': case 'i': case 'I': {
         long long v = PyLong_AsLongLong(value);
         if (v == -1 && PyErr_Occurred()) return -1;
-        memcpy(slot, &v, 8);
-        return 0;
-    }
-    case 'i': case 'I': {
-        long long v = PyLong_AsLongLong(value);
-        if (v == -1 && PyErr_Occurred()) return -1;
-        if (kind == 'i' ? (v < INT32_MIN || v > INT32_MAX) : (v < 0 || v > UINT32_MAX)) {
+        if (pack_integer(kind, v, slot)) {
             PyErr_Format(PyExc_OverflowError, "kernel argument %zd = %lld does not fit its %s parameter", index,
                          v, kind == 'i' ? "int32" : "uint32");
             return -1;
         }
-        uint32_t bits = (uint32_t)v;
-        memcpy(slot, &bits, 4);
         return 0;
     }
     case 'f': case 'd': {
@@ -148,6 +153,24 @@ static int pack(char kind, PyObject *value, uint64_t *slot, void **param, Py_ssi
         PyErr_Format(PyExc_ValueError, "unknown kernel argument kind %c", kind);
         return -1;
     }
+}
+
+/* The driver call of launch() and run(): the CUresult, or WRONG_DEVICE without launching.
+ * The launch goes to the calling thread's current context; a context of another device (or none
+ * yet: the driver then says CUDA_ERROR_INVALID_CONTEXT) is for the caller to fix. cooperative:
+ * through cuLaunchKernelEx with the cooperative attribute (a kernel with a grid-wide barrier). */
+static int launch_on(int device, void *kernel, const unsigned grid[3], const unsigned block[3], unsigned shared,
+                     void *stream, void **params, int cooperative) {
+    int current;
+    if (cu_ctx_get_device(&current) == 0 && current != device) return WRONG_DEVICE;
+    if (cooperative) {
+        launch_attribute attribute = {CU_LAUNCH_ATTRIBUTE_COOPERATIVE, {0}, {1}};
+        launch_config config = {{grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, shared, stream,
+                                &attribute, 1};
+        return cu_launch_kernel_ex(&config, kernel, params, NULL);
+    }
+    return cu_launch_kernel(kernel, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream, params,
+                            NULL);
 }
 
 /* launch(kernel, device, grid, block, shared_bytes, stream, kinds, *values) -> CUresult or WRONG_DEVICE
@@ -186,21 +209,7 @@ static PyObject *launch_with(PyObject *const *args, Py_ssize_t nargs, int cooper
     for (Py_ssize_t i = 0; i < count; i++) {
         if (pack(kinds[i], args[7 + i], &slots[i], &params[i], i)) return NULL;
     }
-    /* The launch goes to the calling thread's current context; a context of another device
-     * (or none yet: the driver then says CUDA_ERROR_INVALID_CONTEXT) is for the caller to fix. */
-    int current;
-    if (cu_ctx_get_device(&current) == 0 && current != device) return PyLong_FromLong(WRONG_DEVICE);
-    int result;
-    if (cooperative) {
-        launch_attribute attribute = {CU_LAUNCH_ATTRIBUTE_COOPERATIVE, {0}, {1}};
-        launch_config config = {{grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, (unsigned)shared,
-                                stream, &attribute, 1};
-        result = cu_launch_kernel_ex(&config, kernel, params, NULL);
-    } else {
-        result = cu_launch_kernel(kernel, grid[0], grid[1], grid[2], block[0], block[1], block[2], (unsigned)shared,
-                                  stream, params, NULL);
-    }
-    return PyLong_FromLong(result);
+    return PyLong_FromLong(launch_on((int)device, kernel, grid, block, (unsigned)shared, stream, params, cooperative));
 }
 
 static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -494,20 +503,15 @@ static PyObject *stream_getter; /* torch._C._cuda_getCurrentRawStream, set by se
 #define FROM_SIZE 1    /* runtime size index, as check() read it */
 #define FROM_ARGUMENT 2 /* the launcher's argument at position index (a scalar: int(...) or float(...)) */
 
-/* Writes an integer the launcher computed (a pointer or a size) into its slot, within the range
- * of the parameter kind; -1 where it does not fit (the Python path then raises). */
-static int pack_integer(char kind, int64_t v, uint64_t *slot) {
-    switch (kind) {
-    case 'Q': if (v < 0) return -1; *slot = (uint64_t)v; return 0;
-    case 'q': memcpy(slot, &v, 8); return 0;
-    case 'i': case 'I': {
-        if (kind == 'i' ? (v < INT32_MIN || v > INT32_MAX) : (v < 0 || v > UINT32_MAX)) return -1;
-        uint32_t bits = (uint32_t)v;
-        memcpy(slot, &bits, 4);
+/* Writes an integer run() computed (a pointer or a size) into its slot, within the range of the
+ * parameter kind; -1 where it does not fit (the Python path then raises). */
+static int pack_computed(char kind, int64_t v, uint64_t *slot) {
+    if (kind == 'Q') {
+        if (v < 0) return -1;
+        *slot = (uint64_t)v;
         return 0;
     }
-    default: return -1;
-    }
+    return kind == 'q' || kind == 'i' || kind == 'I' ? pack_integer(kind, v, slot) : -1;
 }
 
 /* A plan's launch configuration (the Function's block, shared memory and cooperative flag). */
@@ -550,10 +554,10 @@ static int launch_planned(Reader *r, PyObject *const *arguments, Py_ssize_t n_ar
             ok = 0;
         } else if (source == FROM_POINTER) {
             ok = index >= 0 && index < n_tensors &&
-                 pack_integer((char)kind, (int64_t)address_of(tensors[index]), &slots[i]) == 0;
+                 pack_computed((char)kind, (int64_t)address_of(tensors[index]), &slots[i]) == 0;
             params[i] = &slots[i];
         } else if (source == FROM_SIZE) {
-            ok = index >= 0 && index < n_sizes && pack_integer((char)kind, sizes[index], &slots[i]) == 0;
+            ok = index >= 0 && index < n_sizes && pack_computed((char)kind, sizes[index], &slots[i]) == 0;
             params[i] = &slots[i];
         } else if (source == FROM_ARGUMENT && index >= 0 && index < n_arguments && kind != 'T') {
             ok = pack((char)kind, arguments[index], &slots[i], &params[i], (Py_ssize_t)i) == 0;
@@ -571,20 +575,11 @@ static int launch_planned(Reader *r, PyObject *const *arguments, Py_ssize_t n_ar
         ok = 0;
     }
     Py_DECREF(device_object);
-    int current;
-    if (!ok || (cu_ctx_get_device(&current) == 0 && current != device)) return 0;
-    int result;
-    if (c.cooperative) {
-        launch_attribute attribute = {CU_LAUNCH_ATTRIBUTE_COOPERATIVE, {0}, {1}};
-        launch_config config = {{grid[0], grid[1], grid[2]},
-                                {(unsigned)c.block[0], (unsigned)c.block[1], (unsigned)c.block[2]},
-                                (unsigned)c.smem, stream, &attribute, 1};
-        result = cu_launch_kernel_ex(&config, kernel, params, NULL);
-    } else {
-        result = cu_launch_kernel(kernel, grid[0], grid[1], grid[2], (unsigned)c.block[0], (unsigned)c.block[1],
-                                  (unsigned)c.block[2], (unsigned)c.smem, stream, params, NULL);
-    }
-    return result == 0; /* a launch the driver refused never ran: the Python path may launch again */
+    if (!ok) return 0;
+    unsigned block[3] = {(unsigned)c.block[0], (unsigned)c.block[1], (unsigned)c.block[2]};
+    /* Another device's context or a launch the driver refused (which never ran): the Python path
+     * switches contexts, launches again or reports. */
+    return launch_on(device, kernel, grid, block, (unsigned)c.smem, stream, params, (int)c.cooperative) == 0;
 }
 
 /* run(contract, plan, handles, *arguments) -> True when launched, else False

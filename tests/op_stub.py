@@ -62,6 +62,52 @@ def dtype_name(dtype):
 
 def sm_count(device):
     return 132  # an H200's; ops size cooperative grids with it
+
+
+# dispatch(): a stub launcher has no plan, so every call takes the op's Python path; what the ops
+# remember is recorded, for tests that resolve it against the launch it stands for.
+REMEMBERED = []
+
+
+class Source:
+    def __init__(self, kind, index):
+        self.kind, self.index = kind, index
+
+
+def fast_path(inputs, outputs):
+    return (inputs, outputs), {}
+
+
+def dispatch(fast, *call):
+    return None
+
+
+def remember(fast, launch, arguments, rules, *call):
+    REMEMBERED.append((fast, launch, tuple(arguments), tuple(rules), call))
+
+
+def from_input(index):
+    return Source("input", index)
+
+
+def from_out(index=0):
+    return Source("out", index)
+
+
+def same_size(argument, dim, other, other_dim):
+    return ("same_size", argument, dim, other, other_dim)
+
+
+def size_multiple(argument, dim, multiple):
+    return ("size_multiple", argument, dim, multiple)
+
+
+def size_is(argument, dim, size):
+    return ("size_is", argument, dim, size)
+
+
+def stride_bytes_multiple(argument, dim, multiple):
+    return ("stride_bytes_multiple", argument, dim, multiple)
 '''
 
 # The build constants op modules read (an sm90 package's values).

@@ -274,6 +274,12 @@ def _reset(stub_driver: ctypes.CDLL, params: int = 7) -> None:
     ctypes.c_int.in_dll(stub_driver, "seen_num_attrs").value = 0
 
 
+def _launch_seen(lib: ctypes.CDLL, params: int = 7) -> tuple[object, ...]:
+    """(kernel, stream, dims, the first params' 8-byte slots): what a launch handed the stub, without the
+    slots' addresses (stack addresses of each path; only a 'T' kind passes an address of meaning)."""
+    return (*_seen(lib)[:3], tuple((ctypes.c_uint64 * 8).in_dll(lib, "seen_slots"))[:params])
+
+
 def _launched(stub_driver: ctypes.CDLL) -> bool:
     return ctypes.c_uint64.in_dll(stub_driver, "seen_kernel").value != 0
 
@@ -291,7 +297,7 @@ def test_run_launches_what_the_python_path_launches(package: ModuleType, stub_dr
     x, q, sf = _token_tensors(300)
     _reset(stub_driver)
     assert native.run(contract, plan, function.handles, x, q, sf, 2, 0.1) is True
-    by_run = _seen(stub_driver)
+    by_run = _launch_seen(stub_driver)
     attributes = ctypes.c_int.in_dll(stub_driver, "seen_num_attrs").value
     # The Python path of a generated launcher: check(), the grid, the values, launch().
     device, x_ptr, q_ptr, sf_ptr, num_tokens, x_row_stride = runtime.check(contract, x, q, sf)
@@ -300,7 +306,7 @@ def test_run_launches_what_the_python_path_launches(package: ModuleType, stub_dr
     _reset(stub_driver)
     assert launch(0x1234, device, grid, (128, 2, 1), 512, 0x5678 + device, b"QQQiqfd", q_ptr, sf_ptr, x_ptr, 2,
                   x_row_stride, 0.1, 0.1) == 0
-    assert by_run == _seen(stub_driver)
+    assert by_run == _launch_seen(stub_driver)
     assert by_run[1:3] == (0x5678, (75, 3, 1, 128, 2, 1, 512))
     assert attributes == ctypes.c_int.in_dll(stub_driver, "seen_num_attrs").value == int(cooperative)
 
@@ -404,3 +410,135 @@ def test_grids_beyond_cudas_limits_are_refused_by_name(package: ModuleType, stub
         with pytest.raises(errors.KernelArgumentError, match=r"^k: the tensors' sizes give a grid of .* beyond CUDA's "
                                                              r"limit of \(2147483647, 65535, 65535\); split the call"):
             function.launch_slow(0, grid, (0x1000,))
+
+
+# ---- dispatch(): an op's remembered call signature, on CPU tensors through the stub driver ----
+
+def _dispatch_setup(package: ModuleType, stub_driver: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
+                    ) -> tuple[ModuleType, ModuleType, object, tuple[object, ...], tuple[object, ...]]:
+    """(runtime, native, fast path, launcher arguments, call) of a per_token_cast-like op called as
+    op(x, fmt, npc, flag, out=(q, sf)), whose call was remembered: x keyed by its width, q and sf from out,
+    mode and eps constants, x's row stride a multiple of 16 bytes."""
+    runtime, native, contract, function, plan = _run_setup(package, stub_driver, monkeypatch)
+    if not runtime.NATIVE_DISPATCH:
+        pytest.skip("the small package was built without dispatch()")
+    function.handles[0] = 0x1234
+
+    def launcher(*args: object) -> None:
+        raise AssertionError("dispatch() launches through the plan, never through the launcher")
+
+    launcher.planned = (contract, plan, function.handles)  # type: ignore[attr-defined]
+    fast = runtime.fast_path(inputs=((1,),), outputs=2)
+    x, q, sf = _token_tensors(300)
+    call = (x, (q, sf), "e4m3", 128, None, False)
+    assert runtime.dispatch(fast, *call) is None  # nothing remembered yet
+    arguments = (runtime.from_input(0), runtime.from_out(0), runtime.from_out(1), 2, 0.1)
+    runtime.remember(fast, launcher, arguments, (runtime.stride_bytes_multiple(0, 0, 16),), *call)
+    return runtime, native, fast, (contract, plan, function.handles), call
+
+
+def test_dispatch_launches_what_run_launches(package: ModuleType, stub_driver: ctypes.CDLL,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime, native, fast, planned, call = _dispatch_setup(package, stub_driver, monkeypatch)
+    x, (q, sf) = call[:2]
+    _reset(stub_driver)
+    assert native.run(*planned, x, q, sf, 2, 0.1) is True
+    by_run = _launch_seen(stub_driver)
+    _reset(stub_driver)
+    assert runtime.dispatch(fast, *call) is call[1]  # out, returned as given
+    assert _launch_seen(stub_driver) == by_run
+    _reset(stub_driver)
+    as_list = runtime.dispatch(fast, x, [q, sf], *call[2:])  # a list out comes back as the op's tuple
+    assert type(as_list) is tuple and as_list[0] is q and as_list[1] is sf
+    assert _launch_seen(stub_driver) == by_run
+    # Another token count is the same signature: the sizes are read per call.
+    x2, q2, sf2 = _token_tensors(5)
+    _reset(stub_driver)
+    assert runtime.dispatch(fast, x2, (q2, sf2), *call[2:]) is not None
+    assert _launch_seen(stub_driver)[2][:3] == (2, 3, 1)
+
+
+@pytest.mark.parametrize("case", [
+    "another npc", "npc a float", "flag an int", "npc a bool", "an option of another type", "x dtype", "x width",
+    "x not a tensor", "no out", "out of one tensor", "out a dict", "q rows", "row stride", "no handle yet",
+    "driver error", "spec version",
+])
+def test_dispatch_declines_what_the_op_must_decide(package: ModuleType, stub_driver: ctypes.CDLL,
+                                                   monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """None: the op's Python path runs its checks (naming the argument) or launches; nothing was launched,
+    except a launch the driver refused (which never ran)."""
+    runtime, _, fast, planned, call = _dispatch_setup(package, stub_driver, monkeypatch)
+    x, (q, sf) = call[:2]
+    args = list(call)
+    if case == "another npc":
+        args[3] = 64
+    elif case == "npc a float":
+        args[3] = 128.0  # == 128, same hash: the key holds the type too
+    elif case == "flag an int":
+        args[5] = 0  # == False
+    elif case == "npc a bool":
+        args[3] = True
+    elif case == "an option of another type":
+        args[4] = [1, 128]
+        assert runtime._native.dispatch_key(fast[0], *args) is None  # never remembered either
+    elif case == "x dtype":
+        args[0] = x.float()
+    elif case == "x width":
+        args[0] = torch.randn(300, 512).to(torch.bfloat16)
+    elif case == "x not a tensor":
+        args[0] = x.tolist()
+    elif case == "no out":
+        args[1] = None
+    elif case == "out of one tensor":
+        args[1] = (q,)
+    elif case == "out a dict":
+        args[1] = {0: q, 1: sf}
+    elif case == "q rows":
+        args[1] = (q[:299], sf)
+    elif case == "row stride":  # 260 bf16 per row: 520 bytes, not a multiple of 16 (the contract accepts it)
+        args[0] = torch.randn(300, 260).to(torch.bfloat16)[:, :256]
+        assert runtime.check(planned[0], args[0], q, sf) is not None
+    elif case == "no handle yet":
+        planned[2].clear()
+    elif case == "driver error":
+        ctypes.c_int.in_dll(stub_driver, "next_result").value = 719
+    elif case == "spec version":
+        fast = ((9).to_bytes(8, "little") + fast[0][8:], fast[1])
+    if case != "driver error":
+        _reset(stub_driver)
+    assert runtime.dispatch(fast, *args) is None
+    assert _launched(stub_driver) is (case == "driver error")
+
+
+def test_dispatch_rules_restate_the_ops_checks(package: ModuleType, stub_driver: ctypes.CDLL,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizes the contract leaves free: each rule launches where it holds and declines where it does not."""
+    runtime, _, _, _, _ = _run_setup(package, stub_driver, monkeypatch)
+    contract = runtime.contract((("x", torch.float32, ("n", 4), runtime.ROW_MAJOR), ("y", torch.int32, ("m",), None)),
+                                sizes=(("n", "x", "shape", 0, 0), ("m", "y", "shape", 0, 0)), alignment=4,
+                                device_type=1)
+    function = runtime.Function(runtime.Cubin("none.cubin"), "k", (32, 1, 1), 0, "QQ")
+    function.handles[0] = 0x1234
+    plan = runtime.plan(function, arguments=("x", "y"), tensors=("x", "y"), sizes=("n", "m"),
+                        grid=("n", "1", "1"), values=("x_ptr", "y_ptr"))
+
+    def launcher(*args: object) -> None:
+        raise AssertionError
+
+    launcher.planned = (contract, plan, function.handles)  # type: ignore[attr-defined]
+    rules = {
+        "same": (runtime.same_size(0, 0, 1, 0), 8, 8, 7),
+        "multiple": (runtime.size_multiple(1, 0, 4), 8, 12, 10),
+        "is": (runtime.size_is(1, 0, 3), 8, 3, 4),
+    }
+    for name, (rule, n, m_good, m_bad) in rules.items():
+        x, out = torch.zeros(n, 4), torch.zeros(m_good, dtype=torch.int32)
+        fast = runtime.fast_path(inputs=((),), outputs=1)
+        runtime.remember(fast, launcher, (runtime.from_input(0), runtime.from_out()), (rule,), x, out)
+        assert len(fast[1]) == 1, name
+        _reset(stub_driver, params=2)
+        assert runtime.dispatch(fast, x, out) is out, name
+        assert _launched(stub_driver), name
+        _reset(stub_driver, params=2)
+        assert runtime.dispatch(fast, x, torch.zeros(m_bad, dtype=torch.int32)) is None, name
+        assert not _launched(stub_driver), name

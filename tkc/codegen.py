@@ -43,6 +43,8 @@ class LauncherSource:
     functions: tuple[tuple[str, str], ...]  # (variable, Function(...) expression) per launch, host order
     # (variable, source) of the contract(...) of the compiled check and the plan(...) of run()
     contract: tuple[tuple[str, str], ...] = ()
+    # what dispatch() launches with for the ops: (contract, plan, handles) variables; "" without a plan
+    planned: str = ""
 
 
 def torch_dtype(name: str) -> str:
@@ -359,9 +361,11 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
     body = _checked_lines(contract, contract_var, python_checks)
     module_vars = [(contract_var, _contract_source(contract, alignment))] if has_tensors else []
     plan = _plan_source(contract, function_vars[0])
+    planned = ""
     if plan is not None:
         plan_var = f"{cubin_var}_PLAN"
         module_vars.append((plan_var, plan))
+        planned = f"({contract_var}, {plan_var}, {function_vars[0]}.handles)"
         tensors = ", ".join(p.name for p in contract.params)
         body = [
             f"if run({contract_var}, {plan_var}, {function_vars[0]}.handles, {tensors}):",
@@ -386,4 +390,5 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
         key=key,
         functions=tuple((var, _function(launch, cubin_var)) for var, launch in zip(function_vars, contract.launches)),
         contract=tuple(module_vars),
+        planned=planned,
     )

@@ -21,7 +21,17 @@ import torch
 
 from .._args import column_storage, copied_into, matrix, not_built, one_of, out_tensors, positive_int
 from .._build_info import ALIGNMENT
-from .._runtime import custom_op, dtype_name, get_kernel
+from .._runtime import (
+    custom_op,
+    dispatch,
+    dtype_name,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    remember,
+    stride_bytes_multiple,
+)
 from ..errors import KernelArgumentError
 
 __all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]
@@ -54,6 +64,10 @@ class _Variant(NamedTuple):
 _VARIANTS: dict[tuple[object, ...], _Variant] = {}
 # The same for per_token_cast_with_precomputed_sf, whose variant ignores round_sf unless UE8M0.
 _GIVEN_VARIANTS: dict[tuple[object, ...], _Variant] = {}
+# per_token_cast(x, ..., out=(q, sf)) with row-major scales, in one C call (_runtime.dispatch): keyed
+# by x's dtype and width and the options as given, checked by the launcher's contract and x's row
+# stride rule (what _check_row_stride tests).
+_FAST = fast_path(inputs=((1,),), outputs=2)
 
 
 def _key(x: object, fmt: object, num_per_channels: object, x_block_size: object,
@@ -297,7 +311,11 @@ def _cast_form(
     if variant is not None:
         x = _check_row_stride(x)  # type: ignore[arg-type]
         if out is not None:
-            return _run_into(variant.launch, x, out, variant.npc, variant.sf_layout)
+            result = _run_into(variant.launch, x, out, variant.npc, variant.sf_layout)
+            if not sf_only and variant.sf_layout == "row_major":  # dispatch() had not seen it, or declined
+                _remember_fast(variant.launch, x, out, fmt, num_per_channels, x_block_size,
+                               use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+            return result
         return _run(variant.launch, x, variant.fmt, variant.npc, variant.sf_layout, mode)
     x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                                        round_sf, use_packed_ue8m0)
@@ -306,8 +324,18 @@ def _cast_form(
         return result if out is None else copied_into(out, ("q", "sf"), result)  # type: ignore[no-any-return]
     variant = _remember(key, _Variant(_select(x, fmt, npc, bool(round_sf), sf_layout), fmt, npc, sf_layout))
     if out is not None:
-        return _run_into(variant.launch, x, out, npc, sf_layout)
+        result = _run_into(variant.launch, x, out, npc, sf_layout)
+        if not sf_only and sf_layout == "row_major":
+            _remember_fast(variant.launch, x, out, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                           round_sf, use_packed_ue8m0)
+        return result
     return _run(variant.launch, x, fmt, npc, sf_layout, mode)
+
+
+def _remember_fast(launch: Callable[..., None], *call: object) -> None:
+    """Let dispatch() take later per_token_cast calls like ``call`` (x, out, options; row-major sf)."""
+    remember(_FAST, launch, (from_input(0), from_out(0), from_out(1), _MODE_CAST),
+             (stride_bytes_multiple(0, 0, ALIGNMENT),), *call)
 
 
 def per_token_cast(
@@ -356,6 +384,11 @@ def per_token_cast(
         A group holding a NaN or an Inf gets the scale NaN (UE8M0 byte 0xFF) and the codes
         0x7F (the e4m3 NaN) or 0 (e2m1), so it dequantizes to NaN.
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = dispatch(_FAST, x, out, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                        use_packed_ue8m0)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     if fmt not in _KERNEL_FORMATS:  # e5m6 goes to its own op; anything else is refused naming fmt
         one_of("fmt", fmt, _FORMATS)
         if x_block_size is not None:

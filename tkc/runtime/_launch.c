@@ -115,6 +115,7 @@ static int pack_integer(char kind, int64_t v, uint64_t *slot) {
 /* Writes one argument into its 8-byte slot; the format letters are struct's. */
 static int pack(char kind, PyObject *value, uint64_t *slot, void **param, Py_ssize_t index) {
     *param = slot;
+    *slot = 0; /* the bytes a 4-byte value leaves are zero, not stack leftovers */
     switch (kind) {
     case 'Q': { /* a device pointer or a uint64 */
         unsigned long long v = PyLong_AsUnsignedLongLong(value);
@@ -506,6 +507,7 @@ static PyObject *stream_getter; /* torch._C._cuda_getCurrentRawStream, set by se
 /* Writes an integer run() computed (a pointer or a size) into its slot, within the range of the
  * parameter kind; -1 where it does not fit (the Python path then raises). */
 static int pack_computed(char kind, int64_t v, uint64_t *slot) {
+    *slot = 0;
     if (kind == 'Q') {
         if (v < 0) return -1;
         *slot = (uint64_t)v;
@@ -591,40 +593,304 @@ static int launch_planned(Reader *r, PyObject *const *arguments, Py_ssize_t n_ar
  * device -> kernel handle. False never means "invalid", only "not here": the launcher's
  * Python path then checks (naming the argument), loads the kernel on a new device, switches
  * contexts or reports the driver's error. */
-static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 3 || args[0] == Py_None || args[1] == Py_None || to_dlpack == NULL || stream_getter == NULL ||
-        cu_launch_kernel == NULL || cu_launch_kernel_ex == NULL || !PyDict_Check(args[2]))
-        Py_RETURN_FALSE;
+/* ---- dispatch(): an op's remembered call signatures, straight to the launch --------------- */
+
+#define FAST_VERSION 1
+/* Where a launcher argument comes from in dispatch() (recipe words: source, index). */
+#define FROM_INPUT 0    /* the op's tensor input at index (the call's leading arguments) */
+#define FROM_OUT 1      /* out's tensor at index (out itself when the op returns one tensor) */
+#define FROM_CONSTANT 2 /* the entry's constants tuple at index (a scalar or a placeholder tensor) */
+/* What an op checks beyond the contract, on every call (recipe words: kind, a, i, b, j). */
+#define RULE_SAME_SIZE 1     /* shape[i] of argument a == shape[j] of argument b */
+#define RULE_SIZE_MULTIPLE 2 /* shape[i] of argument a % b == 0 */
+#define RULE_SIZE_IS 3       /* shape[i] of argument a == b */
+#define RULE_STRIDE_BYTES 4  /* stride[i] of argument a, in bytes, % b == 0 where shape[i] > 1 */
+
+static int64_t item_bytes(const DLTensor *t) { return ((int64_t)t->dtype.bits * t->dtype.lanes + 7) / 8; }
+
+/* 1 when every rule holds over the launcher's tensors (by argument position), else 0. */
+static int rules_hold(Reader *r, DLTensor *const *by_argument, Py_ssize_t n_arguments) {
+    int64_t n_rules;
+    if (next(r, &n_rules) || n_rules < 0) return 0;
+    for (int64_t k = 0; k < n_rules; k++) {
+        int64_t kind, a, i, b, j;
+        if (next(r, &kind) || next(r, &a) || next(r, &i) || next(r, &b) || next(r, &j)) return 0;
+        if (a < 0 || a >= n_arguments || by_argument[a] == NULL || i < 0 || i >= by_argument[a]->ndim) return 0;
+        const DLTensor *t = by_argument[a];
+        int64_t size = t->shape[i];
+        switch (kind) {
+        case RULE_SAME_SIZE:
+            if (b < 0 || b >= n_arguments || by_argument[b] == NULL || j < 0 || j >= by_argument[b]->ndim ||
+                by_argument[b]->shape[j] != size)
+                return 0;
+            break;
+        case RULE_SIZE_MULTIPLE:
+            if (b <= 0 || size % b != 0) return 0;
+            break;
+        case RULE_SIZE_IS:
+            if (size != b) return 0;
+            break;
+        case RULE_STRIDE_BYTES:
+            if (b <= 0 || (size > 1 && (t->strides == NULL || (t->strides[i] * item_bytes(t)) % b != 0))) return 0;
+            break;
+        default:
+            return 0;
+        }
+    }
+    return r->left == 0;
+}
+
+/* run()'s body over an argument array: 1 when checked and launched, 0 when declined. known:
+ * DLTensors the caller already exported, by argument position (NULL: export it here), or NULL;
+ * rules: dispatch()'s checks beyond the contract, or NULL. */
+static int run_arguments(PyObject *contract_bytes, PyObject *plan_bytes, PyObject *handles, PyObject *const *arguments,
+                         Py_ssize_t n_arguments, DLTensor *const *known, Reader *rules) {
     char *contract, *plan;
     Py_ssize_t contract_length, plan_length;
-    if (PyBytes_AsStringAndSize(args[0], &contract, &contract_length) ||
-        PyBytes_AsStringAndSize(args[1], &plan, &plan_length))
-        return NULL;
-    if (contract_length % 8 || plan_length % 8) Py_RETURN_FALSE;
-    PyObject *const *arguments = args + 3;
-    Py_ssize_t n_arguments = nargs - 3;
+    if (!PyDict_Check(handles) || PyBytes_AsStringAndSize(contract_bytes, &contract, &contract_length) ||
+        PyBytes_AsStringAndSize(plan_bytes, &plan, &plan_length) || contract_length % 8 || plan_length % 8)
+        return 0;
     Reader r = {(const int64_t *)plan, plan_length / 8};
     int64_t version, expected, n_tensors;
     if (next(&r, &version) || version != PLAN_VERSION || next(&r, &expected) || expected != n_arguments ||
         next(&r, &n_tensors) || n_tensors < 1 || n_tensors > MAX_TENSORS)
-        Py_RETURN_FALSE;
-    Py_ssize_t positions[MAX_TENSORS];
-    for (int64_t i = 0; i < n_tensors; i++) {
-        int64_t position;
-        if (next(&r, &position) || position < 0 || position >= n_arguments) Py_RETURN_FALSE;
-        positions[i] = (Py_ssize_t)position;
-    }
+        return 0;
     PyObject *capsules[MAX_TENSORS];
-    DLTensor *tensors[MAX_TENSORS];
+    DLTensor *tensors[MAX_TENSORS], *by_argument[MAX_ARGS] = {NULL};
+    Py_ssize_t held = 0;
+    int ok = n_arguments <= MAX_ARGS;
+    for (int64_t i = 0; ok && i < n_tensors; i++) {
+        int64_t position;
+        if (next(&r, &position) || position < 0 || position >= n_arguments) {
+            ok = 0;
+        } else if (known != NULL && known[position] != NULL) {
+            tensors[i] = known[position];
+        } else {
+            Py_ssize_t one = (Py_ssize_t)position;
+            ok = export_tensors(arguments, &one, 1, &capsules[held], &tensors[i]) == 1;
+            held += ok;
+        }
+        if (ok) by_argument[position] = tensors[i];
+    }
     int64_t sizes[MAX_SIZES], n_sizes = 0;
-    Py_ssize_t held = export_tensors(arguments, positions, (Py_ssize_t)n_tensors, capsules, tensors);
-    int launched = held == n_tensors &&
-                   matches((const int64_t *)contract, contract_length / 8, tensors, held, sizes, &n_sizes) == 0 &&
-                   launch_planned(&r, arguments, n_arguments, args[2], tensors, held, sizes, n_sizes);
+    int launched = ok && matches((const int64_t *)contract, contract_length / 8, tensors, n_tensors, sizes,
+                                 &n_sizes) == 0 &&
+                   (rules == NULL || rules_hold(rules, by_argument, n_arguments)) &&
+                   launch_planned(&r, arguments, n_arguments, handles, tensors, n_tensors, sizes, n_sizes);
     release(capsules, held);
+    return launched;
+}
+
+/* run(contract, plan, handles, *arguments) -> True when launched, else False
+ *
+ * A launcher's whole fast path in one call: check() of the tensor arguments against the
+ * contract, then the grid from the runtime sizes, the kernel arguments in the cubin's order,
+ * torch's current stream of the tensors' device and cuLaunchKernel (cuLaunchKernelEx for a
+ * cooperative kernel), all as _runtime.plan() packed them. handles: the Function's dict of
+ * device -> kernel handle. False never means "invalid", only "not here": the launcher's
+ * Python path then checks (naming the argument), loads the kernel on a new device, switches
+ * contexts or reports the driver's error. */
+static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 3 || args[0] == Py_None || args[1] == Py_None || to_dlpack == NULL || stream_getter == NULL ||
+        cu_launch_kernel == NULL || cu_launch_kernel_ex == NULL)
+        Py_RETURN_FALSE;
+    int launched = run_arguments(args[0], args[1], args[2], args + 3, nargs - 3, NULL, NULL);
     PyErr_Clear(); /* declined, not failed: the Python path will name the problem */
     if (launched) Py_RETURN_TRUE;
     Py_RETURN_FALSE;
+}
+
+/* An option of an exactly known type: str, int, float, bool, None, or a tuple of ints. Exact,
+ * because the key holds the option next to its type: 128 and 128.0, 1 and True hash alike and
+ * the op's checks refuse the float and the bool, so a hit must never stand in for them. */
+static int plain_option(PyObject *o) {
+    if (o == Py_None || PyUnicode_CheckExact(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyBool_Check(o))
+        return 1;
+    if (!PyTuple_CheckExact(o)) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_Size(o); i++) {
+        if (!PyLong_CheckExact(PyTuple_GetItem(o, i))) return 0;
+    }
+    return 1;
+}
+
+/* Puts a new reference into the key at *at; -1 (the error left set) where it could not be made. */
+static int put_new(PyObject *key, Py_ssize_t *at, PyObject *item) {
+    if (item == NULL) return -1;
+    PyTuple_SetItem(key, (*at)++, item); /* steals item */
+    return 0;
+}
+
+static void put(PyObject *key, Py_ssize_t *at, PyObject *item) {
+    Py_INCREF(item);
+    PyTuple_SetItem(key, (*at)++, item);
+}
+
+/* The key of a call (inputs, out, *options) under a fast path's spec, or NULL (declined; an error
+ * may be set). The inputs are exported into capsules / tensors (the caller releases *held of
+ * them; by input position, NULL for a None input). Key: per input its DLPack dtype, ndim and the
+ * dimensions its spec mask names (None for an absent input), per option its type and value,
+ * then the first input's device. */
+static PyObject *call_key(const int64_t *spec, Py_ssize_t n_spec, PyObject *const *call, Py_ssize_t n_call,
+                          PyObject **capsules, Py_ssize_t *held, DLTensor **inputs) {
+    Reader r = {spec, n_spec};
+    int64_t version, n_inputs, arity, masks[MAX_TENSORS];
+    *held = 0;
+    if (next(&r, &version) || version != FAST_VERSION || next(&r, &n_inputs) || n_inputs < 1 ||
+        n_inputs > MAX_TENSORS || next(&r, &arity) || n_call < n_inputs + 1)
+        return NULL;
+    Py_ssize_t n_items = 1 + 2 * (n_call - n_inputs - 1);
+    int device = -1;
+    for (int64_t i = 0; i < n_inputs; i++) {
+        inputs[i] = NULL;
+        if (next(&r, &masks[i])) return NULL;
+        if (call[i] == Py_None) {
+            n_items += 1;
+            continue;
+        }
+        if (export_tensors(call, (const Py_ssize_t[]){(Py_ssize_t)i}, 1, &capsules[*held], &inputs[i]) != 1)
+            return NULL;
+        *held += 1;
+        if (device < 0) device = inputs[i]->device.device_id;
+        n_items += 2;
+        for (int d = 0; d < inputs[i]->ndim && d < 63; d++) n_items += masks[i] >> d & 1;
+    }
+    if (device < 0 || r.left != 0) return NULL;
+    for (Py_ssize_t i = n_inputs + 1; i < n_call; i++) {
+        if (!plain_option(call[i])) return NULL;
+    }
+    PyObject *key = PyTuple_New(n_items);
+    if (key == NULL) return NULL;
+    Py_ssize_t at = 0;
+    int failed = 0;
+    for (int64_t i = 0; !failed && i < n_inputs; i++) {
+        const DLTensor *t = inputs[i];
+        if (t == NULL) {
+            put(key, &at, Py_None);
+            continue;
+        }
+        uint32_t dtype = (uint32_t)t->dtype.code | ((uint32_t)t->dtype.bits << 8) | ((uint32_t)t->dtype.lanes << 16);
+        failed = put_new(key, &at, PyLong_FromUnsignedLong(dtype)) || put_new(key, &at, PyLong_FromLong(t->ndim));
+        for (int d = 0; !failed && d < t->ndim && d < 63; d++) {
+            if (masks[i] >> d & 1) failed = put_new(key, &at, PyLong_FromLongLong(t->shape[d]));
+        }
+    }
+    for (Py_ssize_t i = n_inputs + 1; !failed && i < n_call; i++) {
+        put(key, &at, (PyObject *)Py_TYPE(call[i]));
+        put(key, &at, call[i]);
+    }
+    failed = failed || put_new(key, &at, PyLong_FromLong(device));
+    if (failed || at != n_items) {
+        Py_DECREF(key); /* unfilled items are NULL, which the tuple's deallocation skips */
+        return NULL;
+    }
+    return key;
+}
+
+/* out's tensor at index under the spec's arity: out itself (arity 1) or an item of a tuple or
+ * list of exactly arity items; NULL (borrowed) otherwise. */
+static PyObject *out_item(PyObject *out, int64_t arity, int64_t index) {
+    if (arity == 1) return index == 0 ? out : NULL;
+    if (PyTuple_CheckExact(out) && PyTuple_Size(out) == arity && index < arity) return PyTuple_GetItem(out, index);
+    if (PyList_CheckExact(out) && PyList_Size(out) == arity && index < arity) return PyList_GetItem(out, index);
+    return NULL;
+}
+
+/* dispatch(fast, *inputs, out, *options) -> what the op returns (out, as a tuple where it holds
+ * several tensors), or None
+ *
+ * An op's hot path for a call signature it has seen: fast is (spec, table) from
+ * _runtime.fast_path(); the table maps the key of a call the op's full checks passed to what the
+ * launch needs (the launcher's contract, plan and handles, the recipe of its arguments and
+ * the op's rules beyond the contract, the constants). One lookup, then run()'s check and launch
+ * with the rules in between. None never means "invalid", only "not here": the op's Python path
+ * then runs (and names what is wrong). Calls with out=None are not taken: the op allocates. */
+static PyObject *dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || !PyTuple_Check(args[0]) || PyTuple_Size(args[0]) != 2 || to_dlpack == NULL ||
+        stream_getter == NULL || cu_launch_kernel == NULL || cu_launch_kernel_ex == NULL)
+        Py_RETURN_NONE;
+    PyObject *spec_bytes = PyTuple_GetItem(args[0], 0), *table = PyTuple_GetItem(args[0], 1);
+    char *spec;
+    Py_ssize_t spec_length;
+    if (!PyDict_Check(table) || PyBytes_AsStringAndSize(spec_bytes, &spec, &spec_length) || spec_length % 8 ||
+        spec_length < 24) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    const int64_t *words = (const int64_t *)spec;
+    PyObject *const *call = args + 1;
+    Py_ssize_t n_call = nargs - 1, n_inputs = (Py_ssize_t)words[1];
+    int64_t arity = words[2];
+    if (n_inputs < 1 || n_call <= n_inputs || call[n_inputs] == Py_None || arity < 1) Py_RETURN_NONE;
+    PyObject *out = call[n_inputs], *result = NULL;
+    PyObject *capsules[MAX_TENSORS];
+    DLTensor *inputs[MAX_TENSORS];
+    Py_ssize_t held = 0;
+    PyObject *key = call_key(words, spec_length / 8, call, n_call, capsules, &held, inputs);
+    PyObject *entry = key == NULL ? NULL : PyDict_GetItemWithError(table, key); /* borrowed */
+    Py_XDECREF(key);
+    char *recipe;
+    Py_ssize_t recipe_length;
+    if (entry != NULL && PyTuple_Check(entry) && PyTuple_Size(entry) == 5 &&
+        PyBytes_AsStringAndSize(PyTuple_GetItem(entry, 3), &recipe, &recipe_length) == 0 && recipe_length % 8 == 0) {
+        PyObject *constants = PyTuple_GetItem(entry, 4);
+        Reader r = {(const int64_t *)recipe, recipe_length / 8};
+        int64_t n_arguments = 0;
+        PyObject *arguments[MAX_ARGS];
+        DLTensor *known[MAX_ARGS];
+        int ok = next(&r, &n_arguments) == 0 && n_arguments >= 0 && n_arguments <= MAX_ARGS &&
+                 PyTuple_Check(constants);
+        for (int64_t i = 0; ok && i < n_arguments; i++) {
+            int64_t source, index;
+            known[i] = NULL;
+            if (next(&r, &source) || next(&r, &index) || index < 0) {
+                ok = 0;
+            } else if (source == FROM_INPUT) {
+                ok = index < n_inputs && call[index] != Py_None;
+                if (ok) {
+                    arguments[i] = call[index];
+                    known[i] = inputs[index];
+                }
+            } else if (source == FROM_OUT) {
+                arguments[i] = out_item(out, arity, index);
+                ok = arguments[i] != NULL;
+            } else if (source == FROM_CONSTANT) {
+                ok = index < PyTuple_Size(constants);
+                if (ok) arguments[i] = PyTuple_GetItem(constants, index);
+            } else {
+                ok = 0;
+            }
+        }
+        if (ok && run_arguments(PyTuple_GetItem(entry, 0), PyTuple_GetItem(entry, 1), PyTuple_GetItem(entry, 2),
+                                arguments, (Py_ssize_t)n_arguments, known, &r)) {
+            if (arity == 1 || PyTuple_CheckExact(out)) {
+                Py_INCREF(out);
+                result = out;
+            } else {
+                result = PyList_AsTuple(out);
+            }
+        }
+    }
+    release(capsules, held);
+    if (result != NULL) return result;
+    PyErr_Clear(); /* declined, not failed: the op's Python path will name the problem */
+    Py_RETURN_NONE;
+}
+
+/* dispatch_key(spec, *inputs, out, *options) -> the key dispatch() looks such a call up by, or None
+ * where it never would (an option of another type, an input that is not a tensor). */
+static PyObject *dispatch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    char *spec;
+    Py_ssize_t spec_length;
+    if (nargs < 1 || PyBytes_AsStringAndSize(args[0], &spec, &spec_length)) return NULL;
+    if (to_dlpack == NULL || spec_length % 8) Py_RETURN_NONE;
+    PyObject *capsules[MAX_TENSORS];
+    DLTensor *inputs[MAX_TENSORS];
+    Py_ssize_t held = 0;
+    PyObject *key = call_key((const int64_t *)spec, spec_length / 8, args + 1, nargs - 1, capsules, &held, inputs);
+    release(capsules, held);
+    if (key != NULL) return key;
+    PyErr_Clear();
+    Py_RETURN_NONE;
 }
 
 /* set_stream(torch._C._cuda_getCurrentRawStream): the stream getter run() calls with the device. */
@@ -678,6 +944,11 @@ static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "run(contract, plan, handles, *arguments) -> True when checked and launched, False where the Python path must "
      "decide."},
+    {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL,
+     "dispatch(fast, *inputs, out, *options) -> the op's result when a remembered call signature was checked and "
+     "launched, None where the op's Python path must decide."},
+    {"dispatch_key", (PyCFunction)(void (*)(void))dispatch_key, METH_FASTCALL,
+     "dispatch_key(spec, *inputs, out, *options) -> the key dispatch() looks the call up by, or None."},
     {"set_stream", (PyCFunction)(void (*)(void))set_stream, METH_FASTCALL,
      "set_stream(torch._C._cuda_getCurrentRawStream): the stream getter run() calls with the device index."},
     {"set_dlpack", (PyCFunction)(void (*)(void))set_dlpack, METH_FASTCALL,

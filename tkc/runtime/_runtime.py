@@ -693,6 +693,110 @@ if NATIVE_RUN:
 run: Callable[..., bool] = _native.run if NATIVE_RUN else _no_run
 
 
+
+# ---- dispatch(): an op's remembered call signatures, in one C call -----------------------------
+#
+# An op that takes out= and has seen a call signature before can skip its own Python (option
+# checks, variant choice, out's tuple) as well as the launcher's: dispatch(fast, *inputs, out,
+# *options) (``_launch.dispatch``) keys the call by the inputs' dtype, rank and compile-time
+# dimensions and the options' exact types and values, looks up what remember() stored after the
+# op's full checks passed, checks the rules the op states beyond the contract and launches as
+# run() does. None means "not here" (a first call, another signature, a refused tensor, a pure
+# wheel): the op's Python path runs and names what is wrong.
+
+_FAST_VERSION = 1
+_FROM_INPUT, _FROM_OUT, _FROM_CONSTANT = 0, 1, 2  # where a launcher argument comes from (_launch.c)
+_RULE_SAME_SIZE, _RULE_SIZE_MULTIPLE, _RULE_SIZE_IS, _RULE_STRIDE_BYTES = 1, 2, 3, 4
+
+FastPath = tuple[bytes, dict[tuple[Any, ...], tuple[Any, ...]]]  # (spec, table) as dispatch() takes it
+
+
+def fast_path(inputs: Sequence[Sequence[int]], outputs: int) -> FastPath:
+    """A fast path for an op called as dispatch(fast, *inputs, out, *options).
+
+    ``inputs``: per leading tensor argument (None allowed: an optional tensor), the dimensions
+    whose sizes select the variant (compile-time in the grid, e.g. hidden); ``outputs``: how many
+    tensors out holds (1: out is a tensor; more: a tuple or list of them).
+    """
+    masks = [sum(1 << d for d in dims) for dims in inputs]
+    return array.array("q", [_FAST_VERSION, len(inputs), outputs, *masks]).tobytes(), {}
+
+
+class Source:
+    """A launcher argument that dispatch() takes from the call: the op's input or out's tensor ``index``."""
+
+    __slots__ = ("index", "kind")
+
+    def __init__(self, kind: int, index: int) -> None:
+        self.kind, self.index = kind, index
+
+
+def from_input(index: int) -> Source:
+    return Source(_FROM_INPUT, index)
+
+
+def from_out(index: int = 0) -> Source:
+    return Source(_FROM_OUT, index)
+
+
+# The checks an op makes beyond the contract, restated for dispatch(); arguments are positions in
+# the launcher's argument list, dimensions of their shapes.
+def same_size(argument: int, dim: int, other: int, other_dim: int) -> tuple[int, ...]:
+    return (_RULE_SAME_SIZE, argument, dim, other, other_dim)
+
+
+def size_multiple(argument: int, dim: int, multiple: int) -> tuple[int, ...]:
+    return (_RULE_SIZE_MULTIPLE, argument, dim, multiple, 0)
+
+
+def size_is(argument: int, dim: int, size: int) -> tuple[int, ...]:
+    return (_RULE_SIZE_IS, argument, dim, size, 0)
+
+
+def stride_bytes_multiple(argument: int, dim: int, multiple: int) -> tuple[int, ...]:
+    """The stride of ``dim`` in bytes a multiple of ``multiple`` wherever the tensor has several indices there."""
+    return (_RULE_STRIDE_BYTES, argument, dim, multiple, 0)
+
+
+def remember(fast: FastPath, launch: Callable[..., None], arguments: Sequence[object],
+             rules: Sequence[tuple[int, ...]], *call: Any) -> None:
+    """Let dispatch() take calls of ``call``'s signature straight to ``launch``.
+
+    Call it after the op's full checks passed and ``launch`` ran for ``call`` (inputs, out,
+    options, as the op passes them to dispatch). ``arguments``: the launcher's arguments, each a
+    Source or a constant (a scalar the options fixed, a placeholder tensor); ``rules``: what the
+    op checks beyond the contract and the key. A launcher without a plan (a pure wheel, a TMA or
+    cluster launch), or a call dispatch() would never key, is not remembered.
+    """
+    planned = getattr(launch, "planned", None)
+    if not NATIVE_DISPATCH or planned is None or None in planned:
+        return
+    key = _native.dispatch_key(fast[0], *call)  # type: ignore[union-attr]
+    if key is None:
+        return
+    constants: list[object] = []
+    words = [len(arguments)]
+    for argument in arguments:
+        if isinstance(argument, Source):
+            words += (argument.kind, argument.index)
+        else:
+            words += (_FROM_CONSTANT, len(constants))
+            constants.append(argument)
+    words.append(len(rules))
+    for rule in rules:
+        words += rule
+    fast[1][key] = (*planned, array.array("q", words).tobytes(), tuple(constants))
+
+
+def _no_dispatch(fast: FastPath, *call: Any) -> None:
+    return None  # no compiled dispatch: the op's Python path runs
+
+
+NATIVE_DISPATCH = NATIVE_RUN and hasattr(_native, "dispatch")
+# What ops with out= call first: dispatch(fast, *inputs, out, *options) -> the op's result, or None.
+dispatch: Callable[..., Any] = _native.dispatch if NATIVE_DISPATCH else _no_dispatch
+
+
 class Kernel:
     """All prebuilt variants of one spec kernel, keyed by their compile-time parameters."""
 

@@ -4,7 +4,10 @@ The op modules (templates/<family>/<op>.py) are imported into the stub package o
 tests (tests/op_stub.py), whose launchers record the launch instead of running it, and called
 on tiny CPU tensors. What is timed is the op module's own Python (argument checks, variant
 selection, output allocation) plus the stub's select and launch, which stand in for the real
-ones (a dictionary lookup, and the launcher that the lead measures apart). The numbers compare
+ones (a dictionary lookup, and the launcher that the lead measures apart). The stub's dispatch()
+always declines, so an out= call here times the op's Python path plus its remember() of the
+signature: what the first out= call of a signature costs, where the compiled dispatch() takes
+the later ones (benchmarks/runtime_overhead.py measures those on the GPU). The numbers compare
 versions of the op modules on one machine; the H200 host's absolute times differ.
 
     PYTHONPATH=. python benchmarks/op_overhead_cpu.py [--calls N] [--rounds R] [--json FILE]
@@ -41,12 +44,16 @@ def host_us(fn: Callable[[], object], runtimes: list[Any], calls: int) -> float:
     for _ in range(max(1, calls // BATCH)):
         for runtime in runtimes:
             runtime.LAUNCHES.clear()
+            runtime.REMEMBERED.clear()
+            runtime.DISPATCHED.clear()
         start = time.perf_counter_ns()
         for _ in range(BATCH):
             fn()
         samples.append((time.perf_counter_ns() - start) / BATCH / 1e3)
     for runtime in runtimes:
         runtime.LAUNCHES.clear()
+        runtime.REMEMBERED.clear()
+        runtime.DISPATCHED.clear()
     return statistics.median(samples)
 
 
@@ -97,6 +104,9 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
     top2_args = (scores, bias, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid")
     top2_out = moe_top2.top2_sum_gate(*top2_args)
     expand_out = moe_expand.expand_to_fused(xh, pos, p2e)
+    topk_out = moe_gate.topk_gate(scores, 8)
+    normalize_out = moe_norm.normalize_weight(w)
+    transpose_y = m["transpose/batched_transpose"].batched_transpose(xt)
     reduce_out = moe_reduce.reduce_fused(xe, w, pos)
     block, channel, transpose = m["quant/per_block_cast"], m["quant/per_channel_cast"], \
         m["quant/per_channel_cast_and_transpose"]
@@ -153,10 +163,14 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
         "quant.swiglu_backward_and_per_token_cast out=": lambda: swiglu_bwd.swiglu_backward_and_per_token_cast(
             *bwd_args, out=bwd_out),
         "transpose.batched_transpose bf16": lambda: m["transpose/batched_transpose"].batched_transpose(xt),
+        "transpose.batched_transpose bf16 out=": lambda: m["transpose/batched_transpose"].batched_transpose(
+            xt, out=transpose_y),
         "moe.topk_gate E=256 K=8": lambda: moe_gate.topk_gate(scores, 8),
+        "moe.topk_gate E=256 K=8 out=": lambda: moe_gate.topk_gate(scores, 8, out=topk_out),
         "moe.top2_sum_gate E=256 K=8 8/4 groups": lambda: moe_top2.top2_sum_gate(*top2_args),
         "moe.top2_sum_gate E=256 K=8 8/4 groups out=": lambda: moe_top2.top2_sum_gate(*top2_args, out=top2_out),
         "moe.normalize_weight K=8": lambda: moe_norm.normalize_weight(w),
+        "moe.normalize_weight K=8 out=": lambda: moe_norm.normalize_weight(w, out=normalize_out),
         "moe.expand_to_fused H=256": lambda: moe_expand.expand_to_fused(xh, pos, p2e),
         "moe.expand_to_fused H=256 out=": lambda: moe_expand.expand_to_fused(xh, pos, p2e, out=expand_out),
         "moe.expand_to_fused_with_sf H=256": lambda: moe_expand.expand_to_fused_with_sf(xq, 128, pos, p2e),

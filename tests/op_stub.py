@@ -67,6 +67,7 @@ def sm_count(device):
 # dispatch(): a stub launcher has no plan, so every call takes the op's Python path; what the ops
 # remember is recorded, for tests that resolve it against the launch it stands for.
 REMEMBERED = []
+DISPATCHED = []
 
 
 class Source:
@@ -79,6 +80,7 @@ def fast_path(inputs, outputs):
 
 
 def dispatch(fast, *call):
+    DISPATCHED.append((fast, call))
     return None
 
 
@@ -94,8 +96,8 @@ def from_out(index=0):
     return Source("out", index)
 
 
-def same_size(argument, dim, other, other_dim):
-    return ("same_size", argument, dim, other, other_dim)
+def same_size(argument, dim, other, other_dim, times=1):
+    return ("same_size", argument, dim, other, other_dim, times)
 
 
 def size_multiple(argument, dim, multiple):

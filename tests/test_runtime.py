@@ -528,6 +528,7 @@ def test_dispatch_rules_restate_the_ops_checks(package: ModuleType, stub_driver:
     launcher.planned = (contract, plan, function.handles)  # type: ignore[attr-defined]
     rules = {
         "same": (runtime.same_size(0, 0, 1, 0), 8, 8, 7),
+        "times": (runtime.same_size(0, 0, 1, 0, times=2), 8, 16, 8),
         "multiple": (runtime.size_multiple(1, 0, 4), 8, 12, 10),
         "is": (runtime.size_is(1, 0, 3), 8, 3, 4),
     }
@@ -542,3 +543,16 @@ def test_dispatch_rules_restate_the_ops_checks(package: ModuleType, stub_driver:
         _reset(stub_driver, params=2)
         assert runtime.dispatch(fast, x, torch.zeros(m_bad, dtype=torch.int32)) is None, name
         assert not _launched(stub_driver), name
+
+
+def test_generated_launchers_carry_what_dispatch_launches_with(package: ModuleType) -> None:
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    if not runtime.NATIVE_RUN:
+        pytest.skip("the small package was built without its compiled module")
+    kernel = runtime.get_kernel("per_token_cast")
+    for launch in kernel.variants.values():
+        module = sys.modules[launch.__module__]
+        prefix = f"_{launch.__name__.upper()}"
+        contract, plan, handles = launch.planned
+        assert contract is getattr(module, f"{prefix}_CONTRACT") and plan is getattr(module, f"{prefix}_PLAN")
+        assert handles is getattr(module, f"{prefix}_KERNEL").handles

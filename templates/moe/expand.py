@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from .._args import matrix, not_built, out_tensors
-from .._runtime import custom_op, dtype_name, get_kernel
+from .._runtime import custom_op, dispatch, dtype_name, fast_path, from_input, from_out, get_kernel, remember
 from ..errors import KernelArgumentError
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
@@ -50,6 +50,10 @@ def _expand(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: tor
 # the op's checks would (dimensions, the mapping's rows against x's, dtypes, strides); only where it
 # refuses do the op's checks run, to name the argument or to make the mapping contiguous.
 _LAUNCHERS: dict[tuple[torch.dtype, int], Callable[..., None]] = {}
+# expand_to_fused(x, token_topk_to_pos, pos_to_expert, out=out) in one C call (_runtime.dispatch):
+# keyed by x's dtype and hidden (the variant) and the mapping's dtypes and ranks; the launcher's
+# contract checks the rest of what the op checks (the mapping's rows against x's, out's shape).
+_FAST = fast_path(inputs=((1,), (), ()), outputs=1)
 
 
 def _run(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
@@ -87,6 +91,10 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         (num_expanded_tokens, hidden) of x's dtype: row pos holds x[t] for pos =
         token_topk_to_pos[t, k], padding rows are zero.
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = dispatch(_FAST, x, token_topk_to_pos, pos_to_expert, out)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     fast = _LAUNCHERS.get((x.dtype, x.shape[1])) if type(x) is torch.Tensor and x.dim() == 2 else None
     if fast is not None and type(pos_to_expert) is torch.Tensor and pos_to_expert.dim() == 1 \
             and (out is None or type(out) is torch.Tensor) \
@@ -94,17 +102,27 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         result = x.new_empty((pos_to_expert.shape[0], x.shape[1])) if out is None else out
         try:
             fast(x, token_topk_to_pos, pos_to_expert, result)
+            if out is not None:  # dispatch() had not seen it, or declined
+                _remember_fast(fast, x, token_topk_to_pos, pos_to_expert, out)
             return result
         except KernelArgumentError:
             pass  # the checks below name what is wrong (or make the mapping contiguous and launch)
     x = matrix("x", x)
-    token_topk_to_pos, pos_to_expert = _check_mapping(int(x.shape[0]), token_topk_to_pos, pos_to_expert)
+    pos, pos_to_expert = _check_mapping(int(x.shape[0]), token_topk_to_pos, pos_to_expert)
     if out is not None:
         (out,) = out_tensors(out, ("out",))
     if torch.compiler.is_compiling():
-        result = _expand_op(x, token_topk_to_pos, pos_to_expert)
+        result = _expand_op(x, pos, pos_to_expert)
         return result if out is None else out.copy_(result)
-    return _run(x, token_topk_to_pos, pos_to_expert, out)
+    result = _run(x, pos, pos_to_expert, out)
+    if out is not None and pos is token_topk_to_pos:  # not where the launch took a contiguous copy of the mapping
+        _remember_fast(_LAUNCHERS[(x.dtype, x.shape[1])], x, token_topk_to_pos, pos_to_expert, out)
+    return result
+
+
+def _remember_fast(launch: Callable[..., None], *call: object) -> None:
+    """Let dispatch() take later expand_to_fused calls like ``call`` (x, the mapping, out) straight to launch."""
+    remember(_FAST, launch, (from_input(0), from_input(1), from_input(2), from_out(0)), (), *call)
 
 
 def _sf_outputs(x: torch.Tensor, x_sf: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from .._args import matrix, not_built, one_of, out_tensors, positive_int
-from .._runtime import custom_op, get_kernel
+from .._runtime import custom_op, dispatch, fast_path, from_input, from_out, get_kernel, remember, size_is
 from ..errors import KernelArgumentError
 
 __all__ = ["top2_sum_gate"]
@@ -28,6 +28,13 @@ __all__ = ["top2_sum_gate"]
 _kernel = get_kernel("top2_sum_gate")
 _SCORING = ("sigmoid", "sqrtsoftplus", "softmax")
 MAX_TOPK = 32
+# top2_sum_gate(..., out=(topk_idx, topk_weights)) in one C call (_runtime.dispatch), called as
+# dispatch(_FAST, logits, bias, to_physical_map, logical_count, out, *the other arguments): keyed by
+# num_routed_experts (logits' width), the map's shape (its rows are num_routed_experts +
+# num_shared_experts, its columns set experts_per_rank) and every scalar as given, which fix the
+# variant and its scalar arguments; the optional tensors that are not built are options (None, or
+# not keyed at all). Checked by the launcher's contract and out's width (_out_tensors' check).
+_FAST = fast_path(inputs=((1,), (), (0, 1), ()), outputs=2)
 
 
 def _rank(name: str, value: object, size: int, size_name: str) -> int:
@@ -107,6 +114,14 @@ def _gate_into(out: object, compiling: bool, logits: torch.Tensor, bias: torch.T
     launch = _select(logits, scoring, k, groups, top_groups, mapped)  # type: ignore[arg-type]
     launch(*inputs, topk_idx, topk_weights, *scalars)
     return topk_idx, topk_weights
+
+
+def _remember_fast(launch: Callable[..., None], scalars: tuple[object, ...], width: int, *call: object) -> None:
+    """Let dispatch() take later calls like ``call`` (logits, bias, to_physical_map, logical_count, out, the
+    other arguments as given) straight to launch, with its scalar arguments and out's width."""
+    inputs = (0, 1, 2, 3) if call[2] is not None else (0, 1)
+    arguments = (*map(from_input, inputs), from_out(0), from_out(1), *scalars)
+    remember(_FAST, launch, arguments, (size_is(len(inputs), 1, width),), *call)
 
 
 def _out_tensors(out: object, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,6 +228,12 @@ def top2_sum_gate(
         ``(topk_idx, topk_weights)``, int64 and float32 (num_tokens, num_topk + S). Ids that live
         on another TP rank are -1 (their weights are kept).
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = dispatch(_FAST, logits, bias, to_physical_map, logical_count, out, num_topk, num_topk_groups,
+                        num_groups, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank,
+                        num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask, fix_routing_mask, unmapped_topk_idx)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     key = None
     if mask is None and fix_routing_mask is None and to_physical_map is None and logical_count is None \
             and unmapped_topk_idx is None:
@@ -226,6 +247,11 @@ def top2_sum_gate(
             else:
                 topk_idx, topk_weights = _out_tensors(out, width)
             launch(logits, bias, topk_idx, topk_weights, *scalars)
+            if out is not None:  # dispatch() had not seen it, or declined
+                _remember_fast(launch, scalars, width, logits, bias, to_physical_map, logical_count, out, num_topk,
+                               num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
+                               routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask,
+                               fix_routing_mask, unmapped_topk_idx)
             return topk_idx, topk_weights
     logits = matrix("logits", logits, "(num_tokens, num_routed_experts)")
     for name, value in (("mask", mask), ("fix_routing_mask", fix_routing_mask),
@@ -273,6 +299,12 @@ def top2_sum_gate(
     compiling = torch.compiler.is_compiling()
     if out is not None:
         result = _gate_into(out, compiling, logits, bias, to_physical_map, logical_count, args)
+        if not compiling:  # dispatch() had not seen it, or declined
+            launch = _select(logits, scoring, k, groups, top_groups, to_physical_map is not None)
+            _remember_fast(launch, args[5:], p, logits, bias, to_physical_map, logical_count, out, num_topk,
+                           num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
+                           routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask,
+                           fix_routing_mask, unmapped_topk_idx)
     elif to_physical_map is not None:
         assert logical_count is not None
         gate_mapped = _gate_mapped_op if compiling else _gate_mapped

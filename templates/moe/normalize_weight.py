@@ -10,11 +10,15 @@ from __future__ import annotations
 import torch
 
 from .._args import copied_into, matrix, out_tensors
-from .._runtime import custom_op, get_kernel
+from .._runtime import custom_op, dispatch, fast_path, from_input, from_out, get_kernel, remember
 
 __all__ = ["normalize_weight"]
 
 _kernel = get_kernel("normalize_weight")
+# normalize_weight(topk_weights, out=(denominator, normalized_weights)) in one C call (_runtime.dispatch):
+# keyed by topk_weights' dtype and num_topk, which fix the variant; the launcher's contract checks
+# every tensor (the outputs' rows and width against topk_weights'), which is all the op checks.
+_FAST = fast_path(inputs=((1,),), outputs=2)
 
 
 def _outputs(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,6 +41,8 @@ def _run(topk_weights: torch.Tensor, out: object) -> tuple[torch.Tensor, torch.T
     else:
         denominator, normalized = out_tensors(out, ("denominator", "normalized_weights"))
     launch(topk_weights, denominator, normalized)
+    if out is not None:  # dispatch() had not seen it, or declined: later calls like it may skip the above
+        remember(_FAST, launch, (from_input(0), from_out(0), from_out(1)), (), topk_weights, out)
     return denominator, normalized
 
 
@@ -56,6 +62,10 @@ def normalize_weight(topk_weights: torch.Tensor, *,
         ``(denominator, normalized_weights)``: float32 (num_tokens,) holding 1e-20 + the row sum,
         and float32 (num_tokens, num_topk) holding topk_weights / denominator.
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = dispatch(_FAST, topk_weights, out)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
     if torch.compiler.is_compiling():
         result = _normalize_weight_op(topk_weights)

@@ -22,7 +22,18 @@ from typing import Any
 import torch
 
 from .._args import matrix, not_built, one_of, out_tensors
-from .._runtime import custom_op, dtype_name, get_kernel
+from .._runtime import (
+    custom_op,
+    dispatch,
+    dtype_name,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    remember,
+    same_size,
+    size_is,
+)
 from ..errors import KernelArgumentError
 from ._expand import expand_to_fused
 
@@ -48,6 +59,12 @@ def _reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tens
 # against each other, dtypes, strides); only where it refuses do the checks run, to name the
 # argument or to make the mapping and weights contiguous.
 _LAUNCHERS: dict[tuple[object, ...], Callable[..., None]] = {}
+# reduce_fused(x or (x, x_sf), topk_weights, token_topk_to_pos, fp8_format, sf, out) in one C call
+# (_runtime.dispatch), called as dispatch(_FAST, x, x_sf, topk_weights, token_topk_to_pos, sf, out,
+# fp8_format): keyed by x's dtype and hidden, which of x_sf / topk_weights / sf are given (and their
+# dtypes and ranks) and fp8_format; checked by the launcher's contract and the sizes it leaves free
+# (x_sf's, topk_weights' and sf's: _remember_fast's rules, what _run_fast tests).
+_FAST = fast_path(inputs=((1,), (), (), (), ()), outputs=1)
 
 
 def _run(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
@@ -104,9 +121,37 @@ def _run_fast(x: object, topk_weights: torch.Tensor | None, token_topk_to_pos: o
             or (topk_weights is not None and topk_weights.shape != token_topk_to_pos.shape):
         return None
     try:
-        return _launch(launch, x, x_sf, topk_weights, token_topk_to_pos, fp8_format == "e4m3", sf, out)
+        result = _launch(launch, x, x_sf, topk_weights, token_topk_to_pos, fp8_format == "e4m3", sf, out)
     except KernelArgumentError:
         return None  # reduce_fused's checks name what is wrong (or make the mapping contiguous and launch)
+    if out is not None:  # dispatch() had not seen it, or declined
+        _remember_fast(launch, x, x_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format)
+    return result
+
+
+def _remember_fast(launch: Callable[..., None], x: torch.Tensor, x_sf: torch.Tensor | None,
+                   topk_weights: torch.Tensor | None, token_topk_to_pos: object, sf: torch.Tensor | None,
+                   out: object, fp8_format: object) -> None:
+    """Let dispatch() take later reduce_fused calls like this one (launched as given, into out) straight to launch.
+
+    The launcher's arguments: x, x_sf, topk_weights, token_topk_to_pos, out, sf, where each optional
+    tensor not given is the device's shared empty one (a constant of the entry: the key holds the
+    device). The rules restate the sizes the contract leaves free, as _run_fast checks them.
+    """
+    if fp8_format == "e4m3" and sf is None:
+        return  # _launch allocates the scale 1 on each call: no constant of the entry stands in for it
+    nothing = _nothing[x.get_device()]
+    rules = []
+    if x_sf is not None:
+        rules.append(same_size(1, 0, 0, 0))  # x_sf: one scale per row of x
+    if topk_weights is not None:
+        rules += (same_size(2, 0, 3, 0), same_size(2, 1, 3, 1))  # topk_weights: token_topk_to_pos's shape
+    if sf is not None:
+        rules.append(size_is(5, 0, 1))  # sf: one element
+    arguments = (from_input(0), nothing[0] if x_sf is None else from_input(1),
+                 nothing[1] if topk_weights is None else from_input(2), from_input(3), from_out(0),
+                 nothing[0] if sf is None else from_input(4))
+    remember(_FAST, launch, arguments, rules, x, x_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format)
 
 
 def _fake_reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
@@ -151,6 +196,11 @@ def reduce_fused(
     Returns:
         (num_tokens, hidden) bf16, or float8_e4m3fn for fp8_format='e4m3'.
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        data, data_sf = x if type(x) in (tuple, list) and len(x) == 2 else (x, None)
+        done = dispatch(_FAST, data, data_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     if type(topk_weights) is torch.Tensor or topk_weights is None:
         result = _run_fast(x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
         if result is not None:
@@ -178,6 +228,7 @@ def reduce_fused(
         if fp8_format != "e4m3":
             raise ValueError("sf: an output scale needs fp8_format='e4m3'")
         sf = _vector("sf", sf, 1, "(a scalar in a 1-element tensor)")
+    weights = topk_weights
     if topk_weights is not None:
         topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
         if tuple(topk_weights.shape) != tuple(pos.shape):
@@ -187,7 +238,11 @@ def reduce_fused(
     if torch.compiler.is_compiling():
         result = _reduce_op(x, x_sf, topk_weights, pos, fp8_format, sf)
         return result if out is None else out.copy_(result)
-    return _run(x, x_sf, topk_weights, pos, fp8_format, sf, out)
+    result = _run(x, x_sf, topk_weights, pos, fp8_format, sf, out)
+    if out is not None and pos is token_topk_to_pos and topk_weights is weights:  # the caller's tensors launched
+        _remember_fast(_LAUNCHERS[(x.dtype, hidden, x_sf is not None, weights is not None, fp8_format)], x, x_sf,
+                       weights, pos, sf, out, fp8_format)
+    return result
 
 
 class ExpandToFused(torch.autograd.Function):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from .._args import copied_into, matrix, not_built, one_of, out_tensors
-from .._runtime import custom_op, dtype_name, get_kernel
+from .._runtime import custom_op, dispatch, dtype_name, fast_path, from_input, from_out, get_kernel, remember
 from ..errors import KernelArgumentError
 
 __all__ = ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
@@ -86,6 +86,13 @@ _per_block_cast_with_sf_op = custom_op("per_block_cast_with_precomputed_sf", fak
 _CASTS: dict[tuple[object, ...], Callable[..., None]] = {}
 # The same for per_block_cast_with_precomputed_sf, whose variants are others (precomputed_sf).
 _GIVEN: dict[tuple[object, ...], Callable[..., None]] = {}
+# per_block_cast(x, ..., out=(q, sf)) in one C call (_runtime.dispatch): keyed by x's dtype and width
+# and the options as given, which is all the checks read; the launcher's contract ties every size to
+# x's tokens and the variant's hidden, so no rule is left to restate.
+_FAST = fast_path(inputs=((1,),), outputs=2)
+# per_block_cast_with_precomputed_sf(x, ..., sf, out=q) likewise: keyed by x's dtype and width, sf's
+# dtype and rank and the options; the contract checks sf (an input here) as it checks q.
+_FAST_GIVEN = fast_path(inputs=((1,), ()), outputs=1)
 
 
 def _key(x: object, fmt: object, block_size: object, use_tma_aligned_col_major_sf: object, round_sf: object,
@@ -107,6 +114,16 @@ def _launched(launch: Callable[..., None], x: torch.Tensor, q: torch.Tensor, sf:
     launch(x, q, sf)
     if key is not None:
         cache[key] = launch
+
+
+def _remember_fast(launch: Callable[..., None], *call: object) -> None:
+    """Let dispatch() take later per_block_cast calls like ``call`` (x, out, options)."""
+    remember(_FAST, launch, (from_input(0), from_out(0), from_out(1)), (), *call)
+
+
+def _remember_given(launch: Callable[..., None], *call: object) -> None:
+    """Let dispatch() take later per_block_cast_with_precomputed_sf calls like ``call`` (x, sf, out, options)."""
+    remember(_FAST_GIVEN, launch, (from_input(0), from_out(0), from_input(1)), (), *call)
 
 
 def _block_size(block_size: object) -> tuple[int, int]:
@@ -173,21 +190,32 @@ def per_block_cast(
         one); sf is float32 (ceil(num_tokens / block_m), hidden / block_k), row-major, so that
         ``decode(q) * sf`` (per block) approximates x.
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = dispatch(_FAST, x, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     key = _key(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     launch = _CASTS.get(key)
     if launch is not None:
         q, sf = _outputs(x, fmt, *block_size) if out is None else out_tensors(out, ("q", "sf"))  # type: ignore[arg-type]
         try:
             launch(x, q, sf)
-            return q, sf
         except KernelArgumentError:
             pass  # the checks below name what is wrong
+        else:
+            if out is not None:  # dispatch() had not seen it, or declined
+                _remember_fast(launch, x, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                               use_packed_ue8m0)
+            return q, sf
     block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
     if torch.compiler.is_compiling():  # torch.compile sees a pure op, its result copied into out
         result = _per_block_cast_op(x, fmt, block_m, block_k, bool(round_sf))
         return result if out is None else copied_into(out, ("q", "sf"), result)
     q, sf = _outputs(x, fmt, block_m, block_k) if out is None else out_tensors(out, ("q", "sf"))
-    _launched(_select(x, fmt, block_m, block_k, round_sf=bool(round_sf), precomputed_sf=False), x, q, sf, key, _CASTS)
+    launch = _select(x, fmt, block_m, block_k, round_sf=bool(round_sf), precomputed_sf=False)
+    _launched(launch, x, q, sf, key, _CASTS)
+    if out is not None:
+        _remember_fast(launch, x, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     return q, sf
 
 
@@ -234,15 +262,24 @@ def per_block_cast_with_precomputed_sf(
     Returns:
         q: float8_e4m3fn (num_tokens, hidden) or packed FP4 int8 (num_tokens, hidden / 2).
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = dispatch(_FAST_GIVEN, x, sf, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                        use_packed_ue8m0)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     key = _key(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     launch = _GIVEN.get(key)
     if launch is not None:
         q = _codes(x, fmt) if out is None else out_tensors(out, ("q",))[0]
         try:
             launch(x, q, sf)
-            return q
         except KernelArgumentError:
             pass  # the checks below name what is wrong
+        else:
+            if out is not None:  # dispatch() had not seen it, or declined
+                _remember_given(launch, x, sf, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                                use_packed_ue8m0)
+            return q
     block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"sf: expected a float32 torch.Tensor of per-block scales, got {type(sf).__name__}")
@@ -251,5 +288,8 @@ def per_block_cast_with_precomputed_sf(
         return q if out is None else out_tensors(out, ("q",))[0].copy_(q)
     q = _q_output(x, sf, fmt, block_m, block_k) if out is None else out_tensors(out, ("q",))[0]
     # The launcher checks sf's dtype, shape and layout (an input here) and out's as q's.
-    _launched(_select(x, fmt, block_m, block_k, round_sf=False, precomputed_sf=True), x, q, sf, key, _GIVEN)
+    launch = _select(x, fmt, block_m, block_k, round_sf=False, precomputed_sf=True)
+    _launched(launch, x, q, sf, key, _GIVEN)
+    if out is not None:
+        _remember_given(launch, x, sf, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     return q

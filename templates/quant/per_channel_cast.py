@@ -15,7 +15,17 @@ from collections.abc import Callable
 import torch
 
 from .._args import copied_into, matrix, one_of, out_tensors, positive_int
-from .._runtime import custom_op, dtype_name, get_kernel
+from .._runtime import (
+    custom_op,
+    dispatch,
+    dtype_name,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    remember,
+    size_multiple,
+)
 from ..errors import KernelArgumentError
 
 __all__ = ["per_channel_cast", "per_channel_cast_fused"]
@@ -25,6 +35,7 @@ _kernel = get_kernel("per_channel_cast_fused")
 NUM_PER_TOKENS = 128  # tokens per scale: the only group size TileKernels builds
 IN_SF_BLOCK = 128  # channels per scale of an FP8 (q, sf) input
 _PLAIN_DTYPES = (torch.bfloat16, torch.float32)
+GATHER_MULTIPLE = 16  # pos_to_token's length must be a multiple of it
 
 
 def _outputs(
@@ -47,11 +58,12 @@ def _cast(
 
 def _launch(
     x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool, out: object,
-    key: tuple[object, ...] | None = None,
+    key: tuple[object, ...] | None = None, options: tuple[object, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
     tensor (out's too, overlaps included) and names it in errors. The launcher is then stored
-    under key (None: a call not cached)."""
+    under key (None: a call not cached) and, for an out= call, remembered for dispatch() under
+    the call's options as given (None: not remembered)."""
     launch = _kernel.select(in_dtype=dtype_name(x.dtype), hidden=int(x.shape[1]), expand=pos_to_token is not None,
                             round_sf=round_sf)
     q, sf = _outputs(x, x_sf, pos_to_token, round_sf) if out is None else out_tensors(out, ("q", "sf"))
@@ -59,7 +71,24 @@ def _launch(
     launch(*args, q, sf)
     if key is not None:  # the launcher accepted the call: later ones of its signature may skip the checks
         _LAUNCHERS[key] = launch
+    if out is not None and options is not None:
+        _remember_fast(launch, x, x_sf, pos_to_token, out, *options)
     return q, sf
+
+
+def _remember_fast(launch: Callable[..., None], x: torch.Tensor, x_sf: torch.Tensor | None,
+                   pos_to_token: torch.Tensor | None, out: object, *options: object) -> None:
+    """Let dispatch() take later calls like this one (x, x_sf, pos_to_token, out, options; see _FAST).
+
+    The launcher takes the given inputs in that order, then q and sf. Beyond the contract (and
+    the key, which holds which inputs are given) the checks require of a size: without a gather
+    num_tokens % 128 (the contract only reads it), with one pos_to_token's length % 16.
+    """
+    given = [i for i, t in enumerate((x, x_sf, pos_to_token)) if t is not None]
+    rule = size_multiple(0, 0, NUM_PER_TOKENS) if pos_to_token is None else \
+        size_multiple(len(given) - 1, 0, GATHER_MULTIPLE)
+    remember(_FAST, launch, (*map(from_input, given), from_out(0), from_out(1)), (rule,),
+             x, x_sf, pos_to_token, out, *options)
 
 
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_channel_cast_fused.
@@ -68,14 +97,14 @@ _per_channel_cast_op = custom_op("per_channel_cast_fused", fake=_outputs)(_cast)
 
 def _run(
     x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, round_sf: bool, out: object,
-    key: tuple[object, ...] | None = None,
+    key: tuple[object, ...] | None = None, options: tuple[object, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eagerly the launch (into out, if given); while compiling the custom op, whose result is
-    copied into out (torch.compile sees a pure op)."""
+    """Eagerly the launch (into out, if given; see _launch for key and options); while compiling
+    the custom op, whose result is copied into out (torch.compile sees a pure op)."""
     if torch.compiler.is_compiling():
         result = _per_channel_cast_op(x, x_sf, pos_to_token, bool(round_sf))
         return result if out is None else copied_into(out, ("q", "sf"), result)
-    return _launch(x, x_sf, pos_to_token, bool(round_sf), out, key)
+    return _launch(x, x_sf, pos_to_token, bool(round_sf), out, key, options)
 
 
 # per_channel_cast's eager calls on a 2-D x, keyed by what its checks and select read: (x.dtype,
@@ -86,6 +115,14 @@ def _run(
 # see, is checked on every hit. Only options of exactly the types str, int and bool are keyed:
 # 128.0 == 128 and True == 1 hash alike, but positive_int refuses the float and the bool.
 _LAUNCHERS: dict[tuple[object, ...], Callable[..., None]] = {}
+# per_channel_cast_fused(..., out=(q, sf)) in one C call (_runtime.dispatch), called as
+# dispatch(_FAST, x, x_sf, pos_to_token, out, fmt, num_per_tokens, round_sf, num_per_channels) with
+# a (q, sf) pair x unpacked (x_sf None for a plain x): keyed by x's dtype and width, x_sf's and
+# pos_to_token's dtype and rank (or None) and the options as given; checked by the launcher's
+# contract and the token count rule (see _remember_fast). per_channel_cast is the fused op's plain
+# form (the same checks and launch), so it shares the table with x_sf, pos_to_token and
+# num_per_channels None.
+_FAST = fast_path(inputs=((1,), (), ()), outputs=2)
 
 
 def _check_common(fmt: str, num_per_tokens: int) -> None:
@@ -126,6 +163,10 @@ def per_channel_cast(
         so that ``q[t, h] * sf[t // 128, h]`` approximates x. NaN inputs are left out of the
         scales and give NaN codes.
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = dispatch(_FAST, x, None, None, out, fmt, num_per_tokens, round_sf, None)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     key = None
     if not torch.compiler.is_compiling() and isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str \
             and type(num_per_tokens) is int and type(round_sf) is bool:
@@ -135,13 +176,16 @@ def per_channel_cast(
             q, sf = _outputs(x, None, None, round_sf) if out is None else out_tensors(out, ("q", "sf"))
             try:
                 launch(x, q, sf)
-                return q, sf
             except KernelArgumentError:
                 pass  # the checks below name what is wrong
+            else:
+                if out is not None:  # dispatch() had not seen it, or declined
+                    _remember_fast(launch, x, None, None, out, fmt, num_per_tokens, round_sf, None)
+                return q, sf
     x = _plain("x", x)
     _check_common(fmt, num_per_tokens)
     _tokens_multiple_of_128("x", int(x.shape[0]))
-    return _run(x, None, None, round_sf, out, key)
+    return _run(x, None, None, round_sf, out, key, (fmt, num_per_tokens, round_sf, None))
 
 
 def per_channel_cast_fused(
@@ -176,6 +220,14 @@ def per_channel_cast_fused(
         (ceil(num_tokens_out / 128), hidden). Without pos_to_token num_tokens_out = num_tokens,
         which must then be a multiple of 128.
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = None
+        if type(x) is not tuple:  # a plain x (anything else is no tensor: declined)
+            done = dispatch(_FAST, x, None, pos_to_token, out, fmt, num_per_tokens, round_sf, num_per_channels)
+        elif len(x) == 2 and x[1] is not None:  # a (q, sf) pair; (q, None) would key as a plain q
+            done = dispatch(_FAST, x[0], x[1], pos_to_token, out, fmt, num_per_tokens, round_sf, num_per_channels)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     x_sf = None
     if isinstance(x, tuple):
         if len(x) != 2:
@@ -196,6 +248,7 @@ def per_channel_cast_fused(
     else:
         if not isinstance(pos_to_token, torch.Tensor) or pos_to_token.dim() != 1:
             raise ValueError("pos_to_token: expected a 1-D int32 tensor (num_tokens_out,)")
-        if pos_to_token.shape[0] % 16 != 0:
-            raise ValueError(f"pos_to_token: its length ({pos_to_token.shape[0]}) must be a multiple of 16")
-    return _run(x, x_sf, pos_to_token, round_sf, out)
+        if pos_to_token.shape[0] % GATHER_MULTIPLE != 0:
+            raise ValueError(f"pos_to_token: its length ({pos_to_token.shape[0]}) must be a multiple of "
+                             f"{GATHER_MULTIPLE}")
+    return _run(x, x_sf, pos_to_token, round_sf, out, None, (fmt, num_per_tokens, round_sf, num_per_channels))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from .._args import copied_into, matrix, one_of, out_tensors, positive_int
-from .._runtime import custom_op, get_kernel
+from .._runtime import custom_op, dispatch, fast_path, from_input, from_out, get_kernel, remember, size_multiple
 from ..errors import KernelArgumentError
 
 __all__ = ["per_channel_cast_and_transpose"]
@@ -38,17 +38,25 @@ def _cast(x: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch.Tensor, torc
     return _launch(x, npt, round_sf, None)
 
 
-def _launch(x: torch.Tensor, npt: int, round_sf: bool, out: object,
-            key: tuple[object, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(x: torch.Tensor, npt: int, round_sf: bool, out: object, key: tuple[object, ...] | None = None,
+            options: tuple[object, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
     tensor (out's too, overlaps included) and names it in errors. The launcher is then stored
-    under key (None: a call not cached)."""
+    under key (None: a call not cached) and, for an out= call, remembered for dispatch() under
+    the call's options as given (None: not remembered)."""
     launch = _kernel.select(hidden=int(x.shape[1]), npt=npt, round_sf=round_sf)
     q, sf = _outputs(x, npt, round_sf) if out is None else out_tensors(out, ("q", "sf"))
     launch(x, q, sf)
     if key is not None:  # the launcher accepted the call: later ones of its signature may skip the checks
         _LAUNCHERS[key] = (launch, npt)
+    if out is not None and options is not None:
+        _remember_fast(launch, x, out, *options)
     return q, sf
+
+
+def _remember_fast(launch: Callable[..., None], *call: object) -> None:
+    """Let dispatch() take later calls like ``call`` (x, out, options; see _FAST)."""
+    remember(_FAST, launch, (from_input(0), from_out(0), from_out(1)), (size_multiple(0, 0, TOKEN_TILE),), *call)
 
 
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_channel_cast_and_transpose.
@@ -63,6 +71,10 @@ _transpose_op = custom_op("per_channel_cast_and_transpose", fake=_outputs)(_cast
 # see, is checked on every hit. Only options of exactly the types str, int and bool are keyed:
 # 128.0 == 128 and True == 1 hash alike, but positive_int refuses the float and the bool.
 _LAUNCHERS: dict[tuple[object, ...], tuple[Callable[..., None], int]] = {}
+# per_channel_cast_and_transpose(x, ..., out=(q, sf)) in one C call (_runtime.dispatch): keyed by
+# x's dtype and width and the options as given, checked by the launcher's contract and
+# num_tokens % TOKEN_TILE (which the contract only reads; sf's rows are num_tokens // npt there).
+_FAST = fast_path(inputs=((1,),), outputs=2)
 
 
 def per_channel_cast_and_transpose(
@@ -86,6 +98,10 @@ def per_channel_cast_and_transpose(
         (num_tokens / num_per_tokens, hidden), so that ``q[h, t] * sf[t // npt, h]``
         approximates x[t, h]. NaN inputs are left out of the scales and give NaN codes.
     """
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = dispatch(_FAST, x, out, fmt, num_per_tokens, round_sf)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     key = None
     if not torch.compiler.is_compiling() and isinstance(x, torch.Tensor) and x.dim() == 2 and type(fmt) is str \
             and type(num_per_tokens) is int and type(round_sf) is bool:
@@ -96,9 +112,12 @@ def per_channel_cast_and_transpose(
             q, sf = _outputs(x, npt, round_sf) if out is None else out_tensors(out, ("q", "sf"))
             try:
                 launch(x, q, sf)
-                return q, sf
             except KernelArgumentError:
                 pass  # the checks below name what is wrong
+            else:
+                if out is not None:  # dispatch() had not seen it, or declined
+                    _remember_fast(launch, x, out, fmt, num_per_tokens, round_sf)
+                return q, sf
     x = matrix("x", x)
     if x.dtype != torch.bfloat16:
         raise TypeError(f"x: expected bfloat16, got {x.dtype}")
@@ -114,4 +133,4 @@ def per_channel_cast_and_transpose(
     if torch.compiler.is_compiling():
         result = _transpose_op(x, npt, bool(round_sf))
         return result if out is None else copied_into(out, ("q", "sf"), result)
-    return _launch(x, npt, bool(round_sf), out, key)
+    return _launch(x, npt, bool(round_sf), out, key, (fmt, num_per_tokens, round_sf))

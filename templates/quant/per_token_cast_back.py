@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from .._args import OUT_DTYPES, column_storage, matrix, not_built, out_tensors, output_dtype, positive_int
-from .._runtime import custom_op, dtype_name, get_kernel
+from .._runtime import custom_op, dispatch, dtype_name, fast_path, from_input, from_out, get_kernel, remember
 from ..errors import KernelArgumentError
 
 __all__ = ["cast_back", "per_token_cast_back"]
@@ -99,10 +99,28 @@ def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> tor
 # checked on every call. num_per_channels is keyed only as an exact int: 128.0 == 128 hashes
 # alike, but positive_int refuses the float.
 _VARIANTS: dict[tuple[object, ...], tuple[Callable[..., None], torch.dtype]] = {}
+# per_token_cast_back((q, sf), ..., out=out) with row-major scales, in one C call (_runtime.dispatch),
+# called as dispatch(_FAST, q, sf, out, fmt, num_per_channels, x_special_fmt) with the pair unpacked:
+# keyed by q's dtype and width, sf's dtype and rank and the options as given; checked by the
+# launcher's contract, which ties sf's shape to q's rows and the variant's groups. The contract's
+# row-major strides refuse every sf that _scale_argument would call column-major (G > 1: a unit
+# token stride, or with one token a column stride other than 1). The column-major layouts, whose
+# launcher reads a storage view of sf, and FP4 codes given as float4_e2m1fn_x2 (viewed as int8)
+# are not remembered: dispatch() cannot build views.
+_FAST = fast_path(inputs=((1,), ()), outputs=1)
 
 
-def _run(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int, out: torch.Tensor | None) -> torch.Tensor:
-    """Pick the variant and launch it into out or a fresh tensor; the launcher checks every tensor and names it."""
+def _remember_fast(launch: Callable[..., None], *call: object) -> None:
+    """Let dispatch() take later calls like ``call`` (q, sf, out, options; row-major sf, q as the launcher reads it)."""
+    remember(_FAST, launch, (from_input(0), from_input(1), from_out(0)), (), *call)
+
+
+def _run(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int, out: torch.Tensor | None,
+         call: tuple[object, ...] | None = None) -> torch.Tensor:
+    """Pick the variant and launch it into out or a fresh tensor; the launcher checks every tensor and names it.
+
+    call: the out= call as dispatch() keys it, remembered for it when the launcher reads sf as given.
+    """
     sf_layout, sf_arg = _scale_argument(sf)
     if out is None:  # else the launcher checks the caller's out like any tensor, overlaps included
         out = _outputs(q, sf, out_fmt, npc)
@@ -114,6 +132,8 @@ def _run(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int, out: torch.T
     launch(q, sf_arg, out)
     if type(npc) is int and not torch.compiler.is_compiling():  # remembered once the launcher accepted the call
         _VARIANTS[(q.dtype, q.shape[1], sf_layout, out_fmt, npc)] = (launch, out_dtype)
+    if call is not None and sf_layout == "row_major":
+        _remember_fast(launch, *call)
     return out
 
 
@@ -131,12 +151,16 @@ def _run_cached(x: object, fmt: object, npc: object, out: object) -> torch.Tenso
     if hit is None or (sf_layout != "row_major" and sf.shape[0] != q.shape[0]):
         return None
     launch, out_dtype = hit
-    if out is None:
-        out = q.new_empty((q.shape[0], q.shape[1] * 2 if q.dtype == torch.int8 else q.shape[1]), dtype=out_dtype)
-    elif type(out) is not torch.Tensor:
-        return None
+    if out is not None:
+        if type(out) is not torch.Tensor:
+            return None
+        launch(q, sf_arg, out)
+        if sf_layout == "row_major":  # dispatch() had not seen it, or declined (x_special_fmt is None here)
+            _remember_fast(launch, q, sf, out, fmt, npc, None)
+        return out
+    out = q.new_empty((q.shape[0], q.shape[1] * 2 if q.dtype == torch.int8 else q.shape[1]), dtype=out_dtype)
     launch(q, sf_arg, out)
-    return out  # type: ignore[return-value]
+    return out
 
 
 # fmt as the cache keys it: what output_dtype accepts, spelled as the custom op's out_fmt.
@@ -174,6 +198,10 @@ def per_token_cast_back(
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
         nearest even when the output is bf16.
     """
+    if out is not None and type(x) is tuple and len(x) == 2 and not torch.compiler.is_compiling():
+        done = dispatch(_FAST, x[0], x[1], out, fmt, num_per_channels, x_special_fmt)  # seen before: one C call
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     if x_special_fmt is None:
         result = _run_cached(x, fmt, num_per_channels, out)
         if result is not None:
@@ -205,7 +233,9 @@ def per_token_cast_back(
     if torch.compiler.is_compiling():
         result = _per_token_cast_back_op(q, sf, out_fmt, npc)
         return result if out is None else out.copy_(result)
-    return _run(q, sf, out_fmt, npc, out)
+    # An out= call as dispatch() keys it (x unpacked), unless the launcher reads a view of the codes (_pair).
+    call = None if out is None or q is not x[0] else (q, sf, out, fmt, num_per_channels, x_special_fmt)
+    return _run(q, sf, out_fmt, npc, out, call)
 
 
 _BLOCK_SIDES = (32, 128)  # per-block scales: (32 | 128) x (32 | 128) blocks, as per_block_cast makes them

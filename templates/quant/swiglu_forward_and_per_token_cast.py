@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from .._args import copied_into, matrix, not_built, one_of, out_tensors, positive_int
-from .._runtime import custom_op, get_kernel
+from .._runtime import custom_op, dispatch, fast_path, from_input, from_out, get_kernel, remember, same_size
 from ..errors import KernelArgumentError
 
 __all__ = ["swiglu_forward_and_per_token_cast"]
@@ -128,6 +128,26 @@ def _positions(name: str, t: object, rows: int) -> torch.Tensor:
 # types str, int, bool and (the clamp) None or float are keyed: 128.0 == 128 and True == 1 hash
 # alike, but positive_int refuses the float and the bool.
 _CALLS: dict[tuple[object, ...], tuple[Callable[..., None], float, int, int]] = {}
+# The same calls with out=, in one C call (_runtime.dispatch): keyed by x's dtype and width, which of
+# the optional tensors are given and the options as passed; the launcher's contract checks every
+# tensor, and the rules are the position lengths that _run_cached checks (sizes of their own in the
+# contract).
+_FAST = fast_path(inputs=((1,), (), (), ()), outputs=2)
+
+
+def _remember_fast(hit: tuple[Callable[..., None], float, int, int], x: torch.Tensor, pos_to_token_topk: object,
+                   topk_weights: object, pos_to_expert: object, out: object, *options: object) -> None:
+    """Let dispatch() take later calls like this one (options: those after out in its dispatch call)."""
+    launch, clamp, round_flag, _ = hit
+    placeholders = _placeholders.get(x.get_device(), (None, None))  # what _optional passed for absent tensors
+    arguments = (from_input(0), from_out(0), from_out(1),
+                 placeholders[0] if pos_to_token_topk is None else from_input(1),
+                 placeholders[1] if topk_weights is None else from_input(2),
+                 placeholders[0] if pos_to_expert is None else from_input(3), clamp, round_flag)
+    rules = [same_size(3, 0, 0, 0)] if pos_to_token_topk is not None else []
+    if pos_to_expert is not None:
+        rules.append(same_size(5, 0, 0, 0))
+    remember(_FAST, launch, arguments, rules, x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)
 
 
 def _key(x: object, fmt: object, num_per_channels: object, pos_to_token_topk: object, topk_weights: object,
@@ -205,6 +225,12 @@ def swiglu_forward_and_per_token_cast(
         ``(q, sf)``: q float8_e4m3fn (num_expanded_tokens, hidden) and sf float32
         (num_expanded_tokens, hidden / num_per_channels), row-major, with q * sf ~ y per group.
     """
+    options = (fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value,
+               clamped_count, sf_clamp_min)
+    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+        done = dispatch(_FAST, x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     key = None
     if clamped_count is None and sf_clamp_min is None:
         key = _key(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
@@ -213,6 +239,8 @@ def swiglu_forward_and_per_token_cast(
         if hit is not None:
             result = _run_cached(hit, x, pos_to_token_topk, topk_weights, pos_to_expert, out)  # type: ignore[arg-type]
             if result is not None:
+                if out is not None:  # dispatch() had not seen it, or declined
+                    _remember_fast(hit, x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)  # type: ignore[arg-type]
                 return result
     x = matrix("x", x, "(num_expanded_tokens, 2 * hidden)")
     one_of("fmt", fmt, ("e4m3",))
@@ -251,4 +279,7 @@ def swiglu_forward_and_per_token_cast(
     if torch.compiler.is_compiling():
         result = _swiglu_forward_op(*args)
         return result if out is None else copied_into(out, ("q", "sf"), result)
-    return _run(*args, out, key)
+    result = _run(*args, out, key)
+    if out is not None and key is not None:  # _run stored the launcher under key
+        _remember_fast(_CALLS[key], x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)
+    return result

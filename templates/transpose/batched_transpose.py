@@ -13,7 +13,17 @@ from typing import Any
 import torch
 
 from .._args import out_tensors
-from .._runtime import custom_op, dtype_name, get_kernel
+from .._runtime import (
+    custom_op,
+    dispatch,
+    dtype_name,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    remember,
+    size_multiple,
+)
 from ..errors import KernelArgumentError
 
 __all__ = ["batched_transpose", "transpose"]
@@ -22,6 +32,11 @@ TILE = 64  # the kernel's tile edge: M and N must be multiples of it
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y (M / 64 tiles) and gridDim.z (B)
 
 _kernel = get_kernel("batched_transpose")
+# batched_transpose(x, out=y) in one C call (_runtime.dispatch): keyed by x's dtype; the launcher's
+# contract checks both tensors (contiguous, y of shape (B, N, M), no overlap) and its grid limits,
+# and the rules are _check's tile multiples, which the contract only reads.
+_FAST = fast_path(inputs=((),), outputs=1)
+_TILE_RULES = (size_multiple(0, 1, TILE), size_multiple(0, 2, TILE))
 
 
 def _check(x: Any, ndim: int, op: str) -> None:
@@ -80,8 +95,18 @@ def batched_transpose(x: torch.Tensor, *, out: torch.Tensor | None = None) -> to
     if torch.compiler.is_compiling():
         y = _batched_transpose_op(x)
         return y if out is None else out_tensors(out, ("out",))[0].copy_(y)
+    if out is not None:
+        done = dispatch(_FAST, x, out)  # a dtype seen before: checked and launched in one C call
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     _check(x, 3, "batched_transpose")
-    return _launch(x, None if out is None else out_tensors(out, ("out",))[0])
+    if out is None:
+        return _launch(x)
+    (y,) = out_tensors(out, ("out",))
+    launch = _kernel.variant(dtype_name(x.dtype))
+    launch(x, y)
+    remember(_FAST, launch, (from_input(0), from_out()), _TILE_RULES, x, out)
+    return y
 
 
 def transpose(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -128,3 +128,8 @@ def test_launchers_of_every_kernel_module_hold_plans() -> None:
     missing = [launch.__name__ for name in info.KERNELS for launch in runtime.get_kernel(name).variants.values()
                if _plan(launch) is None]
     assert not missing, f"{len(missing)} launchers have no plan for run(), e.g. {missing[:3]}"
+    # ... and carry it for the ops' dispatch(): the same contract, plan and handles the launcher runs.
+    for name in info.KERNELS:
+        for launch in runtime.get_kernel(name).variants.values():
+            contract, plan, handles = launch.planned  # type: ignore[attr-defined]
+            assert contract is _contract(launch) and plan is _plan(launch) and handles is _handles(launch)

@@ -600,8 +600,8 @@ static int launch_planned(Reader *r, PyObject *const *arguments, Py_ssize_t n_ar
 #define FROM_INPUT 0    /* the op's tensor input at index (the call's leading arguments) */
 #define FROM_OUT 1      /* out's tensor at index (out itself when the op returns one tensor) */
 #define FROM_CONSTANT 2 /* the entry's constants tuple at index (a scalar or a placeholder tensor) */
-/* What an op checks beyond the contract, on every call (recipe words: kind, a, i, b, j). */
-#define RULE_SAME_SIZE 1     /* shape[i] of argument a == shape[j] of argument b */
+/* What an op checks beyond the contract, on every call (recipe words: kind, a, i, b, j, k). */
+#define RULE_SAME_SIZE 1     /* shape[i] of argument a, times k, == shape[j] of argument b */
 #define RULE_SIZE_MULTIPLE 2 /* shape[i] of argument a % b == 0 */
 #define RULE_SIZE_IS 3       /* shape[i] of argument a == b */
 #define RULE_STRIDE_BYTES 4  /* stride[i] of argument a, in bytes, % b == 0 where shape[i] > 1 */
@@ -612,16 +612,16 @@ static int64_t item_bytes(const DLTensor *t) { return ((int64_t)t->dtype.bits * 
 static int rules_hold(Reader *r, DLTensor *const *by_argument, Py_ssize_t n_arguments) {
     int64_t n_rules;
     if (next(r, &n_rules) || n_rules < 0) return 0;
-    for (int64_t k = 0; k < n_rules; k++) {
-        int64_t kind, a, i, b, j;
-        if (next(r, &kind) || next(r, &a) || next(r, &i) || next(r, &b) || next(r, &j)) return 0;
+    for (int64_t n = 0; n < n_rules; n++) {
+        int64_t kind, a, i, b, j, k;
+        if (next(r, &kind) || next(r, &a) || next(r, &i) || next(r, &b) || next(r, &j) || next(r, &k)) return 0;
         if (a < 0 || a >= n_arguments || by_argument[a] == NULL || i < 0 || i >= by_argument[a]->ndim) return 0;
         const DLTensor *t = by_argument[a];
         int64_t size = t->shape[i];
         switch (kind) {
         case RULE_SAME_SIZE:
             if (b < 0 || b >= n_arguments || by_argument[b] == NULL || j < 0 || j >= by_argument[b]->ndim ||
-                by_argument[b]->shape[j] != size)
+                by_argument[b]->shape[j] != size * k)
                 return 0;
             break;
         case RULE_SIZE_MULTIPLE:

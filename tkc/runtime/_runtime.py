@@ -741,21 +741,22 @@ def from_out(index: int = 0) -> Source:
 
 # The checks an op makes beyond the contract, restated for dispatch(); arguments are positions in
 # the launcher's argument list, dimensions of their shapes.
-def same_size(argument: int, dim: int, other: int, other_dim: int) -> tuple[int, ...]:
-    return (_RULE_SAME_SIZE, argument, dim, other, other_dim)
+def same_size(argument: int, dim: int, other: int, other_dim: int, times: int = 1) -> tuple[int, ...]:
+    """``dim`` of ``argument``, times ``times``, equal to ``other_dim`` of ``other``."""
+    return (_RULE_SAME_SIZE, argument, dim, other, other_dim, times)
 
 
 def size_multiple(argument: int, dim: int, multiple: int) -> tuple[int, ...]:
-    return (_RULE_SIZE_MULTIPLE, argument, dim, multiple, 0)
+    return (_RULE_SIZE_MULTIPLE, argument, dim, multiple, 0, 0)
 
 
 def size_is(argument: int, dim: int, size: int) -> tuple[int, ...]:
-    return (_RULE_SIZE_IS, argument, dim, size, 0)
+    return (_RULE_SIZE_IS, argument, dim, size, 0, 0)
 
 
 def stride_bytes_multiple(argument: int, dim: int, multiple: int) -> tuple[int, ...]:
     """The stride of ``dim`` in bytes a multiple of ``multiple`` wherever the tensor has several indices there."""
-    return (_RULE_STRIDE_BYTES, argument, dim, multiple, 0)
+    return (_RULE_STRIDE_BYTES, argument, dim, multiple, 0, 0)
 
 
 def remember(fast: FastPath, launch: Callable[..., None], arguments: Sequence[object],

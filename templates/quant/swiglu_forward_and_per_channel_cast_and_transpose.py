@@ -169,11 +169,11 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         ``(q, sf)``: q float8_e4m3fn (hidden, num_tokens) (or (num_tokens, hidden)), and sf
         float32 (num_tokens / num_per_tokens, hidden), with q * sf ~ act per group.
     """
-    options = (fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
     if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
-        done = dispatch(_FAST, x, out, *options)
+        done = dispatch(_FAST, x, out, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
         if done is not None:
             return done  # type: ignore[no-any-return]
+    options = (fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)  # as dispatch() took them
     key = _key(x, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
     hit = _CALLS.get(key)
     if hit is not None:

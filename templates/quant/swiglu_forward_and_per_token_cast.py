@@ -225,12 +225,15 @@ def swiglu_forward_and_per_token_cast(
         ``(q, sf)``: q float8_e4m3fn (num_expanded_tokens, hidden) and sf float32
         (num_expanded_tokens, hidden / num_per_channels), row-major, with q * sf ~ y per group.
     """
-    options = (fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value,
-               clamped_count, sf_clamp_min)
     if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
-        done = dispatch(_FAST, x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)
+        done = dispatch(_FAST, x, pos_to_token_topk, topk_weights, pos_to_expert, out, fmt, num_per_channels,
+                        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value, clamped_count,
+                        sf_clamp_min)
         if done is not None:
             return done  # type: ignore[no-any-return]
+    # What follows out in the dispatch call above, for remember(): the same objects in the same order.
+    options = (fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value,
+               clamped_count, sf_clamp_min)
     key = None
     if clamped_count is None and sf_clamp_min is None:
         key = _key(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,

@@ -229,7 +229,11 @@ def main() -> None:
     # Torch's own small ops that allocate their outputs, as our ops do: the yardstick for them.
     eager = {"torch.add(a, b) (eager, one output allocated)": lambda: torch.add(a, b),
              "torch.topk(scores, 8) (eager, two outputs allocated)": lambda: torch.topk(scores, 8)}
-    for name, direct in {**eager, **ops()}.items():
+    calls = {**eager, **ops()}
+    import tile_kernels_aot._runtime as runtime
+
+    exchange = getattr(runtime, "NATIVE_EXCHANGE", False)
+    for name, direct in calls.items():
         # torch.add(out=) timed right before each op: host speed drifts during a run, and the
         # ratio should compare the two under the same conditions.
         add_here = host_us(lambda: torch.add(a, b, out=c), calls=1000)
@@ -237,14 +241,26 @@ def main() -> None:
         k = host_us(custom[name]) if name in custom else float("nan")
         rows.append({"op": name, "direct_us": d, "custom_op_us": k, "torch_add_us": add_here,
                      "direct_over_add": d / add_here})
+    if exchange:
+        # The same compiled paths reading tensors through torch._C._to_dlpack instead of torch's
+        # DLPack C exchange API: what the exchange API saves, in the same run.
+        runtime.use_exchange(False)
+        try:
+            for name in [n for n in calls if n.endswith("out=") or n.endswith("launcher only")]:
+                add_here = host_us(lambda: torch.add(a, b, out=c), calls=1000)
+                d = host_us(calls[name])
+                rows.append({"op": f"{name}, _to_dlpack reads", "direct_us": d, "custom_op_us": float("nan"),
+                             "torch_add_us": add_here, "direct_over_add": d / add_here})
+        finally:
+            runtime.use_exchange(True)
     cold = cold_start()
-    import tile_kernels_aot._runtime as runtime
 
     native = runtime.NATIVE_LAUNCH
     (args.out / "runtime_overhead.json").write_text(json.dumps({"host": rows, "cold_start": cold,
-                                                                "native_launch": native}, indent=1))
+                                                                "native_launch": native,
+                                                                "dlpack_exchange": exchange}, indent=1))
     lines = [f"torch.add(a, b, out=c): {add_us:.2f} us per call at the start (and before each row, in its column); "
-             f"compiled launch module: {native}", "",
+             f"compiled launch module: {native}; tensors read through torch's DLPack C exchange API: {exchange}", "",
              "| op | direct µs | custom-op µs | torch.add(out=) µs | direct / torch.add |",
              "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['op']} | {r['direct_us']:.2f} | {r['custom_op_us']:.2f} | {r['torch_add_us']:.2f} | "

@@ -73,3 +73,21 @@ def small_package(small_build: tuple[BuildOptions, list[ArchSummary]]) -> Iterat
         sys.path.remove(str(root))
         for name in [m for m in sys.modules if m.startswith("tkc_small_kernels")]:
             del sys.modules[name]
+
+
+@pytest.fixture(scope="module", params=["exchange", "to_dlpack"])
+def tensor_reader(request: pytest.FixtureRequest, small_package: ModuleType) -> Iterator[str]:
+    """How the small package's compiled checks read tensors: torch's DLPack C exchange API or
+    ``torch._C._to_dlpack``. Both must read the same fields, so the tests that take this run twice."""
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    if not runtime.NATIVE_CHECK:  # no compiled module (no C compiler or Python.h): Python checks only
+        if request.param == "exchange":
+            pytest.skip("the small package was built without its compiled module")
+        yield request.param
+        return
+    if runtime.use_exchange(request.param == "exchange") != (request.param == "exchange"):
+        pytest.skip("this torch has no DLPack C exchange API (Tensor.__dlpack_c_exchange_api__)")
+    try:
+        yield request.param
+    finally:
+        runtime.use_exchange(True)

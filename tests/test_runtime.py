@@ -290,6 +290,7 @@ def _token_tensors(tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 @pytest.mark.parametrize("cooperative", [False, True])
+@pytest.mark.usefixtures("tensor_reader")
 def test_run_launches_what_the_python_path_launches(package: ModuleType, stub_driver: ctypes.CDLL,
                                                     monkeypatch: pytest.MonkeyPatch, cooperative: bool) -> None:
     runtime, native, contract, function, plan = _run_setup(package, stub_driver, monkeypatch, cooperative)
@@ -311,6 +312,7 @@ def test_run_launches_what_the_python_path_launches(package: ModuleType, stub_dr
     assert attributes == ctypes.c_int.in_dll(stub_driver, "seen_num_attrs").value == int(cooperative)
 
 
+@pytest.mark.usefixtures("tensor_reader")
 def test_run_launches_nothing_for_an_empty_grid(package: ModuleType, stub_driver: ctypes.CDLL,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     runtime, native, contract, function, _ = _run_setup(package, stub_driver, monkeypatch)
@@ -329,6 +331,7 @@ def test_run_launches_nothing_for_an_empty_grid(package: ModuleType, stub_driver
     "mode not an int", "eps not a number", "argument missing", "no plan", "no contract", "truncated plan",
     "plan version",
 ])
+@pytest.mark.usefixtures("tensor_reader")
 def test_run_declines_what_the_python_path_must_decide(package: ModuleType, stub_driver: ctypes.CDLL,
                                                        monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     """False means the launcher's Python path runs: it names a bad argument, loads the kernel on a new
@@ -389,6 +392,7 @@ def test_plan_leaves_what_run_cannot_take_to_python(package: ModuleType) -> None
     assert plan("Qi", ("x_ptr", "n"), grid=("n ** 2", "1", "1")) is None  # outside the expression grammar
 
 
+@pytest.mark.usefixtures("tensor_reader")
 def test_grids_beyond_cudas_limits_are_refused_by_name(package: ModuleType, stub_driver: ctypes.CDLL,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A grid follows from the tensors' sizes: 65536 row tiles in y is the caller's to split, named as such,
@@ -437,6 +441,7 @@ def _dispatch_setup(package: ModuleType, stub_driver: ctypes.CDLL, monkeypatch: 
     return runtime, native, fast, (contract, plan, function.handles), call
 
 
+@pytest.mark.usefixtures("tensor_reader")
 def test_dispatch_launches_what_run_launches(package: ModuleType, stub_driver: ctypes.CDLL,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     runtime, native, fast, planned, call = _dispatch_setup(package, stub_driver, monkeypatch)
@@ -463,6 +468,7 @@ def test_dispatch_launches_what_run_launches(package: ModuleType, stub_driver: c
     "x not a tensor", "no out", "out of one tensor", "out a dict", "q rows", "row stride", "no handle yet",
     "driver error", "spec version",
 ])
+@pytest.mark.usefixtures("tensor_reader")
 def test_dispatch_declines_what_the_op_must_decide(package: ModuleType, stub_driver: ctypes.CDLL,
                                                    monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     """None: the op's Python path runs its checks (naming the argument) or launches; nothing was launched,
@@ -510,6 +516,7 @@ def test_dispatch_declines_what_the_op_must_decide(package: ModuleType, stub_dri
     assert _launched(stub_driver) is (case == "driver error")
 
 
+@pytest.mark.usefixtures("tensor_reader")
 def test_dispatch_rules_restate_the_ops_checks(package: ModuleType, stub_driver: ctypes.CDLL,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Sizes the contract leaves free: each rule launches where it holds and declines where it does not."""

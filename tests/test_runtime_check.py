@@ -21,7 +21,8 @@ KDL_CPU = 1
 
 
 @pytest.fixture(scope="module")
-def runtime(small_package: ModuleType) -> ModuleType:
+def runtime(small_package: ModuleType, tensor_reader: str) -> ModuleType:
+    """The small package's runtime, its compiled check reading tensors as tensor_reader says."""
     rt = importlib.import_module("tkc_small_kernels._runtime")
     if not rt.NATIVE_CHECK:
         pytest.skip("the small package was built without its compiled module (no C compiler or Python.h)")
@@ -274,3 +275,30 @@ def test_expressions_take_max_and_min_of_two(runtime: ModuleType) -> None:
             _assert_expression(runtime, a, b, text, value)
     with pytest.raises(ValueError, match="max or min"):
         runtime.contract((("t", torch.int8, ("max(n, 1, 2)",), None),), sizes=(("n", "t", "shape", 0, 0),))
+
+
+def test_both_readers_see_the_same_tensor(runtime: ModuleType, tensor_reader: str) -> None:
+    """The exchange API and _to_dlpack spell every dtype alike (the contracts hold _to_dlpack's
+    spelling only if they agree) and read the same pointer, shape and strides."""
+    dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.int8, torch.uint8, torch.int32, torch.int64,
+              torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)
+    spelled = {}
+    try:
+        for reader in ("to_dlpack", "exchange"):
+            if runtime.use_exchange(reader == "exchange") != (reader == "exchange"):
+                pytest.skip("this torch has no DLPack C exchange API")
+            spelled[reader] = [runtime._native.dlpack_dtype(torch.empty(0, dtype=d)) for d in dtypes]
+    finally:
+        runtime.use_exchange(tensor_reader == "exchange")
+    assert spelled["exchange"] == spelled["to_dlpack"]
+    assert len(set(spelled["exchange"])) == len(dtypes)
+
+
+def test_tensor_subclasses_are_read_too(runtime: ModuleType) -> None:
+    """Only exactly torch.Tensor goes through the exchange API (its producer must be the object's own
+    type); an nn.Parameter takes _to_dlpack and is accepted alike."""
+    x, q, sf = token_tensors()
+    contract = token_contract(runtime)
+    parameter = torch.nn.Parameter(x, requires_grad=False)
+    assert type(parameter) is not torch.Tensor
+    assert runtime.check(contract, parameter, q, sf) == runtime.check(contract, x, q, sf) is not None

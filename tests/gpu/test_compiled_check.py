@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -97,7 +98,16 @@ def test_launchers_of_every_kernel_module_hold_contracts() -> None:
     assert not empty, f"{len(empty)} launchers have no compiled check, e.g. {empty[:3]}"
 
 
-def test_run_launches_what_the_python_path_launches_on_the_current_stream() -> None:
+@pytest.fixture(params=["exchange", "to_dlpack"])
+def reader(request: pytest.FixtureRequest) -> Iterator[str]:
+    """How the compiled paths read tensors (and, with the exchange API, find the current stream)."""
+    if runtime.use_exchange(request.param == "exchange") != (request.param == "exchange"):
+        pytest.skip(f"torch {torch.__version__} has no DLPack C exchange API")
+    yield request.param
+    runtime.use_exchange(True)
+
+
+def test_run_launches_what_the_python_path_launches_on_the_current_stream(reader: str) -> None:
     """run() after the first launch (which loads the kernel through the Python path): the same codes and
     scales as the Python path, on the current stream; its declines leave the errors to the Python checks."""
     launch = _per_token_launcher("e4m3", 128)
@@ -108,10 +118,16 @@ def test_run_launches_what_the_python_path_launches_on_the_current_stream() -> N
                 torch.full((33, 56), float("nan"), device="cuda")) for _ in range(2)]
     launch(x, *outputs[0], 0)  # the first launch: the Python path loads the kernel on this device
     assert x.get_device() in handles
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    # The side stream sleeps first, so a launch on it cannot have run when the main stream (idle) takes a
+    # snapshot; a launch on the main or legacy stream would have.
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
     with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # about 0.1 s
         assert runtime.run(contract, plan, handles, x, *outputs[1], 0) is True
+    snapshot = outputs[1][1].clone()  # on the main stream, while the side stream sleeps
+    main.synchronize()
+    assert torch.isnan(snapshot).all(), "run() launched on another stream than the current one"
     side.synchronize()
     assert torch.equal(outputs[0][0].view(torch.uint8), outputs[1][0].view(torch.uint8))
     assert torch.equal(outputs[0][1], outputs[1][1])
@@ -120,6 +136,21 @@ def test_run_launches_what_the_python_path_launches_on_the_current_stream() -> N
     assert runtime.run(contract, plan, handles, x, q[:7], sf, 0) is False
     assert runtime.run(contract, plan, {}, x, q, sf, 0) is False  # no kernel on this device yet
     assert runtime.run(contract, plan, handles, x[:0], q[:0], sf[:0], 0) is True  # empty: nothing to launch
+
+
+def test_both_readers_spell_the_catalogues_dtypes_alike() -> None:
+    """The contracts hold the dtype codes of one reader; the other must read the same codes."""
+    dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8,
+              torch.int32, torch.int64, torch.bool)
+    spelled = {}
+    try:
+        for reader in ("to_dlpack", "exchange"):
+            if runtime.use_exchange(reader == "exchange") != (reader == "exchange"):
+                pytest.skip(f"torch {torch.__version__} has no DLPack C exchange API")
+            spelled[reader] = [runtime._native.dlpack_dtype(torch.empty(0, dtype=d, device="cuda")) for d in dtypes]
+    finally:
+        runtime.use_exchange(True)
+    assert spelled["exchange"] == spelled["to_dlpack"]
 
 
 def test_launchers_of_every_kernel_module_hold_plans() -> None:

@@ -13,11 +13,16 @@
  *
  * check() is the other half of a launcher's cost: validating the tensors against the
  * contract TileLang lowered. In Python that is about fifteen torch metadata calls per launch;
- * here each tensor is read through one DLPack export (torch._C._to_dlpack, a stable C ABI:
- * data pointer, device, dtype, shape and strides in one struct) and compared with a contract
- * that _runtime.contract() packed once per variant at import. check() only ever accepts: on
- * anything it does not like it returns None and the launcher's Python checks decide, and
- * raise errors that name the argument.
+ * here each tensor is read as one DLTensor (DLPack's stable C ABI: data pointer, device, dtype,
+ * shape and strides in one struct) and compared with a contract that _runtime.contract()
+ * packed once per variant at import. check() only ever accepts: on anything it does not like
+ * it returns None and the launcher's Python checks decide, and raise errors that name the
+ * argument.
+ *
+ * The DLTensor comes from torch's DLPack C exchange API where this torch has one
+ * (Tensor.__dlpack_c_exchange_api__, DLPack 1.2 and later: a C function that fills a DLTensor
+ * on our stack, no Python call, no allocation), else from torch._C._to_dlpack (a Python call
+ * that allocates a managed tensor and its capsule, about 0.3 us on an H200 host).
  *
  * run() is both in one call, and what the generated launchers try first: check(), then the
  * grid, the kernel arguments and the launch as _runtime.plan() packed them once per variant.
@@ -251,6 +256,30 @@ typedef struct DLManagedTensor {
 
 static PyObject *to_dlpack; /* torch._C._to_dlpack, set by set_dlpack() */
 
+/* DLPack's C exchange API (dlpack.h 1.2 and later), only the entries used here; the header's
+ * layout is fixed across DLPack 1.x, and set_exchange() refuses another major version. */
+typedef struct {
+    uint32_t major;
+    uint32_t minor;
+} DLPackVersion;
+typedef struct {
+    DLPackVersion version;
+    void *prev_api;
+    void *managed_tensor_allocator;
+    void *managed_tensor_from_py_object_no_sync;
+    void *managed_tensor_to_py_object_no_sync;
+    /* Fills a caller-owned DLTensor whose shape and strides point into the tensor: valid until
+     * control returns to Python, which is all check(), run() and dispatch() need. 0, or -1 with
+     * a Python error set. */
+    int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+    /* The framework's current stream on a device (torch.cuda.current_stream's). 0 or -1. */
+    int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_stream);
+} DLPackExchangeAPI;
+
+#define KDL_CUDA 2
+static PyObject *exchange_type;            /* the type the API was read from (torch.Tensor), or NULL */
+static const DLPackExchangeAPI *exchange; /* set by set_exchange(); NULL: _to_dlpack only */
+
 #define CONTRACT_VERSION 3
 #define MAX_TENSORS 32
 #define MAX_SIZES 32
@@ -432,19 +461,35 @@ static int matches(const int64_t *words, Py_ssize_t n_words, DLTensor *const *te
     return disjoint(tensors, n_tensors, written);
 }
 
-/* Exports tensors[0..n) through DLPack into capsules (the caller drops them with release())
- * and views; how many were exported: fewer than n when one is not a tensor or has a dtype
- * DLPack lacks (the error is left for the caller to clear). */
+/* One tensor read for check(), run() or dispatch(): a DLTensor filled in place by the exchange
+ * API (capsule NULL), or one owned by the _to_dlpack capsule (dropped by release()). */
+typedef struct {
+    DLTensor view;
+    PyObject *capsule;
+} Exported;
+
+/* Reads objects[positions[k]] (k-th object when positions is NULL) for k < n into exports and
+ * tensors; how many were read: fewer than n when one is not a tensor or has a dtype DLPack
+ * lacks (the error is left for the caller to clear). Only objects of exactly the exchange
+ * API's type go through it (its producer must be the object's own); subclasses such as
+ * nn.Parameter take _to_dlpack. */
 static Py_ssize_t export_tensors(PyObject *const *objects, const Py_ssize_t *positions, Py_ssize_t n,
-                                 PyObject **capsules, DLTensor **tensors) {
+                                 Exported *exports, DLTensor **tensors) {
     Py_ssize_t held = 0;
     for (; held < n; held++) {
         PyObject *object = objects[positions == NULL ? held : positions[held]];
-        capsules[held] = PyObject_CallFunctionObjArgs(to_dlpack, object, NULL);
-        if (capsules[held] == NULL) break;
-        DLManagedTensor *managed = PyCapsule_GetPointer(capsules[held], "dltensor");
+        Exported *e = &exports[held];
+        e->capsule = NULL;
+        if (exchange != NULL && (PyObject *)Py_TYPE(object) == exchange_type) {
+            if (exchange->dltensor_from_py_object_no_sync(object, &e->view) != 0) break;
+            tensors[held] = &e->view;
+            continue;
+        }
+        e->capsule = PyObject_CallFunctionObjArgs(to_dlpack, object, NULL);
+        if (e->capsule == NULL) break;
+        DLManagedTensor *managed = PyCapsule_GetPointer(e->capsule, "dltensor");
         if (managed == NULL) {
-            Py_DECREF(capsules[held]);
+            Py_CLEAR(e->capsule);
             break;
         }
         tensors[held] = &managed->dl_tensor;
@@ -452,9 +497,10 @@ static Py_ssize_t export_tensors(PyObject *const *objects, const Py_ssize_t *pos
     return held;
 }
 
-/* The capsules' destructor calls the DLPack deleter, which drops torch's reference. */
-static void release(PyObject **capsules, Py_ssize_t held) {
-    for (Py_ssize_t i = 0; i < held; i++) Py_DECREF(capsules[i]);
+/* The capsules' destructor calls the DLPack deleter, which drops torch's reference; a view
+ * holds nothing. */
+static void release(Exported *exports, Py_ssize_t held) {
+    for (Py_ssize_t i = 0; i < held; i++) Py_XDECREF(exports[i].capsule);
 }
 
 static uintptr_t address_of(const DLTensor *t) { return (uintptr_t)t->data + (uintptr_t)t->byte_offset; }
@@ -471,11 +517,11 @@ static PyObject *check(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (PyBytes_AsStringAndSize(args[0], &buffer, &length)) return NULL;
     Py_ssize_t n_tensors = nargs - 1;
     if (n_tensors < 1 || n_tensors > MAX_TENSORS || length % 8) Py_RETURN_NONE;
-    PyObject *capsules[MAX_TENSORS];
+    Exported exports[MAX_TENSORS];
     DLTensor *tensors[MAX_TENSORS];
     PyObject *result = NULL;
     int64_t sizes[MAX_SIZES], n_sizes = 0;
-    Py_ssize_t held = export_tensors(args + 1, NULL, n_tensors, capsules, tensors);
+    Py_ssize_t held = export_tensors(args + 1, NULL, n_tensors, exports, tensors);
     if (held == n_tensors &&
         matches((const int64_t *)buffer, length / 8, tensors, n_tensors, sizes, &n_sizes) == 0) {
         result = PyTuple_New(1 + n_tensors + n_sizes);
@@ -486,7 +532,7 @@ static PyObject *check(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             for (int64_t i = 0; i < n_sizes; i++) PyTuple_SetItem(result, 1 + n_tensors + i, PyLong_FromLongLong(sizes[i]));
         }
     }
-    release(capsules, held);
+    release(exports, held);
     if (result == NULL) {
         PyErr_Clear(); /* declined, not failed: the Python checks will name the problem */
         Py_RETURN_NONE;
@@ -568,7 +614,10 @@ static int launch_planned(Reader *r, PyObject *const *arguments, Py_ssize_t n_ar
         }
     }
     void *stream = NULL;
-    if (ok && r->left == 0) {
+    if (ok && r->left == 0 && exchange != NULL && tensors[0]->device.device_type == KDL_CUDA) {
+        /* torch's own getCurrentCUDAStream(device), without the Python call and int round trip */
+        ok = exchange->current_work_stream(KDL_CUDA, device, &stream) == 0;
+    } else if (ok && r->left == 0) {
         PyObject *s = PyObject_CallFunctionObjArgs(stream_getter, device_object, NULL);
         stream = s == NULL ? NULL : PyLong_AsVoidPtr(s);
         ok = s != NULL && !PyErr_Occurred();
@@ -655,7 +704,7 @@ static int run_arguments(PyObject *contract_bytes, PyObject *plan_bytes, PyObjec
     if (next(&r, &version) || version != PLAN_VERSION || next(&r, &expected) || expected != n_arguments ||
         next(&r, &n_tensors) || n_tensors < 1 || n_tensors > MAX_TENSORS)
         return 0;
-    PyObject *capsules[MAX_TENSORS];
+    Exported exports[MAX_TENSORS];
     DLTensor *tensors[MAX_TENSORS], *by_argument[MAX_ARGS] = {NULL};
     Py_ssize_t held = 0;
     int ok = n_arguments <= MAX_ARGS;
@@ -667,7 +716,7 @@ static int run_arguments(PyObject *contract_bytes, PyObject *plan_bytes, PyObjec
             tensors[i] = known[position];
         } else {
             Py_ssize_t one = (Py_ssize_t)position;
-            ok = export_tensors(arguments, &one, 1, &capsules[held], &tensors[i]) == 1;
+            ok = export_tensors(arguments, &one, 1, &exports[held], &tensors[i]) == 1;
             held += ok;
         }
         if (ok) by_argument[position] = tensors[i];
@@ -677,7 +726,7 @@ static int run_arguments(PyObject *contract_bytes, PyObject *plan_bytes, PyObjec
                                  &n_sizes) == 0 &&
                    (rules == NULL || rules_hold(rules, by_argument, n_arguments)) &&
                    launch_planned(&r, arguments, n_arguments, handles, tensors, n_tensors, sizes, n_sizes);
-    release(capsules, held);
+    release(exports, held);
     return launched;
 }
 
@@ -726,12 +775,12 @@ static void put(PyObject *key, Py_ssize_t *at, PyObject *item) {
 }
 
 /* The key of a call (inputs, out, *options) under a fast path's spec, or NULL (declined; an error
- * may be set). The inputs are exported into capsules / tensors (the caller releases *held of
+ * may be set). The inputs are read into exports / inputs (the caller releases *held of
  * them; by input position, NULL for a None input). Key: per input its DLPack dtype, ndim and the
  * dimensions its spec mask names (None for an absent input), per option its type and value,
  * then the first input's device. */
 static PyObject *call_key(const int64_t *spec, Py_ssize_t n_spec, PyObject *const *call, Py_ssize_t n_call,
-                          PyObject **capsules, Py_ssize_t *held, DLTensor **inputs) {
+                          Exported *exports, Py_ssize_t *held, DLTensor **inputs) {
     Reader r = {spec, n_spec};
     int64_t version, n_inputs, arity, masks[MAX_TENSORS];
     *held = 0;
@@ -747,7 +796,7 @@ static PyObject *call_key(const int64_t *spec, Py_ssize_t n_spec, PyObject *cons
             n_items += 1;
             continue;
         }
-        if (export_tensors(call, (const Py_ssize_t[]){(Py_ssize_t)i}, 1, &capsules[*held], &inputs[i]) != 1)
+        if (export_tensors(call, (const Py_ssize_t[]){(Py_ssize_t)i}, 1, &exports[*held], &inputs[i]) != 1)
             return NULL;
         *held += 1;
         if (device < 0) device = inputs[i]->device.device_id;
@@ -822,10 +871,10 @@ static PyObject *dispatch(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int64_t arity = words[2];
     if (n_inputs < 1 || n_call <= n_inputs || call[n_inputs] == Py_None || arity < 1) Py_RETURN_NONE;
     PyObject *out = call[n_inputs], *result = NULL;
-    PyObject *capsules[MAX_TENSORS];
+    Exported exports[MAX_TENSORS];
     DLTensor *inputs[MAX_TENSORS];
     Py_ssize_t held = 0;
-    PyObject *key = call_key(words, spec_length / 8, call, n_call, capsules, &held, inputs);
+    PyObject *key = call_key(words, spec_length / 8, call, n_call, exports, &held, inputs);
     PyObject *entry = key == NULL ? NULL : PyDict_GetItemWithError(table, key); /* borrowed */
     Py_XDECREF(key);
     char *recipe;
@@ -870,7 +919,7 @@ static PyObject *dispatch(PyObject *self, PyObject *const *args, Py_ssize_t narg
             }
         }
     }
-    release(capsules, held);
+    release(exports, held);
     if (result != NULL) return result;
     PyErr_Clear(); /* declined, not failed: the op's Python path will name the problem */
     Py_RETURN_NONE;
@@ -883,11 +932,11 @@ static PyObject *dispatch_key(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_ssize_t spec_length;
     if (nargs < 1 || PyBytes_AsStringAndSize(args[0], &spec, &spec_length)) return NULL;
     if (to_dlpack == NULL || spec_length % 8) Py_RETURN_NONE;
-    PyObject *capsules[MAX_TENSORS];
+    Exported exports[MAX_TENSORS];
     DLTensor *inputs[MAX_TENSORS];
     Py_ssize_t held = 0;
-    PyObject *key = call_key((const int64_t *)spec, spec_length / 8, args + 1, nargs - 1, capsules, &held, inputs);
-    release(capsules, held);
+    PyObject *key = call_key((const int64_t *)spec, spec_length / 8, args + 1, nargs - 1, exports, &held, inputs);
+    release(exports, held);
     if (key != NULL) return key;
     PyErr_Clear();
     Py_RETURN_NONE;
@@ -917,17 +966,54 @@ static PyObject *set_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
-/* dlpack_dtype(capsule) -> code | bits << 8 | lanes << 16 of an exported tensor: how this torch
- * spells a dtype in DLPack (float8 codes changed between DLPack versions), asked once per dtype. */
-static PyObject *dlpack_dtype(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 1) {
-        PyErr_SetString(PyExc_TypeError, "dlpack_dtype(capsule)");
+/* set_exchange(type, api) -> True when run(), check() and dispatch() now read objects of
+ * exactly this type through api (Tensor.__dlpack_c_exchange_api__: a capsule named
+ * "dlpack_exchange_api", or its address as an int), False when api is not one this module
+ * can use (another DLPack major version, an entry missing: _to_dlpack stays).
+ * set_exchange(None, None) goes back to _to_dlpack. */
+static PyObject *set_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_exchange(torch.Tensor, torch.Tensor.__dlpack_c_exchange_api__)");
         return NULL;
     }
-    DLManagedTensor *managed = PyCapsule_GetPointer(args[0], "dltensor");
-    if (managed == NULL) return NULL;
-    DLDataType t = managed->dl_tensor.dtype;
-    return PyLong_FromUnsignedLong((unsigned long)t.code | ((unsigned long)t.bits << 8) | ((unsigned long)t.lanes << 16));
+    const DLPackExchangeAPI *api = NULL;
+    if (args[1] != Py_None) {
+        if (PyCapsule_CheckExact(args[1])) {
+            api = PyCapsule_GetPointer(args[1], "dlpack_exchange_api");
+        } else if (PyLong_Check(args[1])) {
+            api = PyLong_AsVoidPtr(args[1]);
+        }
+        if (api == NULL) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+        if (!PyType_Check(args[0]) || api->version.major != 1 || api->version.minor < 2 ||
+            api->dltensor_from_py_object_no_sync == NULL || api->current_work_stream == NULL)
+            Py_RETURN_FALSE;
+    }
+    exchange = NULL;
+    Py_CLEAR(exchange_type);
+    if (api == NULL) Py_RETURN_FALSE;
+    Py_INCREF(args[0]);
+    exchange_type = args[0];
+    exchange = api;
+    Py_RETURN_TRUE;
+}
+
+/* dlpack_dtype(tensor) -> code | bits << 8 | lanes << 16 of the tensor's DLTensor, read as
+ * check() reads tensors: how this torch spells a dtype in DLPack (float8 codes changed between
+ * DLPack versions), asked once per dtype for the contracts. */
+static PyObject *dlpack_dtype(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || to_dlpack == NULL) {
+        PyErr_SetString(PyExc_TypeError, "dlpack_dtype(tensor), after set_dlpack()");
+        return NULL;
+    }
+    Exported exported;
+    DLTensor *t;
+    if (export_tensors(args, NULL, 1, &exported, &t) != 1) return NULL;
+    DLDataType d = t->dtype;
+    release(&exported, 1);
+    return PyLong_FromUnsignedLong((unsigned long)d.code | ((unsigned long)d.bits << 8) | ((unsigned long)d.lanes << 16));
 }
 
 static PyMethodDef methods[] = {
@@ -953,8 +1039,12 @@ static PyMethodDef methods[] = {
      "set_stream(torch._C._cuda_getCurrentRawStream): the stream getter run() calls with the device index."},
     {"set_dlpack", (PyCFunction)(void (*)(void))set_dlpack, METH_FASTCALL,
      "set_dlpack(torch._C._to_dlpack): the DLPack export check() reads tensors through."},
+    {"set_exchange", (PyCFunction)(void (*)(void))set_exchange, METH_FASTCALL,
+     "set_exchange(type, api) -> True when tensors of exactly type are read through DLPack's C exchange API "
+     "(api: type.__dlpack_c_exchange_api__); set_exchange(None, None) goes back to set_dlpack()'s export."},
     {"dlpack_dtype", (PyCFunction)(void (*)(void))dlpack_dtype, METH_FASTCALL,
-     "dlpack_dtype(capsule) -> the packed DLPack dtype (code | bits << 8 | lanes << 16) of an exported tensor."},
+     "dlpack_dtype(tensor) -> the packed DLPack dtype (code | bits << 8 | lanes << 16) of the tensor, read as "
+     "check() reads it."},
     {NULL, NULL, 0, NULL},
 };
 

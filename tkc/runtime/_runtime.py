@@ -413,7 +413,7 @@ launch_cooperative = _launch_cooperative
 
 # ---- the compiled tensor check ---------------------------------------------------------------
 #
-# A launcher first asks check(CONTRACT, *tensors) (``_launch.check``): one DLPack export per
+# A launcher first asks check(CONTRACT, *tensors) (``_launch.check``): one DLTensor read per
 # tensor, compared in C with the variant's contract, which contract() packs once at import into
 # 64-bit words (the layout _launch.c reads; CONTRACT_VERSION there). It returns
 # (device, *data_pointers, *sizes) or None; None only means "not accepted here" (a pure wheel,
@@ -435,8 +435,28 @@ def _no_check(contract: bytes | None, *tensors: Any) -> tuple[int, ...] | None:
 
 
 NATIVE_CHECK = _native is not None and _to_dlpack is not None and hasattr(_native, "check")
+NATIVE_EXCHANGE = False  # whether the compiled checks read tensors through torch's DLPack C exchange API
+
+
+def use_exchange(enabled: bool = True) -> bool:
+    """Read tensors in the compiled checks through torch's DLPack C exchange API (``enabled``) or
+    ``torch._C._to_dlpack``; whether the exchange API is in use now.
+
+    The exchange API (``Tensor.__dlpack_c_exchange_api__``, torch 2.10 and later) fills a DLTensor
+    in one C call; ``_to_dlpack`` is a Python call that allocates a capsule, about 0.3 µs a tensor.
+    Both read the same fields, so benchmarks and tests switch between them to compare.
+    """
+    global NATIVE_EXCHANGE
+    if not NATIVE_CHECK or not hasattr(_native, "set_exchange"):
+        return False
+    api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None) if enabled else None
+    NATIVE_EXCHANGE = bool(_native.set_exchange(torch.Tensor if api is not None else None, api))
+    return NATIVE_EXCHANGE
+
+
 if NATIVE_CHECK:
     _native.set_dlpack(_to_dlpack)
+    use_exchange()
 # What the generated launchers call when run() declined: check(contract, *tensors) -> (device, *pointers,
 # *sizes) or None.
 check: Callable[..., tuple[int, ...] | None] = _native.check if NATIVE_CHECK else _no_check
@@ -446,7 +466,7 @@ def _dlpack_dtype(dtype: torch.dtype) -> int | None:
     """How this torch spells ``dtype`` in DLPack (None: it cannot export it)."""
     if dtype not in _dlpack_dtypes:
         try:
-            _dlpack_dtypes[dtype] = _native.dlpack_dtype(_to_dlpack(torch.empty(0, dtype=dtype)))  # type: ignore[misc]
+            _dlpack_dtypes[dtype] = _native.dlpack_dtype(torch.empty(0, dtype=dtype))  # type: ignore[misc]
         except Exception:  # e.g. float8 in a torch whose DLPack predates it
             _dlpack_dtypes[dtype] = None
     return _dlpack_dtypes[dtype]

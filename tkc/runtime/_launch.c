@@ -749,90 +749,111 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_FALSE;
 }
 
-/* An option of an exactly known type: str, int, float, bool, None, or a tuple of ints. Exact,
- * because the key holds the option next to its type: 128 and 128.0, 1 and True hash alike and
- * the op's checks refuse the float and the bool, so a hit must never stand in for them. */
-static int plain_option(PyObject *o) {
-    if (o == Py_None || PyUnicode_CheckExact(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyBool_Check(o))
-        return 1;
-    if (!PyTuple_CheckExact(o)) return 0;
-    for (Py_ssize_t i = 0; i < PyTuple_Size(o); i++) {
-        if (!PyLong_CheckExact(PyTuple_GetItem(o, i))) return 0;
-    }
-    return 1;
-}
+/* The key of a call is a bytes object of 64-bit words (not a tuple: bytes are not tracked by
+ * the garbage collector, so dispatch() allocates nothing that can trigger a collection, and one
+ * memcmp compares it). Per option a tag, then its value: the tag holds the exact type, because
+ * 128 and 128.0, 1 and True compare equal in Python while the op's checks refuse the float and
+ * the bool, so a hit must never stand in for them. */
+#define KEY_WORDS 512
+#define OPTION_NONE 1
+#define OPTION_FALSE 2
+#define OPTION_TRUE 3
+#define OPTION_INT 4   /* then the value (ints beyond 64 bits are not keyed) */
+#define OPTION_FLOAT 5 /* then the double's bits */
+#define OPTION_STR 6   /* then the UTF-8 length and the bytes, zero-padded to whole words */
+#define OPTION_TUPLE 7 /* then the length and the ints */
 
-/* Puts a new reference into the key at *at; -1 (the error left set) where it could not be made. */
-static int put_new(PyObject *key, Py_ssize_t *at, PyObject *item) {
-    if (item == NULL) return -1;
-    PyTuple_SetItem(key, (*at)++, item); /* steals item */
+typedef struct {
+    int64_t words[KEY_WORDS];
+    Py_ssize_t n;
+} Key;
+
+static int key_put(Key *k, int64_t word) {
+    if (k->n >= KEY_WORDS) return -1;
+    k->words[k->n++] = word;
     return 0;
 }
 
-static void put(PyObject *key, Py_ssize_t *at, PyObject *item) {
-    Py_INCREF(item);
-    PyTuple_SetItem(key, (*at)++, item);
+static int key_int(Key *k, PyObject *o) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) return -1;
+    return key_put(k, v);
+}
+
+/* Writes one option; -1 for an option of any other type (not keyed: the op's Python path runs). */
+static int key_option(Key *k, PyObject *o) {
+    if (o == Py_None) return key_put(k, OPTION_NONE);
+    if (PyBool_Check(o)) return key_put(k, o == Py_True ? OPTION_TRUE : OPTION_FALSE);
+    if (PyLong_CheckExact(o)) return key_put(k, OPTION_INT) || key_int(k, o);
+    if (PyFloat_CheckExact(o)) {
+        double v = PyFloat_AsDouble(o);
+        int64_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        return key_put(k, OPTION_FLOAT) || key_put(k, bits);
+    }
+    if (PyUnicode_CheckExact(o)) {
+        Py_ssize_t length;
+        const char *text = PyUnicode_AsUTF8AndSize(o, &length); /* cached by the str: no copy */
+        Py_ssize_t words = (length + 7) / 8;
+        if (text == NULL || key_put(k, OPTION_STR) || key_put(k, length) || k->n + words > KEY_WORDS) return -1;
+        if (words > 0) k->words[k->n + words - 1] = 0; /* the padding of the last word */
+        memcpy(&k->words[k->n], text, (size_t)length);
+        k->n += words;
+        return 0;
+    }
+    if (PyTuple_CheckExact(o)) {
+        Py_ssize_t length = PyTuple_Size(o);
+        if (key_put(k, OPTION_TUPLE) || key_put(k, length)) return -1;
+        for (Py_ssize_t i = 0; i < length; i++) {
+            PyObject *item = PyTuple_GetItem(o, i);
+            if (!PyLong_CheckExact(item) || key_int(k, item)) return -1;
+        }
+        return 0;
+    }
+    return -1;
 }
 
 /* The key of a call (inputs, out, *options) under a fast path's spec, or NULL (declined; an error
  * may be set). The inputs are read into exports / inputs (the caller releases *held of
  * them; by input position, NULL for a None input). Key: per input its DLPack dtype, ndim and the
- * dimensions its spec mask names (None for an absent input), per option its type and value,
- * then the first input's device. */
+ * dimensions its spec mask names (0 for an absent input), per option its tag and value, then
+ * the first input's device. */
 static PyObject *call_key(const int64_t *spec, Py_ssize_t n_spec, PyObject *const *call, Py_ssize_t n_call,
                           Exported *exports, Py_ssize_t *held, DLTensor **inputs) {
     Reader r = {spec, n_spec};
-    int64_t version, n_inputs, arity, masks[MAX_TENSORS];
+    int64_t version, n_inputs, arity, mask;
     *held = 0;
     if (next(&r, &version) || version != FAST_VERSION || next(&r, &n_inputs) || n_inputs < 1 ||
         n_inputs > MAX_TENSORS || next(&r, &arity) || n_call < n_inputs + 1)
         return NULL;
-    Py_ssize_t n_items = 1 + 2 * (n_call - n_inputs - 1);
+    Key k;
+    k.n = 0;
     int device = -1;
     for (int64_t i = 0; i < n_inputs; i++) {
         inputs[i] = NULL;
-        if (next(&r, &masks[i])) return NULL;
+        if (next(&r, &mask)) return NULL;
         if (call[i] == Py_None) {
-            n_items += 1;
+            if (key_put(&k, 0)) return NULL; /* a dtype word is never 0: lanes >= 1 */
             continue;
         }
         if (export_tensors(call, (const Py_ssize_t[]){(Py_ssize_t)i}, 1, &exports[*held], &inputs[i]) != 1)
             return NULL;
         *held += 1;
-        if (device < 0) device = inputs[i]->device.device_id;
-        n_items += 2;
-        for (int d = 0; d < inputs[i]->ndim && d < 63; d++) n_items += masks[i] >> d & 1;
+        const DLTensor *t = inputs[i];
+        if (device < 0) device = t->device.device_id;
+        uint32_t dtype = (uint32_t)t->dtype.code | ((uint32_t)t->dtype.bits << 8) | ((uint32_t)t->dtype.lanes << 16);
+        if (key_put(&k, dtype) || key_put(&k, t->ndim)) return NULL;
+        for (int d = 0; d < t->ndim && d < 63; d++) {
+            if ((mask >> d & 1) && key_put(&k, t->shape[d])) return NULL;
+        }
     }
     if (device < 0 || r.left != 0) return NULL;
     for (Py_ssize_t i = n_inputs + 1; i < n_call; i++) {
-        if (!plain_option(call[i])) return NULL;
+        if (key_option(&k, call[i])) return NULL;
     }
-    PyObject *key = PyTuple_New(n_items);
-    if (key == NULL) return NULL;
-    Py_ssize_t at = 0;
-    int failed = 0;
-    for (int64_t i = 0; !failed && i < n_inputs; i++) {
-        const DLTensor *t = inputs[i];
-        if (t == NULL) {
-            put(key, &at, Py_None);
-            continue;
-        }
-        uint32_t dtype = (uint32_t)t->dtype.code | ((uint32_t)t->dtype.bits << 8) | ((uint32_t)t->dtype.lanes << 16);
-        failed = put_new(key, &at, PyLong_FromUnsignedLong(dtype)) || put_new(key, &at, PyLong_FromLong(t->ndim));
-        for (int d = 0; !failed && d < t->ndim && d < 63; d++) {
-            if (masks[i] >> d & 1) failed = put_new(key, &at, PyLong_FromLongLong(t->shape[d]));
-        }
-    }
-    for (Py_ssize_t i = n_inputs + 1; !failed && i < n_call; i++) {
-        put(key, &at, (PyObject *)Py_TYPE(call[i]));
-        put(key, &at, call[i]);
-    }
-    failed = failed || put_new(key, &at, PyLong_FromLong(device));
-    if (failed || at != n_items) {
-        Py_DECREF(key); /* unfilled items are NULL, which the tuple's deallocation skips */
-        return NULL;
-    }
-    return key;
+    if (key_put(&k, device)) return NULL;
+    return PyBytes_FromStringAndSize((const char *)k.words, k.n * (Py_ssize_t)sizeof(int64_t));
 }
 
 /* out's tensor at index under the spec's arity: out itself (arity 1) or an item of a tuple or

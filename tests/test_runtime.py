@@ -456,6 +456,13 @@ def test_dispatch_launches_what_run_launches(package: ModuleType, stub_driver: c
     as_list = runtime.dispatch(fast, x, [q, sf], *call[2:])  # a list out comes back as the op's tuple
     assert type(as_list) is tuple and as_list[0] is q and as_list[1] is sf
     assert _launch_seen(stub_driver) == by_run
+    # Equal options are the same signature whatever object holds them (a str built at run time is not
+    # the interned literal the call was remembered with).
+    fmt = "".join(["e4", "m3"])
+    assert fmt is not call[2]
+    _reset(stub_driver)
+    assert runtime.dispatch(fast, x, call[1], fmt, *call[3:]) is call[1]
+    assert _launch_seen(stub_driver) == by_run
     # Another token count is the same signature: the sizes are read per call.
     x2, q2, sf2 = _token_tensors(5)
     _reset(stub_driver)
@@ -464,7 +471,8 @@ def test_dispatch_launches_what_run_launches(package: ModuleType, stub_driver: c
 
 
 @pytest.mark.parametrize("case", [
-    "another npc", "npc a float", "flag an int", "npc a bool", "an option of another type", "x dtype", "x width",
+    "another npc", "npc a float", "flag an int", "npc a bool", "an option of another type", "fmt a longer string",
+    "fmt a prefix", "a tuple option", "an int beyond 64 bits", "x dtype", "x width",
     "x not a tensor", "no out", "out of one tensor", "out a dict", "q rows", "row stride", "no handle yet",
     "driver error", "spec version",
 ])
@@ -487,6 +495,15 @@ def test_dispatch_declines_what_the_op_must_decide(package: ModuleType, stub_dri
     elif case == "an option of another type":
         args[4] = [1, 128]
         assert runtime._native.dispatch_key(fast[0], *args) is None  # never remembered either
+    elif case == "fmt a longer string":
+        args[2] = "e4m3fn"
+    elif case == "fmt a prefix":
+        args[2] = "e4m"
+    elif case == "a tuple option":
+        args[4] = (1, 128)  # remembered as None
+    elif case == "an int beyond 64 bits":
+        args[3] = 2**64 + 128
+        assert runtime._native.dispatch_key(fast[0], *args) is None
     elif case == "x dtype":
         args[0] = x.float()
     elif case == "x width":

@@ -84,8 +84,21 @@ def dispatch(fast, *call):
     return None
 
 
-def remember(fast, launch, arguments, rules, *call):
-    REMEMBERED.append((fast, launch, tuple(arguments), tuple(rules), call))
+def remember(fast, launch, arguments, rules, *call, outputs=None):
+    REMEMBERED.append((fast, launch, tuple(arguments), tuple(rules), call, outputs))
+
+
+class Output:
+    def __init__(self, dtype, dims):
+        self.dtype, self.dims = dtype, tuple(dims)
+
+
+def output(dtype, *dims):
+    return Output(dtype, dims)
+
+
+def size_of(source, dim, times=1, plus=0, per=1):
+    return (source, dim, times, plus, per)
 
 
 def from_input(index):

@@ -25,6 +25,7 @@ from benchmarks.op_overhead_cpu import calls, stubbed_ops
 NOT_REMEMBERED = {
     "quant.swiglu_backward_and_per_token_cast out=": "x is a (data, sf) pair and out nests (q, sf), and with no "
                                                      "rows the op zeroes weight_grad itself: it keeps its Python path",
+    "quant.swiglu_backward_and_per_token_cast": "as its out= form",
 }
 
 
@@ -35,8 +36,11 @@ def ops() -> Iterator[tuple[dict[str, Any], list[ModuleType]]]:
 
 
 def _out_calls() -> list[str]:
+    """The out= calls, and the allocating calls of the same ops (dispatch() takes both)."""
     with tempfile.TemporaryDirectory() as root, stubbed_ops(Path(root)) as (modules, _):
-        return [name for name in calls(modules) if name.endswith("out=")]
+        names = list(calls(modules))
+    out_calls = [name for name in names if name.endswith(" out=")]
+    return out_calls + [name.removesuffix(" out=") for name in out_calls if name.removesuffix(" out=") in names]
 
 
 def _same(a: object, b: object) -> bool:
@@ -54,7 +58,7 @@ def test_a_remembered_recipe_is_the_launch_it_stands_for(ops: tuple[dict[str, An
         runtime.LAUNCHES.clear()
         runtime.REMEMBERED.clear()
         runtime.DISPATCHED.clear()
-    op_calls[name]()
+    result = op_calls[name]()
     launches = [launch for runtime in runtimes for launch in runtime.LAUNCHES]
     remembered = [entry for runtime in runtimes for entry in runtime.REMEMBERED]
     dispatched = [entry for runtime in runtimes for entry in runtime.DISPATCHED]
@@ -62,9 +66,17 @@ def test_a_remembered_recipe_is_the_launch_it_stands_for(ops: tuple[dict[str, An
         assert not remembered, NOT_REMEMBERED[name]
         return
     assert len(launches) == 1 and len(remembered) == 1, (launches, remembered)
-    fast, _, arguments, _, call = remembered[0]
+    fast, _, arguments, _, call, allocated = remembered[0]
     inputs, outputs = fast[0]
     out = call[len(inputs)]
+    if out is None:  # an allocating call: what dispatch() would allocate, and the op returned
+        assert allocated is not None and len(allocated) == outputs, "an allocating call remembers its outputs"
+        out = result
+        for i, (recipe, tensor) in enumerate(zip(allocated, (out,) if outputs == 1 else out, strict=True)):
+            dims = tuple(d if isinstance(d, int) else (call[d[0]].shape[d[1]] * d[2] + d[3]) // d[4]
+                         for d in recipe.dims)
+            assert (recipe.dtype, dims) == (tensor.dtype, tuple(tensor.shape)), f"output {i}"
+            assert tensor.is_contiguous(), f"output {i}: dispatch() allocates contiguous tensors"
     resolved = []
     for argument in arguments:
         if type(argument).__name__ == "Source":

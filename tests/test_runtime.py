@@ -470,6 +470,43 @@ def test_dispatch_launches_what_run_launches(package: ModuleType, stub_driver: c
     assert _launch_seen(stub_driver)[2][:3] == (2, 3, 1)
 
 
+@pytest.mark.usefixtures("tensor_reader")
+def test_dispatch_allocates_what_an_allocating_call_remembered(package: ModuleType, stub_driver: ctypes.CDLL,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """out None is a signature of its own: remembered with its outputs, dispatch() allocates them (shapes from
+    the call's sizes) and launches into them as the out= call does."""
+    runtime, _, fast, planned, call = _dispatch_setup(package, stub_driver, monkeypatch)
+    x = call[0]
+    allocating = (x, None, *call[2:])
+    assert runtime.dispatch(fast, *allocating) is None  # only the out= signature is remembered
+    outputs = (runtime.output(torch.float8_e4m3fn, runtime.size_of(0, 0), 256),
+               runtime.output(torch.float32, runtime.size_of(0, 0, plus=127, per=128), 2))
+    arguments = (runtime.from_input(0), runtime.from_out(0), runtime.from_out(1), 2, 0.1)
+
+    def launcher(*args: object) -> None:
+        raise AssertionError("dispatch() launches through the plan, never through the launcher")
+
+    launcher.planned = planned  # type: ignore[attr-defined]
+    runtime.remember(fast, launcher, arguments, (runtime.stride_bytes_multiple(0, 0, 16),), *allocating,
+                     outputs=outputs)
+    for tokens in (300, 5, 0):
+        xt = _token_tensors(tokens)[0]
+        _reset(stub_driver)
+        result = runtime.dispatch(fast, xt, None, *call[2:])
+        assert type(result) is tuple and len(result) == 2
+        q, sf = result
+        assert (q.dtype, tuple(q.shape), q.device) == (torch.float8_e4m3fn, (tokens, 256), xt.device)
+        assert (sf.dtype, tuple(sf.shape)) == (torch.float32, ((tokens + 127) // 128, 2))
+        assert q.is_contiguous() and sf.is_contiguous()
+        # The launch got the new tensors, as the out= call with them does.
+        seen = _launch_seen(stub_driver)
+        _reset(stub_driver)
+        assert runtime.dispatch(fast, xt, (q, sf), *call[2:]) is not None
+        assert _launch_seen(stub_driver) == seen
+    # A refused input declines before anything is returned; the op's Python path then names it.
+    assert runtime.dispatch(fast, torch.randn(300, 260).to(torch.bfloat16)[:, :256], None, *call[2:]) is None
+
+
 @pytest.mark.parametrize("case", [
     "another npc", "npc a float", "flag an int", "npc a bool", "an option of another type", "fmt a longer string",
     "fmt a prefix", "a tuple option", "an int beyond 64 bits", "x dtype", "x width",

@@ -29,7 +29,9 @@ from .._runtime import (
     from_input,
     from_out,
     get_kernel,
+    output,
     remember,
+    size_of,
     stride_bytes_multiple,
 )
 from ..errors import KernelArgumentError
@@ -312,30 +314,33 @@ def _cast_form(
         x = _check_row_stride(x)  # type: ignore[arg-type]
         if out is not None:
             result = _run_into(variant.launch, x, out, variant.npc, variant.sf_layout)
-            if not sf_only and variant.sf_layout == "row_major":  # dispatch() had not seen it, or declined
-                _remember_fast(variant.launch, x, out, fmt, num_per_channels, x_block_size,
-                               use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
-            return result
-        return _run(variant.launch, x, variant.fmt, variant.npc, variant.sf_layout, mode)
+        else:
+            result = _run(variant.launch, x, variant.fmt, variant.npc, variant.sf_layout, mode)
+        if not sf_only and variant.sf_layout == "row_major" and x_block_size is None:  # dispatch() had not seen it
+            _remember_fast(variant.launch, result, x, out, fmt, num_per_channels, x_block_size,
+                           use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+        return result
     x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                                        round_sf, use_packed_ue8m0)
     if torch.compiler.is_compiling():
         result = _per_token_cast_op(x, fmt, npc, bool(round_sf), sf_layout, sf_only)
         return result if out is None else copied_into(out, ("q", "sf"), result)  # type: ignore[no-any-return]
     variant = _remember(key, _Variant(_select(x, fmt, npc, bool(round_sf), sf_layout), fmt, npc, sf_layout))
-    if out is not None:
-        result = _run_into(variant.launch, x, out, npc, sf_layout)
-        if not sf_only and sf_layout == "row_major":
-            _remember_fast(variant.launch, x, out, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
-                           round_sf, use_packed_ue8m0)
-        return result
-    return _run(variant.launch, x, fmt, npc, sf_layout, mode)
+    result = _run_into(variant.launch, x, out, npc, sf_layout) if out is not None else \
+        _run(variant.launch, x, fmt, npc, sf_layout, mode)
+    if not sf_only and sf_layout == "row_major" and x_block_size is None:  # a pair x is dequantized first
+        _remember_fast(variant.launch, result, x, out, fmt, num_per_channels, x_block_size,
+                       use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return result
 
 
-def _remember_fast(launch: Callable[..., None], *call: object) -> None:
-    """Let dispatch() take later per_token_cast calls like ``call`` (x, out, options; row-major sf)."""
+def _remember_fast(launch: Callable[..., None], result: tuple[torch.Tensor, torch.Tensor], *call: object) -> None:
+    """Let dispatch() take later per_token_cast calls like ``call`` (x, out, options; row-major sf), which
+    returned ``result``; an allocating call (out None) allocates (q, sf) as it did: T rows each."""
+    q, sf = result
     remember(_FAST, launch, (from_input(0), from_out(0), from_out(1), _MODE_CAST),
-             (stride_bytes_multiple(0, 0, ALIGNMENT),), *call)
+             (stride_bytes_multiple(0, 0, ALIGNMENT),), *call,
+             outputs=(output(q.dtype, size_of(0, 0), q.shape[1]), output(sf.dtype, size_of(0, 0), sf.shape[1])))
 
 
 def per_token_cast(
@@ -384,7 +389,7 @@ def per_token_cast(
         A group holding a NaN or an Inf gets the scale NaN (UE8M0 byte 0xFF) and the codes
         0x7F (the e4m3 NaN) or 0 (e2m1), so it dequantizes to NaN.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, x, out, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
                         use_packed_ue8m0)
         if done is not None:

@@ -818,7 +818,7 @@ static int key_option(Key *k, PyObject *o) {
  * may be set). The inputs are read into exports / inputs (the caller releases *held of
  * them; by input position, NULL for a None input). Key: per input its DLPack dtype, ndim and the
  * dimensions its spec mask names (0 for an absent input), per option its tag and value, then
- * the first input's device. */
+ * the first input's device and whether out is None. */
 static PyObject *call_key(const int64_t *spec, Py_ssize_t n_spec, PyObject *const *call, Py_ssize_t n_call,
                           Exported *exports, Py_ssize_t *held, DLTensor **inputs) {
     Reader r = {spec, n_spec};
@@ -852,7 +852,8 @@ static PyObject *call_key(const int64_t *spec, Py_ssize_t n_spec, PyObject *cons
     for (Py_ssize_t i = n_inputs + 1; i < n_call; i++) {
         if (key_option(&k, call[i])) return NULL;
     }
-    if (key_put(&k, device)) return NULL;
+    /* An allocating call (out None) is its own signature: its entry also says what to allocate. */
+    if (key_put(&k, device) || key_put(&k, call[n_inputs] == Py_None)) return NULL;
     return PyBytes_FromStringAndSize((const char *)k.words, k.n * (Py_ssize_t)sizeof(int64_t));
 }
 
@@ -865,6 +866,62 @@ static PyObject *out_item(PyObject *out, int64_t arity, int64_t index) {
     return NULL;
 }
 
+static PyObject *allocator; /* torch.empty, set by set_allocator() */
+
+/* The outputs of an allocating call: torch.empty(*dims, dtype=..., device=...) per output, the
+ * dims from the inputs' shapes as the entry's words say (per output its ndim, per dimension
+ * (input, dim, times, plus, per): (shape[dim] of input * times + plus) // per, or plus where
+ * input is -1); kwargs: per output the dict of its dtype and device. out itself (arity 1) or a
+ * tuple, as the op returns them; NULL where the words do not fit the call (an error may be set). */
+static PyObject *allocate(PyObject *shape_bytes, PyObject *kwargs, DLTensor *const *inputs, Py_ssize_t n_inputs,
+                          int64_t arity) {
+    char *buffer;
+    Py_ssize_t length;
+    if (allocator == NULL || !PyTuple_Check(kwargs) || PyTuple_Size(kwargs) != arity ||
+        PyBytes_AsStringAndSize(shape_bytes, &buffer, &length) || length % 8)
+        return NULL;
+    Reader r = {(const int64_t *)buffer, length / 8};
+    PyObject *outputs = PyTuple_New(arity);
+    if (outputs == NULL) return NULL;
+    for (int64_t o = 0; o < arity; o++) {
+        int64_t ndim;
+        if (next(&r, &ndim) || ndim < 1 || ndim > 8) goto fail;
+        PyObject *dims = PyTuple_New(ndim);
+        if (dims == NULL) goto fail;
+        for (int64_t d = 0; d < ndim; d++) {
+            int64_t input, dim, times, plus, per, size;
+            if (next(&r, &input) || next(&r, &dim) || next(&r, &times) || next(&r, &plus) || next(&r, &per) ||
+                per < 1 || input < -1 || input >= n_inputs || (input >= 0 && inputs[input] == NULL) ||
+                (input >= 0 && (dim < 0 || dim >= inputs[input]->ndim))) {
+                Py_DECREF(dims);
+                goto fail;
+            }
+            size = input < 0 ? plus : (inputs[input]->shape[dim] * times + plus) / per;
+            PyObject *item = size < 0 ? NULL : PyLong_FromLongLong(size);
+            if (item == NULL) {
+                Py_DECREF(dims);
+                goto fail;
+            }
+            PyTuple_SetItem(dims, d, item);
+        }
+        PyObject *tensor = PyObject_Call(allocator, dims, PyTuple_GetItem(kwargs, o));
+        Py_DECREF(dims);
+        if (tensor == NULL) goto fail;
+        PyTuple_SetItem(outputs, o, tensor);
+    }
+    if (r.left != 0) goto fail;
+    if (arity == 1) {
+        PyObject *only = PyTuple_GetItem(outputs, 0);
+        Py_INCREF(only);
+        Py_DECREF(outputs);
+        return only;
+    }
+    return outputs;
+fail:
+    Py_DECREF(outputs); /* unfilled items are NULL, which the tuple's deallocation skips */
+    return NULL;
+}
+
 /* dispatch(fast, *inputs, out, *options) -> what the op returns (out, as a tuple where it holds
  * several tensors), or None
  *
@@ -873,7 +930,9 @@ static PyObject *out_item(PyObject *out, int64_t arity, int64_t index) {
  * launch needs (the launcher's contract, plan and handles, the recipe of its arguments and
  * the op's rules beyond the contract, the constants). One lookup, then run()'s check and launch
  * with the rules in between. None never means "invalid", only "not here": the op's Python path
- * then runs (and names what is wrong). Calls with out=None are not taken: the op allocates. */
+ * then runs (and names what is wrong). An allocating call (out None) is taken where the op
+ * remembered one of its signature with the outputs' shapes: dispatch() allocates them with
+ * torch.empty and returns them. */
 static PyObject *dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || !PyTuple_Check(args[0]) || PyTuple_Size(args[0]) != 2 || to_dlpack == NULL ||
         stream_getter == NULL || cu_launch_kernel == NULL || cu_launch_kernel_ex == NULL)
@@ -890,8 +949,8 @@ static PyObject *dispatch(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PyObject *const *call = args + 1;
     Py_ssize_t n_call = nargs - 1, n_inputs = (Py_ssize_t)words[1];
     int64_t arity = words[2];
-    if (n_inputs < 1 || n_call <= n_inputs || call[n_inputs] == Py_None || arity < 1) Py_RETURN_NONE;
-    PyObject *out = call[n_inputs], *result = NULL;
+    if (n_inputs < 1 || n_call <= n_inputs || arity < 1) Py_RETURN_NONE;
+    PyObject *out = call[n_inputs], *result = NULL, *allocated = NULL;
     Exported exports[MAX_TENSORS];
     DLTensor *inputs[MAX_TENSORS];
     Py_ssize_t held = 0;
@@ -900,7 +959,15 @@ static PyObject *dispatch(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_XDECREF(key);
     char *recipe;
     Py_ssize_t recipe_length;
-    if (entry != NULL && PyTuple_Check(entry) && PyTuple_Size(entry) == 5 &&
+    /* An entry of an out= call: (contract, plan, handles, recipe, constants); of an allocating
+     * call also (output shapes, output kwargs), and out is what allocate() returns. */
+    Py_ssize_t entry_size = out == Py_None ? 7 : 5;
+    if (entry != NULL && PyTuple_Check(entry) && PyTuple_Size(entry) == entry_size && out == Py_None) {
+        allocated = allocate(PyTuple_GetItem(entry, 5), PyTuple_GetItem(entry, 6), inputs, n_inputs, arity);
+        out = allocated;
+    }
+    if (entry != NULL && out != NULL && out != Py_None && PyTuple_Check(entry) &&
+        PyTuple_Size(entry) == entry_size &&
         PyBytes_AsStringAndSize(PyTuple_GetItem(entry, 3), &recipe, &recipe_length) == 0 && recipe_length % 8 == 0) {
         PyObject *constants = PyTuple_GetItem(entry, 4);
         Reader r = {(const int64_t *)recipe, recipe_length / 8};
@@ -941,6 +1008,7 @@ static PyObject *dispatch(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
     }
     release(exports, held);
+    Py_XDECREF(allocated); /* result holds its own reference */
     if (result != NULL) return result;
     PyErr_Clear(); /* declined, not failed: the op's Python path will name the problem */
     Py_RETURN_NONE;
@@ -1021,6 +1089,18 @@ static PyObject *set_exchange(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_TRUE;
 }
 
+/* set_allocator(torch.empty): what dispatch() allocates the outputs of an allocating call with. */
+static PyObject *set_allocator(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "set_allocator(torch.empty)");
+        return NULL;
+    }
+    Py_XDECREF(allocator);
+    Py_INCREF(args[0]);
+    allocator = args[0];
+    Py_RETURN_NONE;
+}
+
 /* dlpack_dtype(tensor) -> code | bits << 8 | lanes << 16 of the tensor's DLTensor, read as
  * check() reads tensors: how this torch spells a dtype in DLPack (float8 codes changed between
  * DLPack versions), asked once per dtype for the contracts. */
@@ -1060,6 +1140,8 @@ static PyMethodDef methods[] = {
      "set_stream(torch._C._cuda_getCurrentRawStream): the stream getter run() calls with the device index."},
     {"set_dlpack", (PyCFunction)(void (*)(void))set_dlpack, METH_FASTCALL,
      "set_dlpack(torch._C._to_dlpack): the DLPack export check() reads tensors through."},
+    {"set_allocator", (PyCFunction)(void (*)(void))set_allocator, METH_FASTCALL,
+     "set_allocator(torch.empty): what dispatch() allocates the outputs of an allocating call with."},
     {"set_exchange", (PyCFunction)(void (*)(void))set_exchange, METH_FASTCALL,
      "set_exchange(type, api) -> True when tensors of exactly type are read through DLPack's C exchange API "
      "(api: type.__dlpack_c_exchange_api__); set_exchange(None, None) goes back to set_dlpack()'s export."},

@@ -722,7 +722,9 @@ run: Callable[..., bool] = _native.run if NATIVE_RUN else _no_run
 # dimensions and the options' exact types and values, looks up what remember() stored after the
 # op's full checks passed, checks the rules the op states beyond the contract and launches as
 # run() does. None means "not here" (a first call, another signature, a refused tensor, a pure
-# wheel): the op's Python path runs and names what is wrong.
+# wheel): the op's Python path runs and names what is wrong. Allocating calls (out None) are
+# their own signatures: where the op remembered one with its outputs' shapes and dtypes
+# (output(), size_of()), dispatch() allocates them with torch.empty and returns them.
 
 _FAST_VERSION = 1
 _FROM_INPUT, _FROM_OUT, _FROM_CONSTANT = 0, 1, 2  # where a launcher argument comes from (_launch.c)
@@ -779,15 +781,38 @@ def stride_bytes_multiple(argument: int, dim: int, multiple: int) -> tuple[int, 
     return (_RULE_STRIDE_BYTES, argument, dim, multiple, 0, 0)
 
 
+class Output:
+    """An output dispatch() allocates for an allocating call: torch.empty(*dims, dtype, device of the inputs)."""
+
+    __slots__ = ("dims", "dtype")
+
+    def __init__(self, dtype: torch.dtype, dims: Sequence[int | tuple[int, int, int, int, int]]) -> None:
+        self.dtype, self.dims = dtype, tuple(dims)
+
+
+def output(dtype: torch.dtype, *dims: int | tuple[int, int, int, int, int]) -> Output:
+    """An output of ``dtype`` whose dimensions are constants or ``size_of(...)`` of the inputs."""
+    return Output(dtype, dims)
+
+
+def size_of(source: int, dim: int, times: int = 1, plus: int = 0, per: int = 1) -> tuple[int, int, int, int, int]:
+    """An output dimension read from the call: (``dim`` of the op's input ``source`` * times + plus) // per."""
+    return (source, dim, times, plus, per)
+
+
 def remember(fast: FastPath, launch: Callable[..., None], arguments: Sequence[object],
-             rules: Sequence[tuple[int, ...]], *call: Any) -> None:
+             rules: Sequence[tuple[int, ...]], *call: Any, outputs: Sequence[Output] | None = None) -> None:
     """Let dispatch() take calls of ``call``'s signature straight to ``launch``.
 
     Call it after the op's full checks passed and ``launch`` ran for ``call`` (inputs, out,
     options, as the op passes them to dispatch). ``arguments``: the launcher's arguments, each a
     Source or a constant (a scalar the options fixed, a placeholder tensor); ``rules``: what the
-    op checks beyond the contract and the key. A launcher without a plan (a pure wheel, a TMA or
-    cluster launch), or a call dispatch() would never key, is not remembered.
+    op checks beyond the contract and the key. For an allocating call (out None), ``outputs``
+    says what the op allocated, as out's tensors in order: from_out(i) is then the i-th
+    (ignored for an out= call, so that both forms can pass it; without it an allocating call
+    is not remembered). A
+    launcher without a plan (a pure wheel, a TMA or cluster launch), or a call dispatch() would
+    never key, is not remembered.
     """
     planned = getattr(launch, "planned", None)
     if not NATIVE_DISPATCH or planned is None or None in planned:
@@ -795,6 +820,18 @@ def remember(fast: FastPath, launch: Callable[..., None], arguments: Sequence[ob
     key = _native.dispatch_key(fast[0], *call)  # type: ignore[union-attr]
     if key is None:
         return
+    allocation: tuple[object, ...] = ()
+    if call[int.from_bytes(fast[0][8:16], "little")] is None:  # out: after the spec's inputs
+        if outputs is None:
+            return
+        device = next(t.device for t in call if isinstance(t, torch.Tensor))
+        shapes = []
+        for result in outputs:
+            shapes.append(len(result.dims))
+            for dim in result.dims:
+                shapes += (-1, 0, 0, dim, 1) if isinstance(dim, int) else dim
+        allocation = (array.array("q", shapes).tobytes(),
+                      tuple({"dtype": result.dtype, "device": device} for result in outputs))
     constants: list[object] = []
     words = [len(arguments)]
     for argument in arguments:
@@ -806,7 +843,7 @@ def remember(fast: FastPath, launch: Callable[..., None], arguments: Sequence[ob
     words.append(len(rules))
     for rule in rules:
         words += rule
-    fast[1][key] = (*planned, array.array("q", words).tobytes(), tuple(constants))
+    fast[1][key] = (*planned, array.array("q", words).tobytes(), tuple(constants), *allocation)
 
 
 def _no_dispatch(fast: FastPath, *call: Any) -> None:
@@ -814,6 +851,8 @@ def _no_dispatch(fast: FastPath, *call: Any) -> None:
 
 
 NATIVE_DISPATCH = NATIVE_RUN and hasattr(_native, "dispatch")
+if NATIVE_DISPATCH:
+    _native.set_allocator(torch.empty)
 # What ops with out= call first: dispatch(fast, *inputs, out, *options) -> the op's result, or None.
 dispatch: Callable[..., Any] = _native.dispatch if NATIVE_DISPATCH else _no_dispatch
 

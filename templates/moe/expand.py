@@ -15,7 +15,18 @@ from collections.abc import Callable
 import torch
 
 from .._args import matrix, not_built, out_tensors
-from .._runtime import custom_op, dispatch, dtype_name, fast_path, from_input, from_out, get_kernel, remember
+from .._runtime import (
+    custom_op,
+    dispatch,
+    dtype_name,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    output,
+    remember,
+    size_of,
+)
 from ..errors import KernelArgumentError
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
@@ -52,7 +63,8 @@ def _expand(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: tor
 _LAUNCHERS: dict[tuple[torch.dtype, int], Callable[..., None]] = {}
 # expand_to_fused(x, token_topk_to_pos, pos_to_expert, out=out) in one C call (_runtime.dispatch):
 # keyed by x's dtype and hidden (the variant) and the mapping's dtypes and ranks; the launcher's
-# contract checks the rest of what the op checks (the mapping's rows against x's, out's shape).
+# contract checks the rest of what the op checks (the mapping's rows against x's, out's shape). An
+# allocating call allocates out as _run does: pos_to_expert's length (input 2) rows, hidden (keyed) wide.
 _FAST = fast_path(inputs=((1,), (), ()), outputs=1)
 
 
@@ -91,7 +103,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         (num_expanded_tokens, hidden) of x's dtype: row pos holds x[t] for pos =
         token_topk_to_pos[t, k], padding rows are zero.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, x, token_topk_to_pos, pos_to_expert, out)
         if done is not None:
             return done  # type: ignore[no-any-return]
@@ -102,8 +114,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         result = x.new_empty((pos_to_expert.shape[0], x.shape[1])) if out is None else out
         try:
             fast(x, token_topk_to_pos, pos_to_expert, result)
-            if out is not None:  # dispatch() had not seen it, or declined
-                _remember_fast(fast, x, token_topk_to_pos, pos_to_expert, out)
+            _remember_fast(fast, result, x, token_topk_to_pos, pos_to_expert, out)  # dispatch() had not seen it
             return result
         except KernelArgumentError:
             pass  # the checks below name what is wrong (or make the mapping contiguous and launch)
@@ -115,14 +126,16 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         result = _expand_op(x, pos, pos_to_expert)
         return result if out is None else out.copy_(result)
     result = _run(x, pos, pos_to_expert, out)
-    if out is not None and pos is token_topk_to_pos:  # not where the launch took a contiguous copy of the mapping
-        _remember_fast(_LAUNCHERS[(x.dtype, x.shape[1])], x, token_topk_to_pos, pos_to_expert, out)
+    if pos is token_topk_to_pos:  # not where the launch took a contiguous copy of the mapping
+        _remember_fast(_LAUNCHERS[(x.dtype, x.shape[1])], result, x, token_topk_to_pos, pos_to_expert, out)
     return result
 
 
-def _remember_fast(launch: Callable[..., None], *call: object) -> None:
-    """Let dispatch() take later expand_to_fused calls like ``call`` (x, the mapping, out) straight to launch."""
-    remember(_FAST, launch, (from_input(0), from_input(1), from_input(2), from_out(0)), (), *call)
+def _remember_fast(launch: Callable[..., None], result: torch.Tensor, *call: object) -> None:
+    """Let dispatch() take later expand_to_fused calls like ``call`` (x, the mapping, out) straight to launch;
+    an allocating call (out None) allocates ``result`` as it did: one row per position of pos_to_expert."""
+    remember(_FAST, launch, (from_input(0), from_input(1), from_input(2), from_out(0)), (), *call,
+             outputs=(output(result.dtype, size_of(2, 0), result.shape[1]),))
 
 
 def _sf_outputs(x: torch.Tensor, x_sf: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,

@@ -20,7 +20,18 @@ from collections.abc import Callable
 import torch
 
 from .._args import matrix, not_built, one_of, out_tensors, positive_int
-from .._runtime import custom_op, dispatch, fast_path, from_input, from_out, get_kernel, remember, size_is
+from .._runtime import (
+    custom_op,
+    dispatch,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    output,
+    remember,
+    size_is,
+    size_of,
+)
 from ..errors import KernelArgumentError
 
 __all__ = ["top2_sum_gate"]
@@ -33,7 +44,8 @@ MAX_TOPK = 32
 # num_routed_experts (logits' width), the map's shape (its rows are num_routed_experts +
 # num_shared_experts, its columns set experts_per_rank) and every scalar as given, which fix the
 # variant and its scalar arguments; the optional tensors that are not built are options (None, or
-# not keyed at all). Checked by the launcher's contract and out's width (_out_tensors' check).
+# not keyed at all). Checked by the launcher's contract and out's width (_out_tensors' check). An
+# allocating call allocates both outputs as _outputs does: (num_tokens, num_topk + S), S fixed by the key.
 _FAST = fast_path(inputs=((1,), (), (0, 1), ()), outputs=2)
 
 
@@ -116,12 +128,15 @@ def _gate_into(out: object, compiling: bool, logits: torch.Tensor, bias: torch.T
     return topk_idx, topk_weights
 
 
-def _remember_fast(launch: Callable[..., None], scalars: tuple[object, ...], width: int, *call: object) -> None:
+def _remember_fast(launch: Callable[..., None], scalars: tuple[object, ...], width: int,
+                   result: tuple[torch.Tensor, torch.Tensor], *call: object) -> None:
     """Let dispatch() take later calls like ``call`` (logits, bias, to_physical_map, logical_count, out, the
-    other arguments as given) straight to launch, with its scalar arguments and out's width."""
+    other arguments as given) straight to launch, with its scalar arguments and out's width; an allocating
+    call (out None) allocates ``result``'s tensors as it did: one row per token of logits, width columns."""
     inputs = (0, 1, 2, 3) if call[2] is not None else (0, 1)
     arguments = (*map(from_input, inputs), from_out(0), from_out(1), *scalars)
-    remember(_FAST, launch, arguments, (size_is(len(inputs), 1, width),), *call)
+    outputs = tuple(output(t.dtype, size_of(0, 0), width) for t in result)
+    remember(_FAST, launch, arguments, (size_is(len(inputs), 1, width),), *call, outputs=outputs)
 
 
 def _out_tensors(out: object, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +243,7 @@ def top2_sum_gate(
         ``(topk_idx, topk_weights)``, int64 and float32 (num_tokens, num_topk + S). Ids that live
         on another TP rank are -1 (their weights are kept).
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, logits, bias, to_physical_map, logical_count, out, num_topk, num_topk_groups,
                         num_groups, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank,
                         num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask, fix_routing_mask, unmapped_topk_idx)
@@ -247,11 +262,11 @@ def top2_sum_gate(
             else:
                 topk_idx, topk_weights = _out_tensors(out, width)
             launch(logits, bias, topk_idx, topk_weights, *scalars)
-            if out is not None:  # dispatch() had not seen it, or declined
-                _remember_fast(launch, scalars, width, logits, bias, to_physical_map, logical_count, out, num_topk,
-                               num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
-                               routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask,
-                               fix_routing_mask, unmapped_topk_idx)
+            # dispatch() had not seen it, or declined
+            _remember_fast(launch, scalars, width, (topk_idx, topk_weights), logits, bias, to_physical_map,
+                           logical_count, out, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
+                           num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
+                           scoring_func, mask, fix_routing_mask, unmapped_topk_idx)
             return topk_idx, topk_weights
     logits = matrix("logits", logits, "(num_tokens, num_routed_experts)")
     for name, value in (("mask", mask), ("fix_routing_mask", fix_routing_mask),
@@ -299,18 +314,18 @@ def top2_sum_gate(
     compiling = torch.compiler.is_compiling()
     if out is not None:
         result = _gate_into(out, compiling, logits, bias, to_physical_map, logical_count, args)
-        if not compiling:  # dispatch() had not seen it, or declined
-            launch = _select(logits, scoring, k, groups, top_groups, to_physical_map is not None)
-            _remember_fast(launch, args[5:], p, logits, bias, to_physical_map, logical_count, out, num_topk,
-                           num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
-                           routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask,
-                           fix_routing_mask, unmapped_topk_idx)
     elif to_physical_map is not None:
         assert logical_count is not None
         gate_mapped = _gate_mapped_op if compiling else _gate_mapped
         result = gate_mapped(logits, bias, to_physical_map, logical_count, *args)
     else:
         result = (_gate_op if compiling else _gate)(logits, bias, *args)
-    if key is not None and not compiling:  # the launcher accepted it: later calls may skip the checks
-        _CALLS[key] = (_select(logits, scoring, k, groups, top_groups, False), args[5:], p)
+    if not compiling:  # the launcher accepted it: dispatch() had not seen it, or declined
+        launch = _select(logits, scoring, k, groups, top_groups, to_physical_map is not None)
+        _remember_fast(launch, args[5:], p, result, logits, bias, to_physical_map, logical_count, out, num_topk,
+                       num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
+                       ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask, fix_routing_mask,
+                       unmapped_topk_idx)
+        if key is not None:  # later calls may skip the checks (key: no map, so this very launcher)
+            _CALLS[key] = (launch, args[5:], p)
     return result  # type: ignore[no-any-return]

@@ -10,14 +10,25 @@ from __future__ import annotations
 import torch
 
 from .._args import copied_into, matrix, out_tensors
-from .._runtime import custom_op, dispatch, fast_path, from_input, from_out, get_kernel, remember
+from .._runtime import (
+    custom_op,
+    dispatch,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    output,
+    remember,
+    size_of,
+)
 
 __all__ = ["normalize_weight"]
 
 _kernel = get_kernel("normalize_weight")
 # normalize_weight(topk_weights, out=(denominator, normalized_weights)) in one C call (_runtime.dispatch):
 # keyed by topk_weights' dtype and num_topk, which fix the variant; the launcher's contract checks
-# every tensor (the outputs' rows and width against topk_weights'), which is all the op checks.
+# every tensor (the outputs' rows and width against topk_weights'), which is all the op checks. An
+# allocating call allocates both as _outputs does: float32 (num_tokens,) and (num_tokens, num_topk).
 _FAST = fast_path(inputs=((1,),), outputs=2)
 
 
@@ -41,8 +52,6 @@ def _run(topk_weights: torch.Tensor, out: object) -> tuple[torch.Tensor, torch.T
     else:
         denominator, normalized = out_tensors(out, ("denominator", "normalized_weights"))
     launch(topk_weights, denominator, normalized)
-    if out is not None:  # dispatch() had not seen it, or declined: later calls like it may skip the above
-        remember(_FAST, launch, (from_input(0), from_out(0), from_out(1)), (), topk_weights, out)
     return denominator, normalized
 
 
@@ -62,7 +71,7 @@ def normalize_weight(topk_weights: torch.Tensor, *,
         ``(denominator, normalized_weights)``: float32 (num_tokens,) holding 1e-20 + the row sum,
         and float32 (num_tokens, num_topk) holding topk_weights / denominator.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, topk_weights, out)
         if done is not None:
             return done  # type: ignore[no-any-return]
@@ -70,4 +79,9 @@ def normalize_weight(topk_weights: torch.Tensor, *,
     if torch.compiler.is_compiling():
         result = _normalize_weight_op(topk_weights)
         return result if out is None else copied_into(out, ("denominator", "normalized_weights"), result)  # type: ignore[no-any-return]
-    return _run(topk_weights, out)
+    denominator, normalized = _run(topk_weights, out)
+    # dispatch() had not seen it, or declined: later calls like it may skip the above
+    remember(_FAST, _kernel.variant(int(topk_weights.shape[1])), (from_input(0), from_out(0), from_out(1)), (),
+             topk_weights, out, outputs=(output(denominator.dtype, size_of(0, 0)),
+                                         output(normalized.dtype, size_of(0, 0), normalized.shape[1])))
+    return denominator, normalized

@@ -30,9 +30,11 @@ from .._runtime import (
     from_input,
     from_out,
     get_kernel,
+    output,
     remember,
     same_size,
     size_is,
+    size_of,
 )
 from ..errors import KernelArgumentError
 from ._expand import expand_to_fused
@@ -63,7 +65,8 @@ _LAUNCHERS: dict[tuple[object, ...], Callable[..., None]] = {}
 # (_runtime.dispatch), called as dispatch(_FAST, x, x_sf, topk_weights, token_topk_to_pos, sf, out,
 # fp8_format): keyed by x's dtype and hidden, which of x_sf / topk_weights / sf are given (and their
 # dtypes and ranks) and fp8_format; checked by the launcher's contract and the sizes it leaves free
-# (x_sf's, topk_weights' and sf's: _remember_fast's rules, what _run_fast tests).
+# (x_sf's, topk_weights' and sf's: _remember_fast's rules, what _run_fast tests). An allocating call
+# allocates out as _launch does: token_topk_to_pos's rows (input 3), hidden (keyed) wide.
 _FAST = fast_path(inputs=((1,), (), (), (), ()), outputs=1)
 
 
@@ -124,19 +127,21 @@ def _run_fast(x: object, topk_weights: torch.Tensor | None, token_topk_to_pos: o
         result = _launch(launch, x, x_sf, topk_weights, token_topk_to_pos, fp8_format == "e4m3", sf, out)
     except KernelArgumentError:
         return None  # reduce_fused's checks name what is wrong (or make the mapping contiguous and launch)
-    if out is not None:  # dispatch() had not seen it, or declined
-        _remember_fast(launch, x, x_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format)
+    # dispatch() had not seen it, or declined
+    _remember_fast(launch, result, x, x_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format)
     return result
 
 
-def _remember_fast(launch: Callable[..., None], x: torch.Tensor, x_sf: torch.Tensor | None,
+def _remember_fast(launch: Callable[..., None], result: torch.Tensor, x: torch.Tensor, x_sf: torch.Tensor | None,
                    topk_weights: torch.Tensor | None, token_topk_to_pos: object, sf: torch.Tensor | None,
                    out: object, fp8_format: object) -> None:
-    """Let dispatch() take later reduce_fused calls like this one (launched as given, into out) straight to launch.
+    """Let dispatch() take later reduce_fused calls like this one (launched as given, into out or into
+    ``result``, which it allocated) straight to launch.
 
     The launcher's arguments: x, x_sf, topk_weights, token_topk_to_pos, out, sf, where each optional
     tensor not given is the device's shared empty one (a constant of the entry: the key holds the
-    device). The rules restate the sizes the contract leaves free, as _run_fast checks them.
+    device). The rules restate the sizes the contract leaves free, as _run_fast checks them. An
+    allocating call allocates out as it did: one row per token of token_topk_to_pos (input 3).
     """
     if fp8_format == "e4m3" and sf is None:
         return  # _launch allocates the scale 1 on each call: no constant of the entry stands in for it
@@ -151,7 +156,8 @@ def _remember_fast(launch: Callable[..., None], x: torch.Tensor, x_sf: torch.Ten
     arguments = (from_input(0), nothing[0] if x_sf is None else from_input(1),
                  nothing[1] if topk_weights is None else from_input(2), from_input(3), from_out(0),
                  nothing[0] if sf is None else from_input(4))
-    remember(_FAST, launch, arguments, rules, x, x_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format)
+    remember(_FAST, launch, arguments, rules, x, x_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format,
+             outputs=(output(result.dtype, size_of(3, 0), result.shape[1]),))
 
 
 def _fake_reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
@@ -196,7 +202,7 @@ def reduce_fused(
     Returns:
         (num_tokens, hidden) bf16, or float8_e4m3fn for fp8_format='e4m3'.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         data, data_sf = x if type(x) in (tuple, list) and len(x) == 2 else (x, None)
         done = dispatch(_FAST, data, data_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format)
         if done is not None:
@@ -239,9 +245,9 @@ def reduce_fused(
         result = _reduce_op(x, x_sf, topk_weights, pos, fp8_format, sf)
         return result if out is None else out.copy_(result)
     result = _run(x, x_sf, topk_weights, pos, fp8_format, sf, out)
-    if out is not None and pos is token_topk_to_pos and topk_weights is weights:  # the caller's tensors launched
-        _remember_fast(_LAUNCHERS[(x.dtype, hidden, x_sf is not None, weights is not None, fp8_format)], x, x_sf,
-                       weights, pos, sf, out, fp8_format)
+    if pos is token_topk_to_pos and topk_weights is weights:  # the caller's tensors launched
+        _remember_fast(_LAUNCHERS[(x.dtype, hidden, x_sf is not None, weights is not None, fp8_format)], result, x,
+                       x_sf, weights, pos, sf, out, fp8_format)
     return result
 
 

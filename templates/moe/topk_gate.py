@@ -10,14 +10,25 @@ from __future__ import annotations
 import torch
 
 from .._args import matrix, out_tensors, positive_int
-from .._runtime import custom_op, dispatch, fast_path, from_input, from_out, get_kernel, remember
+from .._runtime import (
+    custom_op,
+    dispatch,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    output,
+    remember,
+    size_of,
+)
 
 __all__ = ["topk_gate"]
 
 _kernel = get_kernel("topk_gate")
 # topk_gate(scores, num_topk, out=topk_idx) in one C call (_runtime.dispatch): keyed by scores' dtype
 # and num_experts and num_topk as given, which fix the variant and pass the op's checks; the launcher's
-# contract checks both tensors (scores' rows against topk_idx's, topk_idx's width num_topk).
+# contract checks both tensors (scores' rows against topk_idx's, topk_idx's width num_topk). An
+# allocating call allocates topk_idx as _outputs does: int64 (num_tokens, num_topk).
 _FAST = fast_path(inputs=((1,),), outputs=1)
 
 
@@ -54,7 +65,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int, *, out: torch.Tensor | None =
     Returns:
         int64 (num_tokens, num_topk), contiguous; equal scores are ranked by the lower id.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, scores, out, num_topk)
         if done is not None:
             return done  # type: ignore[no-any-return]
@@ -68,7 +79,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int, *, out: torch.Tensor | None =
         topk_idx = _topk_gate_op(scores, k)
         return topk_idx if out is None else out.copy_(topk_idx)
     topk_idx = _run(scores, k, out)
-    if out is not None:  # dispatch() had not seen it, or declined: later calls like it may skip the above
-        remember(_FAST, _kernel.variant(int(scores.shape[1]), k), (from_input(0), from_out(0)), (), scores, out,
-                 num_topk)
+    # dispatch() had not seen it, or declined: later calls like it may skip the above
+    remember(_FAST, _kernel.variant(int(scores.shape[1]), k), (from_input(0), from_out(0)), (), scores, out,
+             num_topk, outputs=(output(topk_idx.dtype, size_of(0, 0), k),))
     return topk_idx

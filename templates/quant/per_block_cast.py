@@ -15,7 +15,18 @@ from collections.abc import Callable
 import torch
 
 from .._args import copied_into, matrix, not_built, one_of, out_tensors
-from .._runtime import custom_op, dispatch, dtype_name, fast_path, from_input, from_out, get_kernel, remember
+from .._runtime import (
+    custom_op,
+    dispatch,
+    dtype_name,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    output,
+    remember,
+    size_of,
+)
 from ..errors import KernelArgumentError
 
 __all__ = ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
@@ -88,10 +99,12 @@ _CASTS: dict[tuple[object, ...], Callable[..., None]] = {}
 _GIVEN: dict[tuple[object, ...], Callable[..., None]] = {}
 # per_block_cast(x, ..., out=(q, sf)) in one C call (_runtime.dispatch): keyed by x's dtype and width
 # and the options as given, which is all the checks read; the launcher's contract ties every size to
-# x's tokens and the variant's hidden, so no rule is left to restate.
+# x's tokens and the variant's hidden, so no rule is left to restate. An allocating call (out None)
+# has dispatch() allocate (q, sf) as _outputs does: q T rows, sf ceil(T / block_m) rows.
 _FAST = fast_path(inputs=((1,),), outputs=2)
 # per_block_cast_with_precomputed_sf(x, ..., sf, out=q) likewise: keyed by x's dtype and width, sf's
-# dtype and rank and the options; the contract checks sf (an input here) as it checks q.
+# dtype and rank and the options; the contract checks sf (an input here) as it checks q. Allocating:
+# q of T rows, as _codes allocates it.
 _FAST_GIVEN = fast_path(inputs=((1,), ()), outputs=1)
 
 
@@ -116,14 +129,21 @@ def _launched(launch: Callable[..., None], x: torch.Tensor, q: torch.Tensor, sf:
         cache[key] = launch
 
 
-def _remember_fast(launch: Callable[..., None], *call: object) -> None:
-    """Let dispatch() take later per_block_cast calls like ``call`` (x, out, options)."""
-    remember(_FAST, launch, (from_input(0), from_out(0), from_out(1)), (), *call)
+def _remember_fast(launch: Callable[..., None], result: tuple[torch.Tensor, torch.Tensor], block_m: int,
+                   *call: object) -> None:
+    """Let dispatch() take later per_block_cast calls like ``call`` (x, out, options), which returned ``result``;
+    an allocating call (out None) allocates (q, sf) as it did: T and ceil(T / block_m) rows (widths keyed)."""
+    q, sf = result
+    remember(_FAST, launch, (from_input(0), from_out(0), from_out(1)), (), *call,
+             outputs=(output(q.dtype, size_of(0, 0), q.shape[1]),
+                      output(sf.dtype, size_of(0, 0, plus=block_m - 1, per=block_m), sf.shape[1])))
 
 
-def _remember_given(launch: Callable[..., None], *call: object) -> None:
-    """Let dispatch() take later per_block_cast_with_precomputed_sf calls like ``call`` (x, sf, out, options)."""
-    remember(_FAST_GIVEN, launch, (from_input(0), from_out(0), from_input(1)), (), *call)
+def _remember_given(launch: Callable[..., None], q: torch.Tensor, *call: object) -> None:
+    """Let dispatch() take later per_block_cast_with_precomputed_sf calls like ``call`` (x, sf, out, options),
+    which returned ``q``; an allocating call (out None) allocates q as it did: T rows (width keyed)."""
+    remember(_FAST_GIVEN, launch, (from_input(0), from_out(0), from_input(1)), (), *call,
+             outputs=(output(q.dtype, size_of(0, 0), q.shape[1]),))
 
 
 def _block_size(block_size: object) -> tuple[int, int]:
@@ -190,7 +210,7 @@ def per_block_cast(
         one); sf is float32 (ceil(num_tokens / block_m), hidden / block_k), row-major, so that
         ``decode(q) * sf`` (per block) approximates x.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, x, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
         if done is not None:
             return done  # type: ignore[no-any-return]
@@ -202,10 +222,9 @@ def per_block_cast(
             launch(x, q, sf)
         except KernelArgumentError:
             pass  # the checks below name what is wrong
-        else:
-            if out is not None:  # dispatch() had not seen it, or declined
-                _remember_fast(launch, x, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-                               use_packed_ue8m0)
+        else:  # dispatch() had not seen it, or declined; block_size is a pair of ints here (keyed)
+            _remember_fast(launch, (q, sf), block_size[0], x, out, fmt, block_size, use_tma_aligned_col_major_sf,
+                           round_sf, use_packed_ue8m0)
             return q, sf
     block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
     if torch.compiler.is_compiling():  # torch.compile sees a pure op, its result copied into out
@@ -214,8 +233,8 @@ def per_block_cast(
     q, sf = _outputs(x, fmt, block_m, block_k) if out is None else out_tensors(out, ("q", "sf"))
     launch = _select(x, fmt, block_m, block_k, round_sf=bool(round_sf), precomputed_sf=False)
     _launched(launch, x, q, sf, key, _CASTS)
-    if out is not None:
-        _remember_fast(launch, x, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    _remember_fast(launch, (q, sf), block_m, x, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                   use_packed_ue8m0)
     return q, sf
 
 
@@ -262,7 +281,7 @@ def per_block_cast_with_precomputed_sf(
     Returns:
         q: float8_e4m3fn (num_tokens, hidden) or packed FP4 int8 (num_tokens, hidden / 2).
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST_GIVEN, x, sf, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
                         use_packed_ue8m0)
         if done is not None:
@@ -275,10 +294,9 @@ def per_block_cast_with_precomputed_sf(
             launch(x, q, sf)
         except KernelArgumentError:
             pass  # the checks below name what is wrong
-        else:
-            if out is not None:  # dispatch() had not seen it, or declined
-                _remember_given(launch, x, sf, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-                                use_packed_ue8m0)
+        else:  # dispatch() had not seen it, or declined
+            _remember_given(launch, q, x, sf, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                            use_packed_ue8m0)
             return q
     block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
     if not isinstance(sf, torch.Tensor):
@@ -290,6 +308,5 @@ def per_block_cast_with_precomputed_sf(
     # The launcher checks sf's dtype, shape and layout (an input here) and out's as q's.
     launch = _select(x, fmt, block_m, block_k, round_sf=False, precomputed_sf=True)
     _launched(launch, x, q, sf, key, _GIVEN)
-    if out is not None:
-        _remember_given(launch, x, sf, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    _remember_given(launch, q, x, sf, out, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     return q

@@ -23,8 +23,10 @@ from .._runtime import (
     from_input,
     from_out,
     get_kernel,
+    output,
     remember,
     size_multiple,
+    size_of,
 )
 from ..errors import KernelArgumentError
 
@@ -62,8 +64,8 @@ def _launch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
     tensor (out's too, overlaps included) and names it in errors. The launcher is then stored
-    under key (None: a call not cached) and, for an out= call, remembered for dispatch() under
-    the call's options as given (None: not remembered)."""
+    under key (None: a call not cached) and remembered for dispatch() under the call's options as
+    given (None: not remembered)."""
     launch = _kernel.select(in_dtype=dtype_name(x.dtype), hidden=int(x.shape[1]), expand=pos_to_token is not None,
                             round_sf=round_sf)
     q, sf = _outputs(x, x_sf, pos_to_token, round_sf) if out is None else out_tensors(out, ("q", "sf"))
@@ -71,24 +73,32 @@ def _launch(
     launch(*args, q, sf)
     if key is not None:  # the launcher accepted the call: later ones of its signature may skip the checks
         _LAUNCHERS[key] = launch
-    if out is not None and options is not None:
-        _remember_fast(launch, x, x_sf, pos_to_token, out, *options)
+    if options is not None:
+        _remember_fast(launch, (q, sf), x, x_sf, pos_to_token, out, *options)
     return q, sf
 
 
-def _remember_fast(launch: Callable[..., None], x: torch.Tensor, x_sf: torch.Tensor | None,
-                   pos_to_token: torch.Tensor | None, out: object, *options: object) -> None:
-    """Let dispatch() take later calls like this one (x, x_sf, pos_to_token, out, options; see _FAST).
+def _remember_fast(launch: Callable[..., None], result: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+                   x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, out: object,
+                   *options: object) -> None:
+    """Let dispatch() take later calls like this one (x, x_sf, pos_to_token, out, options; see _FAST),
+    which returned ``result``.
 
     The launcher takes the given inputs in that order, then q and sf. Beyond the contract (and
     the key, which holds which inputs are given) the checks require of a size: without a gather
-    num_tokens % 128 (the contract only reads it), with one pos_to_token's length % 16.
+    num_tokens % 128 (the contract only reads it), with one pos_to_token's length % 16. An
+    allocating call (out None) allocates (q, sf) as _outputs does: q has a row per output token
+    (x's rows, or pos_to_token's length: input 2), sf one per 128 of them; both are hidden (keyed) wide.
     """
     given = [i for i, t in enumerate((x, x_sf, pos_to_token)) if t is not None]
     rule = size_multiple(0, 0, NUM_PER_TOKENS) if pos_to_token is None else \
         size_multiple(len(given) - 1, 0, GATHER_MULTIPLE)
+    rows = 0 if pos_to_token is None else 2  # the dispatch call's input that sets the output tokens
+    q, sf = result
     remember(_FAST, launch, (*map(from_input, given), from_out(0), from_out(1)), (rule,),
-             x, x_sf, pos_to_token, out, *options)
+             x, x_sf, pos_to_token, out, *options,
+             outputs=(output(q.dtype, size_of(rows, 0), q.shape[1]),
+                      output(sf.dtype, size_of(rows, 0, plus=NUM_PER_TOKENS - 1, per=NUM_PER_TOKENS), sf.shape[1])))
 
 
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_channel_cast_fused.
@@ -121,7 +131,7 @@ _LAUNCHERS: dict[tuple[object, ...], Callable[..., None]] = {}
 # pos_to_token's dtype and rank (or None) and the options as given; checked by the launcher's
 # contract and the token count rule (see _remember_fast). per_channel_cast is the fused op's plain
 # form (the same checks and launch), so it shares the table with x_sf, pos_to_token and
-# num_per_channels None.
+# num_per_channels None. Allocating calls (out None) are remembered too: dispatch() allocates (q, sf).
 _FAST = fast_path(inputs=((1,), (), ()), outputs=2)
 
 
@@ -163,7 +173,7 @@ def per_channel_cast(
         so that ``q[t, h] * sf[t // 128, h]`` approximates x. NaN inputs are left out of the
         scales and give NaN codes.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, x, None, None, out, fmt, num_per_tokens, round_sf, None)
         if done is not None:
             return done  # type: ignore[no-any-return]
@@ -178,9 +188,8 @@ def per_channel_cast(
                 launch(x, q, sf)
             except KernelArgumentError:
                 pass  # the checks below name what is wrong
-            else:
-                if out is not None:  # dispatch() had not seen it, or declined
-                    _remember_fast(launch, x, None, None, out, fmt, num_per_tokens, round_sf, None)
+            else:  # dispatch() had not seen it, or declined
+                _remember_fast(launch, (q, sf), x, None, None, out, fmt, num_per_tokens, round_sf, None)
                 return q, sf
     x = _plain("x", x)
     _check_common(fmt, num_per_tokens)
@@ -220,7 +229,7 @@ def per_channel_cast_fused(
         (ceil(num_tokens_out / 128), hidden). Without pos_to_token num_tokens_out = num_tokens,
         which must then be a multiple of 128.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = None
         if type(x) is not tuple:  # a plain x (anything else is no tensor: declined)
             done = dispatch(_FAST, x, None, pos_to_token, out, fmt, num_per_tokens, round_sf, num_per_channels)

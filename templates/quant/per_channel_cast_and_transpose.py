@@ -14,7 +14,18 @@ from collections.abc import Callable
 import torch
 
 from .._args import copied_into, matrix, one_of, out_tensors, positive_int
-from .._runtime import custom_op, dispatch, fast_path, from_input, from_out, get_kernel, remember, size_multiple
+from .._runtime import (
+    custom_op,
+    dispatch,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    output,
+    remember,
+    size_multiple,
+    size_of,
+)
 from ..errors import KernelArgumentError
 
 __all__ = ["per_channel_cast_and_transpose"]
@@ -42,21 +53,26 @@ def _launch(x: torch.Tensor, npt: int, round_sf: bool, out: object, key: tuple[o
             options: tuple[object, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
     tensor (out's too, overlaps included) and names it in errors. The launcher is then stored
-    under key (None: a call not cached) and, for an out= call, remembered for dispatch() under
-    the call's options as given (None: not remembered)."""
+    under key (None: a call not cached) and remembered for dispatch() under the call's options as
+    given (None: not remembered)."""
     launch = _kernel.select(hidden=int(x.shape[1]), npt=npt, round_sf=round_sf)
     q, sf = _outputs(x, npt, round_sf) if out is None else out_tensors(out, ("q", "sf"))
     launch(x, q, sf)
     if key is not None:  # the launcher accepted the call: later ones of its signature may skip the checks
         _LAUNCHERS[key] = (launch, npt)
-    if out is not None and options is not None:
-        _remember_fast(launch, x, out, *options)
+    if options is not None:
+        _remember_fast(launch, (q, sf), npt, x, out, *options)
     return q, sf
 
 
-def _remember_fast(launch: Callable[..., None], *call: object) -> None:
-    """Let dispatch() take later calls like ``call`` (x, out, options; see _FAST)."""
-    remember(_FAST, launch, (from_input(0), from_out(0), from_out(1)), (size_multiple(0, 0, TOKEN_TILE),), *call)
+def _remember_fast(launch: Callable[..., None], result: tuple[torch.Tensor, torch.Tensor], npt: int,
+                   *call: object) -> None:
+    """Let dispatch() take later calls like ``call`` (x, out, options; see _FAST), which returned ``result``;
+    an allocating call (out None) allocates (q, sf) as it did: q (hidden, T), sf (T // npt, hidden), hidden keyed."""
+    q, sf = result
+    remember(_FAST, launch, (from_input(0), from_out(0), from_out(1)), (size_multiple(0, 0, TOKEN_TILE),), *call,
+             outputs=(output(q.dtype, q.shape[0], size_of(0, 0)),
+                      output(sf.dtype, size_of(0, 0, per=npt), sf.shape[1])))
 
 
 # What torch.compile sees: one opaque op, torch.ops.<package>.per_channel_cast_and_transpose.
@@ -74,6 +90,7 @@ _LAUNCHERS: dict[tuple[object, ...], tuple[Callable[..., None], int]] = {}
 # per_channel_cast_and_transpose(x, ..., out=(q, sf)) in one C call (_runtime.dispatch): keyed by
 # x's dtype and width and the options as given, checked by the launcher's contract and
 # num_tokens % TOKEN_TILE (which the contract only reads; sf's rows are num_tokens // npt there).
+# An allocating call (out None) has dispatch() allocate (q, sf) as _outputs does.
 _FAST = fast_path(inputs=((1,),), outputs=2)
 
 
@@ -98,7 +115,7 @@ def per_channel_cast_and_transpose(
         (num_tokens / num_per_tokens, hidden), so that ``q[h, t] * sf[t // npt, h]``
         approximates x[t, h]. NaN inputs are left out of the scales and give NaN codes.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, x, out, fmt, num_per_tokens, round_sf)
         if done is not None:
             return done  # type: ignore[no-any-return]
@@ -114,9 +131,8 @@ def per_channel_cast_and_transpose(
                 launch(x, q, sf)
             except KernelArgumentError:
                 pass  # the checks below name what is wrong
-            else:
-                if out is not None:  # dispatch() had not seen it, or declined
-                    _remember_fast(launch, x, out, fmt, num_per_tokens, round_sf)
+            else:  # dispatch() had not seen it, or declined
+                _remember_fast(launch, (q, sf), npt, x, out, fmt, num_per_tokens, round_sf)
                 return q, sf
     x = matrix("x", x)
     if x.dtype != torch.bfloat16:

@@ -21,7 +21,18 @@ from collections.abc import Callable
 import torch
 
 from .._args import OUT_DTYPES, column_storage, matrix, not_built, out_tensors, output_dtype, positive_int
-from .._runtime import custom_op, dispatch, dtype_name, fast_path, from_input, from_out, get_kernel, remember
+from .._runtime import (
+    custom_op,
+    dispatch,
+    dtype_name,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    output,
+    remember,
+    size_of,
+)
 from ..errors import KernelArgumentError
 
 __all__ = ["cast_back", "per_token_cast_back"]
@@ -100,7 +111,8 @@ def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int) -> tor
 # alike, but positive_int refuses the float.
 _VARIANTS: dict[tuple[object, ...], tuple[Callable[..., None], torch.dtype]] = {}
 # per_token_cast_back((q, sf), ..., out=out) with row-major scales, in one C call (_runtime.dispatch),
-# called as dispatch(_FAST, q, sf, out, fmt, num_per_channels, x_special_fmt) with the pair unpacked:
+# called as dispatch(_FAST, q, sf, out, fmt, num_per_channels, x_special_fmt) with the pair unpacked
+# (out None: an allocating call, whose out dispatch() allocates as _outputs does: T rows of hidden):
 # keyed by q's dtype and width, sf's dtype and rank and the options as given; checked by the
 # launcher's contract, which ties sf's shape to q's rows and the variant's groups. The contract's
 # row-major strides refuse every sf that _scale_argument would call column-major (G > 1: a unit
@@ -110,16 +122,19 @@ _VARIANTS: dict[tuple[object, ...], tuple[Callable[..., None], torch.dtype]] = {
 _FAST = fast_path(inputs=((1,), ()), outputs=1)
 
 
-def _remember_fast(launch: Callable[..., None], *call: object) -> None:
-    """Let dispatch() take later calls like ``call`` (q, sf, out, options; row-major sf, q as the launcher reads it)."""
-    remember(_FAST, launch, (from_input(0), from_input(1), from_out(0)), (), *call)
+def _remember_fast(launch: Callable[..., None], result: torch.Tensor, *call: object) -> None:
+    """Let dispatch() take later calls like ``call`` (q, sf, out, options; row-major sf, q as the launcher reads it),
+    which returned ``result``; an allocating call (out None) allocates it as it did: T rows, hidden (keyed) wide."""
+    remember(_FAST, launch, (from_input(0), from_input(1), from_out(0)), (), *call,
+             outputs=(output(result.dtype, size_of(0, 0), result.shape[1]),))
 
 
 def _run(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int, out: torch.Tensor | None,
          call: tuple[object, ...] | None = None) -> torch.Tensor:
     """Pick the variant and launch it into out or a fresh tensor; the launcher checks every tensor and names it.
 
-    call: the out= call as dispatch() keys it, remembered for it when the launcher reads sf as given.
+    call: the call as dispatch() keys it (out None: allocating), remembered for it when the launcher reads sf as
+    given.
     """
     sf_layout, sf_arg = _scale_argument(sf)
     if out is None:  # else the launcher checks the caller's out like any tensor, overlaps included
@@ -133,7 +148,7 @@ def _run(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, npc: int, out: torch.T
     if type(npc) is int and not torch.compiler.is_compiling():  # remembered once the launcher accepted the call
         _VARIANTS[(q.dtype, q.shape[1], sf_layout, out_fmt, npc)] = (launch, out_dtype)
     if call is not None and sf_layout == "row_major":
-        _remember_fast(launch, *call)
+        _remember_fast(launch, out, *call)
     return out
 
 
@@ -156,11 +171,13 @@ def _run_cached(x: object, fmt: object, npc: object, out: object) -> torch.Tenso
             return None
         launch(q, sf_arg, out)
         if sf_layout == "row_major":  # dispatch() had not seen it, or declined (x_special_fmt is None here)
-            _remember_fast(launch, q, sf, out, fmt, npc, None)
+            _remember_fast(launch, out, q, sf, out, fmt, npc, None)
         return out
-    out = q.new_empty((q.shape[0], q.shape[1] * 2 if q.dtype == torch.int8 else q.shape[1]), dtype=out_dtype)
-    launch(q, sf_arg, out)
-    return out
+    result = q.new_empty((q.shape[0], q.shape[1] * 2 if q.dtype == torch.int8 else q.shape[1]), dtype=out_dtype)
+    launch(q, sf_arg, result)
+    if sf_layout == "row_major":  # as for out=: dispatch() had not seen it
+        _remember_fast(launch, result, q, sf, None, fmt, npc, None)
+    return result
 
 
 # fmt as the cache keys it: what output_dtype accepts, spelled as the custom op's out_fmt.
@@ -198,7 +215,7 @@ def per_token_cast_back(
         out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
         nearest even when the output is bf16.
     """
-    if out is not None and type(x) is tuple and len(x) == 2 and not torch.compiler.is_compiling():
+    if type(x) is tuple and len(x) == 2 and not torch.compiler.is_compiling():
         done = dispatch(_FAST, x[0], x[1], out, fmt, num_per_channels, x_special_fmt)  # seen before: one C call
         if done is not None:
             return done  # type: ignore[no-any-return]
@@ -233,8 +250,8 @@ def per_token_cast_back(
     if torch.compiler.is_compiling():
         result = _per_token_cast_back_op(q, sf, out_fmt, npc)
         return result if out is None else out.copy_(result)
-    # An out= call as dispatch() keys it (x unpacked), unless the launcher reads a view of the codes (_pair).
-    call = None if out is None or q is not x[0] else (q, sf, out, fmt, num_per_channels, x_special_fmt)
+    # The call as dispatch() keys it (x unpacked), unless the launcher reads a view of the codes (_pair).
+    call = None if q is not x[0] else (q, sf, out, fmt, num_per_channels, x_special_fmt)
     return _run(q, sf, out_fmt, npc, out, call)
 
 

@@ -22,9 +22,11 @@ from .._runtime import (
     from_input,
     from_out,
     get_kernel,
+    output,
     remember,
     same_size,
     size_multiple,
+    size_of,
 )
 from ..errors import KernelArgumentError
 
@@ -95,20 +97,26 @@ _swiglu_per_channel_op = custom_op("swiglu_forward_and_per_channel_cast_and_tran
 # clamp) None or float are keyed: 128.0 == 128 and True == 1 hash alike, but positive_int refuses
 # the float and the bool.
 _CALLS: dict[tuple[object, ...], tuple[Callable[..., None], int, bool, float, int]] = {}
-# The same calls with out=, in one C call (_runtime.dispatch): keyed by x's dtype and width and the
-# options as passed; the launcher's contract checks every tensor, and the rules are what
-# _run_cached checks on a hit: num_tokens a multiple of 128 and sf's rows num_tokens / npt. (With
-# no token the contract still checks q, where the Python path launches nothing and checks nothing:
-# a refused empty q only sends the call down that path.)
+# The same calls in one C call (_runtime.dispatch): keyed by x's dtype and width and the options as
+# passed; the launcher's contract checks every tensor, and the rules are what _run_cached checks on
+# a hit: num_tokens a multiple of 128 and sf's rows num_tokens / npt. (With no token the contract
+# still checks q, where the Python path launches nothing and checks nothing: a refused empty q only
+# sends the call down that path.) An allocating call (out None) has dispatch() allocate (q, sf) as
+# _outputs does.
 _FAST = fast_path(inputs=((1,),), outputs=2)
 
 
-def _remember_fast(hit: tuple[Callable[..., None], int, bool, float, int], x: torch.Tensor, out: object,
-                   *options: object) -> None:
-    """Let dispatch() take later calls like this one (options: those after out in its dispatch call)."""
-    launch, npt, _, clamp, round_flag = hit
+def _remember_fast(hit: tuple[Callable[..., None], int, bool, float, int], result: tuple[torch.Tensor, torch.Tensor],
+                   x: torch.Tensor, out: object, *options: object) -> None:
+    """Let dispatch() take later calls like this one (options: those after out in its dispatch call), which
+    returned ``result``; an allocating call (out None) allocates (q, sf) as it did: q (hidden, T) or, without
+    the transpose, (T, hidden), and sf (T // npt, hidden), hidden keyed."""
+    launch, npt, without_transpose, clamp, round_flag = hit
+    q, sf = result
+    q_dims = (size_of(0, 0), q.shape[1]) if without_transpose else (q.shape[0], size_of(0, 0))
     remember(_FAST, launch, (from_input(0), from_out(0), from_out(1), clamp, round_flag),
-             (size_multiple(0, 0, 128), same_size(2, 0, 0, 0, times=npt)), x, out, *options)
+             (size_multiple(0, 0, 128), same_size(2, 0, 0, 0, times=npt)), x, out, *options,
+             outputs=(output(q.dtype, *q_dims), output(sf.dtype, size_of(0, 0, per=npt), sf.shape[1])))
 
 
 def _key(x: object, fmt: object, num_per_tokens: object, round_sf: object, without_transpose: object,
@@ -169,7 +177,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         ``(q, sf)``: q float8_e4m3fn (hidden, num_tokens) (or (num_tokens, hidden)), and sf
         float32 (num_tokens / num_per_tokens, hidden), with q * sf ~ act per group.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, x, out, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
         if done is not None:
             return done  # type: ignore[no-any-return]
@@ -178,9 +186,8 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     hit = _CALLS.get(key)
     if hit is not None:
         result = _run_cached(hit, x, out)  # type: ignore[arg-type]
-        if result is not None:
-            if out is not None:  # dispatch() had not seen it, or declined
-                _remember_fast(hit, x, out, *options)  # type: ignore[arg-type]
+        if result is not None:  # dispatch() had not seen it, or declined
+            _remember_fast(hit, result, x, out, *options)  # type: ignore[arg-type]
             return result
     x = matrix("x", x, "(num_tokens, 2 * hidden)")
     one_of("fmt", fmt, ("e4m3",))
@@ -205,6 +212,6 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         result = _swiglu_per_channel_op(*args)
         return result if out is None else copied_into(out, ("q", "sf"), result)
     result = _run(*args, out, key)
-    if out is not None and key in _CALLS:  # launched (with tokens) and stored under key
-        _remember_fast(_CALLS[key], x, out, *options)  # type: ignore[index]
+    if key in _CALLS:  # launched (with tokens) and stored under key
+        _remember_fast(_CALLS[key], result, x, out, *options)  # type: ignore[index]
     return result

@@ -15,7 +15,18 @@ from collections.abc import Callable
 import torch
 
 from .._args import copied_into, matrix, not_built, one_of, out_tensors, positive_int
-from .._runtime import custom_op, dispatch, fast_path, from_input, from_out, get_kernel, remember, same_size
+from .._runtime import (
+    custom_op,
+    dispatch,
+    fast_path,
+    from_input,
+    from_out,
+    get_kernel,
+    output,
+    remember,
+    same_size,
+    size_of,
+)
 from ..errors import KernelArgumentError
 
 __all__ = ["swiglu_forward_and_per_token_cast"]
@@ -128,17 +139,21 @@ def _positions(name: str, t: object, rows: int) -> torch.Tensor:
 # types str, int, bool and (the clamp) None or float are keyed: 128.0 == 128 and True == 1 hash
 # alike, but positive_int refuses the float and the bool.
 _CALLS: dict[tuple[object, ...], tuple[Callable[..., None], float, int, int]] = {}
-# The same calls with out=, in one C call (_runtime.dispatch): keyed by x's dtype and width, which of
-# the optional tensors are given and the options as passed; the launcher's contract checks every
+# The same calls in one C call (_runtime.dispatch): keyed by x's dtype and width, which of the
+# optional tensors are given and the options as passed; the launcher's contract checks every
 # tensor, and the rules are the position lengths that _run_cached checks (sizes of their own in the
-# contract).
+# contract). An allocating call (out None) has dispatch() allocate (q, sf) as _fresh does.
 _FAST = fast_path(inputs=((1,), (), (), ()), outputs=2)
 
 
-def _remember_fast(hit: tuple[Callable[..., None], float, int, int], x: torch.Tensor, pos_to_token_topk: object,
-                   topk_weights: object, pos_to_expert: object, out: object, *options: object) -> None:
-    """Let dispatch() take later calls like this one (options: those after out in its dispatch call)."""
+def _remember_fast(hit: tuple[Callable[..., None], float, int, int], result: tuple[torch.Tensor, torch.Tensor],
+                   x: torch.Tensor, pos_to_token_topk: object, topk_weights: object, pos_to_expert: object, out: object,
+                   *options: object) -> None:
+    """Let dispatch() take later calls like this one (options: those after out in its dispatch call), which
+    returned ``result``; an allocating call (out None) allocates (q, sf) as it did: a row per row of x, the
+    widths fixed by the key (x's width, num_per_channels)."""
     launch, clamp, round_flag, _ = hit
+    q, sf = result
     placeholders = _placeholders.get(x.get_device(), (None, None))  # what _optional passed for absent tensors
     arguments = (from_input(0), from_out(0), from_out(1),
                  placeholders[0] if pos_to_token_topk is None else from_input(1),
@@ -147,7 +162,8 @@ def _remember_fast(hit: tuple[Callable[..., None], float, int, int], x: torch.Te
     rules = [same_size(3, 0, 0, 0)] if pos_to_token_topk is not None else []
     if pos_to_expert is not None:
         rules.append(same_size(5, 0, 0, 0))
-    remember(_FAST, launch, arguments, rules, x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)
+    remember(_FAST, launch, arguments, rules, x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options,
+             outputs=(output(q.dtype, size_of(0, 0), q.shape[1]), output(sf.dtype, size_of(0, 0), sf.shape[1])))
 
 
 def _key(x: object, fmt: object, num_per_channels: object, pos_to_token_topk: object, topk_weights: object,
@@ -225,7 +241,7 @@ def swiglu_forward_and_per_token_cast(
         ``(q, sf)``: q float8_e4m3fn (num_expanded_tokens, hidden) and sf float32
         (num_expanded_tokens, hidden / num_per_channels), row-major, with q * sf ~ y per group.
     """
-    if out is not None and not torch.compiler.is_compiling():  # a signature seen before: one C call
+    if not torch.compiler.is_compiling():  # a signature seen before: one C call
         done = dispatch(_FAST, x, pos_to_token_topk, topk_weights, pos_to_expert, out, fmt, num_per_channels,
                         use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value, clamped_count,
                         sf_clamp_min)
@@ -241,9 +257,8 @@ def swiglu_forward_and_per_token_cast(
         hit = _CALLS.get(key)
         if hit is not None:
             result = _run_cached(hit, x, pos_to_token_topk, topk_weights, pos_to_expert, out)  # type: ignore[arg-type]
-            if result is not None:
-                if out is not None:  # dispatch() had not seen it, or declined
-                    _remember_fast(hit, x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)  # type: ignore[arg-type]
+            if result is not None:  # dispatch() had not seen it, or declined
+                _remember_fast(hit, result, x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)  # type: ignore[arg-type]
                 return result
     x = matrix("x", x, "(num_expanded_tokens, 2 * hidden)")
     one_of("fmt", fmt, ("e4m3",))
@@ -283,6 +298,6 @@ def swiglu_forward_and_per_token_cast(
         result = _swiglu_forward_op(*args)
         return result if out is None else copied_into(out, ("q", "sf"), result)
     result = _run(*args, out, key)
-    if out is not None and key is not None:  # _run stored the launcher under key
-        _remember_fast(_CALLS[key], x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)
+    if key is not None:  # _run stored the launcher under key
+        _remember_fast(_CALLS[key], result, x, pos_to_token_topk, topk_weights, pos_to_expert, out, *options)
     return result

@@ -21,8 +21,10 @@ from .._runtime import (
     from_input,
     from_out,
     get_kernel,
+    output,
     remember,
     size_multiple,
+    size_of,
 )
 from ..errors import KernelArgumentError
 
@@ -34,7 +36,8 @@ MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y (M / 64 tiles) and gridDim.z (B
 _kernel = get_kernel("batched_transpose")
 # batched_transpose(x, out=y) in one C call (_runtime.dispatch): keyed by x's dtype; the launcher's
 # contract checks both tensors (contiguous, y of shape (B, N, M), no overlap) and its grid limits,
-# and the rules are _check's tile multiples, which the contract only reads.
+# and the rules are _check's tile multiples, which the contract only reads. An allocating call
+# (out None) allocates y as _launch does: (B, N, M) of x's dtype, read from x.
 _FAST = fast_path(inputs=((),), outputs=1)
 _TILE_RULES = (size_multiple(0, 1, TILE), size_multiple(0, 2, TILE))
 
@@ -95,17 +98,19 @@ def batched_transpose(x: torch.Tensor, *, out: torch.Tensor | None = None) -> to
     if torch.compiler.is_compiling():
         y = _batched_transpose_op(x)
         return y if out is None else out_tensors(out, ("out",))[0].copy_(y)
-    if out is not None:
-        done = dispatch(_FAST, x, out)  # a dtype seen before: checked and launched in one C call
-        if done is not None:
-            return done  # type: ignore[no-any-return]
+    done = dispatch(_FAST, x, out)  # a dtype seen before: checked and launched in one C call
+    if done is not None:
+        return done  # type: ignore[no-any-return]
     _check(x, 3, "batched_transpose")
-    if out is None:
-        return _launch(x)
-    (y,) = out_tensors(out, ("out",))
     launch = _kernel.variant(dtype_name(x.dtype))
+    if out is None:
+        b, m, n = x.shape
+        y = x.new_empty((b, n, m))
+    else:
+        (y,) = out_tensors(out, ("out",))
     launch(x, y)
-    remember(_FAST, launch, (from_input(0), from_out()), _TILE_RULES, x, out)
+    remember(_FAST, launch, (from_input(0), from_out()), _TILE_RULES, x, out,
+             outputs=(output(y.dtype, size_of(0, 0), size_of(0, 2), size_of(0, 1)),))
     return y
 
 

@@ -1,11 +1,12 @@
-"""GPU tests of dispatch(): the compiled fast path of out= calls whose signature an op has seen.
+"""GPU tests of dispatch(): the compiled fast path of calls whose signature an op has seen.
 
 tests/gpu/test_out.py already calls every op with out= twice (the second call is a dispatch()
 hit where the op remembers the signature) and compares the bytes with the allocating call.
 Here: that the second call really took dispatch() (counted through the op module's name for
 it), that a hit gives those same bytes for token counts the first call did not have, and that
 a call dispatch() declines on a remembered signature (a bad tensor, a size the rules refuse)
-still raises the op's error naming the argument, having launched nothing.
+still raises the op's error naming the argument, having launched nothing. Allocating calls are
+signatures of their own: dispatch() allocates their outputs as the op's Python path does.
 """
 
 from __future__ import annotations
@@ -132,3 +133,36 @@ def test_declined_calls_still_name_the_argument(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(ValueError, match=r"^pos_to_expert: expected shape \(8,\)"):
         quant.swiglu_forward_and_per_token_cast(xs, "e4m3", 128, positions, weights, experts[:7], out=(q, sf))
     assert seen[-2:] == [False, False]
+
+
+# The allocating calls of the same cases: dispatch() allocates the outputs as the op's Python path does.
+ALLOCATING = DISPATCHED
+
+
+def _declining(*args: object) -> None:
+    return None
+
+
+@pytest.mark.parametrize("name", ALLOCATING)
+def test_later_allocating_calls_take_dispatch_and_return_what_python_returns(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the second allocating call of a signature on, dispatch() allocates and launches; its outputs
+    have the dtype, shape, strides and bytes of the op's Python path, for sizes the first call did not have."""
+    op_function = _op_function(name)
+    module = sys.modules[op_function.__module__]  # type: ignore[attr-defined]
+    seen = _counted(op_function, monkeypatch)
+    first_op, first_inputs = _cases(257)[name]
+    first_op(*first_inputs)  # the Python path: remembers the allocating signature
+    for num_tokens in (4001, 1, 0, 257):
+        op, inputs = _cases(num_tokens)[name]
+        seen.clear()
+        got = _tuple(op(*inputs))
+        assert seen == [True], f"{name} at {num_tokens} tokens did not take dispatch()"
+        with monkeypatch.context() as python_only:
+            python_only.setattr(module, "dispatch", _declining)
+            want = _tuple(op(*inputs))
+        torch.cuda.synchronize()
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert (g.dtype, g.shape, g.stride(), g.device) == (w.dtype, w.shape, w.stride(), w.device)
+            assert torch.equal(_bits(g), _bits(w))

@@ -1031,28 +1031,26 @@ static PyObject *dispatch_key(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-/* set_stream(torch._C._cuda_getCurrentRawStream): the stream getter run() calls with the device. */
-static PyObject *set_stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* Keeps the callable of a set_...() call in *slot; usage: the error's text otherwise. */
+static PyObject *keep_callable(PyObject **slot, PyObject *const *args, Py_ssize_t nargs, const char *usage) {
     if (nargs != 1 || !PyCallable_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "set_stream(torch._C._cuda_getCurrentRawStream)");
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
-    Py_XDECREF(stream_getter);
+    Py_XDECREF(*slot);
     Py_INCREF(args[0]);
-    stream_getter = args[0];
+    *slot = args[0];
     Py_RETURN_NONE;
+}
+
+/* set_stream(torch._C._cuda_getCurrentRawStream): the stream getter run() calls with the device. */
+static PyObject *set_stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return keep_callable(&stream_getter, args, nargs, "set_stream(torch._C._cuda_getCurrentRawStream)");
 }
 
 /* set_dlpack(torch._C._to_dlpack): the export check() calls once per tensor. */
 static PyObject *set_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 1 || !PyCallable_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "set_dlpack(torch._C._to_dlpack)");
-        return NULL;
-    }
-    Py_XDECREF(to_dlpack);
-    Py_INCREF(args[0]);
-    to_dlpack = args[0];
-    Py_RETURN_NONE;
+    return keep_callable(&to_dlpack, args, nargs, "set_dlpack(torch._C._to_dlpack)");
 }
 
 /* set_exchange(type, api) -> True when run(), check() and dispatch() now read objects of
@@ -1091,14 +1089,7 @@ static PyObject *set_exchange(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 /* set_allocator(torch.empty): what dispatch() allocates the outputs of an allocating call with. */
 static PyObject *set_allocator(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 1 || !PyCallable_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "set_allocator(torch.empty)");
-        return NULL;
-    }
-    Py_XDECREF(allocator);
-    Py_INCREF(args[0]);
-    allocator = args[0];
-    Py_RETURN_NONE;
+    return keep_callable(&allocator, args, nargs, "set_allocator(torch.empty)");
 }
 
 /* dlpack_dtype(tensor) -> code | bits << 8 | lanes << 16 of the tensor's DLTensor, read as

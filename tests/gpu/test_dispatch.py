@@ -135,15 +135,11 @@ def test_declined_calls_still_name_the_argument(monkeypatch: pytest.MonkeyPatch)
     assert seen[-2:] == [False, False]
 
 
-# The allocating calls of the same cases: dispatch() allocates the outputs as the op's Python path does.
-ALLOCATING = DISPATCHED
-
-
 def _declining(*args: object) -> None:
     return None
 
 
-@pytest.mark.parametrize("name", ALLOCATING)
+@pytest.mark.parametrize("name", DISPATCHED)  # their allocating calls: signatures of their own
 def test_later_allocating_calls_take_dispatch_and_return_what_python_returns(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """From the second allocating call of a signature on, dispatch() allocates and launches; its outputs

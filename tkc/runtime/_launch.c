@@ -961,13 +961,12 @@ static PyObject *dispatch(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_ssize_t recipe_length;
     /* An entry of an out= call: (contract, plan, handles, recipe, constants); of an allocating
      * call also (output shapes, output kwargs), and out is what allocate() returns. */
-    Py_ssize_t entry_size = out == Py_None ? 7 : 5;
-    if (entry != NULL && PyTuple_Check(entry) && PyTuple_Size(entry) == entry_size && out == Py_None) {
+    int found = entry != NULL && PyTuple_Check(entry) && PyTuple_Size(entry) == (out == Py_None ? 7 : 5);
+    if (found && out == Py_None) {
         allocated = allocate(PyTuple_GetItem(entry, 5), PyTuple_GetItem(entry, 6), inputs, n_inputs, arity);
         out = allocated;
     }
-    if (entry != NULL && out != NULL && out != Py_None && PyTuple_Check(entry) &&
-        PyTuple_Size(entry) == entry_size &&
+    if (found && out != NULL &&
         PyBytes_AsStringAndSize(PyTuple_GetItem(entry, 3), &recipe, &recipe_length) == 0 && recipe_length % 8 == 0) {
         PyObject *constants = PyTuple_GetItem(entry, 4);
         Reader r = {(const int64_t *)recipe, recipe_length / 8};

@@ -730,7 +730,7 @@ _FAST_VERSION = 1
 _FROM_INPUT, _FROM_OUT, _FROM_CONSTANT = 0, 1, 2  # where a launcher argument comes from (_launch.c)
 _RULE_SAME_SIZE, _RULE_SIZE_MULTIPLE, _RULE_SIZE_IS, _RULE_STRIDE_BYTES = 1, 2, 3, 4
 
-FastPath = tuple[bytes, dict[tuple[Any, ...], tuple[Any, ...]]]  # (spec, table) as dispatch() takes it
+FastPath = tuple[bytes, dict[bytes, tuple[Any, ...]]]  # (spec, table by call key) as dispatch() takes it
 
 
 def fast_path(inputs: Sequence[Sequence[int]], outputs: int) -> FastPath:
@@ -810,20 +810,18 @@ def remember(fast: FastPath, launch: Callable[..., None], arguments: Sequence[ob
     op checks beyond the contract and the key. For an allocating call (out None), ``outputs``
     says what the op allocated, as out's tensors in order: from_out(i) is then the i-th
     (ignored for an out= call, so that both forms can pass it; without it an allocating call
-    is not remembered). A
-    launcher without a plan (a pure wheel, a TMA or cluster launch), or a call dispatch() would
-    never key, is not remembered.
+    is not remembered). A launcher without a plan (a pure wheel, a TMA or cluster launch), or a
+    call dispatch() would never key, is not remembered.
     """
     planned = getattr(launch, "planned", None)
-    if not NATIVE_DISPATCH or planned is None or None in planned:
+    allocating = call[int.from_bytes(fast[0][8:16], "little")] is None  # out follows the spec's inputs
+    if not NATIVE_DISPATCH or planned is None or None in planned or (allocating and outputs is None):
         return
     key = _native.dispatch_key(fast[0], *call)  # type: ignore[union-attr]
     if key is None:
         return
     allocation: tuple[object, ...] = ()
-    if call[int.from_bytes(fast[0][8:16], "little")] is None:  # out: after the spec's inputs
-        if outputs is None:
-            return
+    if allocating and outputs is not None:  # (an allocating call without outputs returned above)
         device = next(t.device for t in call if isinstance(t, torch.Tensor))
         shapes = []
         for result in outputs:
@@ -853,7 +851,7 @@ def _no_dispatch(fast: FastPath, *call: Any) -> None:
 NATIVE_DISPATCH = NATIVE_RUN and hasattr(_native, "dispatch")
 if NATIVE_DISPATCH:
     _native.set_allocator(torch.empty)
-# What ops with out= call first: dispatch(fast, *inputs, out, *options) -> the op's result, or None.
+# What ops call first when eager: dispatch(fast, *inputs, out, *options) -> the op's result, or None.
 dispatch: Callable[..., Any] = _native.dispatch if NATIVE_DISPATCH else _no_dispatch
 
 

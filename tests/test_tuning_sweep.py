@@ -150,9 +150,16 @@ def test_shipped_kernels_take_the_sweep_winners() -> None:
     assert "\nELEMS_PER_THREAD = 128" in e4m3_128 and "\nCHUNK_VECTORS = 2" in e4m3_128
     e2m1_32 = _shipped("per_block_cast", fmt="e2m1", block_m=32, block_k=32)
     assert "\nELEMS_PER_THREAD = 32" in e2m1_32
-    assert "(float-add encode)" in e2m1_32  # proven equal to the comparison encode by e2m1_encode_check.c
+    # Sweep 19: the three-line encode (proven equal to the comparison encode by e2m1_encode_check.c), words of
+    # codes, and registers capped for 8 blocks per SM (1024 // threads with 128 threads).
+    assert "def e2m1_nibble_bits(v, below_7=False):" in e2m1_32 and "T.annotate_min_blocks_per_sm(1024 // threads)" in e2m1_32
+    assert "def e2m1_code" not in e2m1_32
     e2m1_token = _shipped("per_token_cast", fmt="e2m1", npc=32)
-    assert "\nCHUNK_VECTORS = 4" in e2m1_token and "(float-add encode)" in e2m1_token
+    assert "\nCHUNK_VECTORS = 4" in e2m1_token and "def e2m1_nibble_bits(v, finite_below_7=False):" in e2m1_token
+    assert "if mode != MODE_GIVEN_SF:" in e2m1_token and "T.annotate_min_blocks_per_sm(8)" in e2m1_token
+    assert "def e2m1_code" not in e2m1_token
+    assert "T.annotate_min_blocks_per_sm(5)" in _shipped("per_token_cast", fmt="e2m1", npc=0, hidden=7168)
+    assert "annotate_min_blocks_per_sm" not in _shipped("per_token_cast", fmt="e4m3", npc=128)
     assert "\nCHUNK_VECTORS = 2" in _shipped("per_token_cast", fmt="e4m3", npc=128)
     assert "\nTILE = 64" in _shipped("batched_transpose", dtype="float8_e4m3fn")  # the sweep found no better
 
@@ -164,6 +171,7 @@ def test_baseline_is_the_pre_sweep_setting() -> None:
     for template in TUNED_TEMPLATES:
         names |= set(re.findall(r"\{\{ (\w+) \| default\(", (TEMPLATES / template).read_text()))
         names |= set(re.findall(r"(\w+) \| default\(\"\w+\"\) ==", (TEMPLATES / template).read_text()))
+        names |= set(re.findall(r"(\w+) \| default\(\"\w+\"\) %}", (TEMPLATES / template).read_text()))  # {%- set k = k | default("v") %}
     names.add("segments_per_thread")  # the transpose factory's default argument
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
     grid_keys = {k for kernel in shipped.kernels for k in kernel.grid_keys}  # defaults of grid keys: no knobs
@@ -231,8 +239,9 @@ def test_check_matrix_holds_the_special_values(monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
-def test_magic_e2m1_encode_is_exact_over_all_fp32(tmp_path: Path) -> None:
-    """benchmarks/tuning/e2m1_encode_check.c: 2^32 patterns, about 10 s on one core."""
+def test_e2m1_encodes_are_exact_over_all_fp32(tmp_path: Path) -> None:
+    """benchmarks/tuning/e2m1_encode_check.c: 2^32 patterns, magic and ffma (both contractions), ffma_cast on
+    |v| < 7; about 60 s on one core."""
     exe = tmp_path / "check"
     subprocess.run(["cc", "-O2", "-ffp-contract=off", "-fno-fast-math", "-o", str(exe),
                     str(TUNING / "e2m1_encode_check.c"), "-lm"], check=True)

@@ -12,6 +12,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning15 --out "$OUT"   # per_block_cast e4m3 (sweep15.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning17 --out "$OUT"   # cast back, normalize_weight (sweep17.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning18 --out "$OUT"   # block order (sweep18.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning19 --out "$OUT"   # e2m1 encode (sweep19.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -176,6 +177,15 @@ SWEEPS["tkc_tuning18"] = Sweep(
         "per_channel_cast_fused": {"block_order": "column"},
         "per_channel_cast_and_transpose": {"block_order": "input"},
         "swiglu_forward_and_per_channel_cast_and_transpose": {"block_order": "input"},
+    },
+)
+# The FP4 e2m1 casts with the float-add ("magic") encode shipped since the first sweep (sweep19.yaml), 32 values
+# per thread.
+SWEEPS["tkc_tuning19"] = Sweep(
+    "tkc_tuning19", "sweep19.yaml",
+    {
+        "per_token_cast": {"e2m1_encode": "magic", "elems_per_thread": 32, "min_blocks": 0},
+        "per_block_cast": {"e2m1_encode": "magic", "elems_per_thread": 32, "min_blocks": 0},
     },
 )
 DEFAULT_PACKAGE = "tkc_tuning"

@@ -26,7 +26,7 @@ def test_per_token_cast_contract(arch: str, fmt: str, tmp_path: Path) -> None:
     lowered = lower(rendered, ARCHS[arch])
     c = lowered.contract
     # The parameters keep the prim_func's names (the launcher's errors name them): the e2m1 kernel
-    # stores through a uint32 view of q, and a view bound to a name would rename q after it.
+    # reads x and stores q through uint32 views, and a view bound to a name would rename its tensor.
     assert [p.name for p in c.params] == ["x", "q", "sf", "mode"]
     x, q, sf, mode = c.params
     assert isinstance(x, TensorParam) and x.dtype == "bfloat16" and x.shape == ("num_tokens", 2048)

@@ -11,6 +11,7 @@ overhead per call is measured separately, at tiny sizes, by benchmarks/runtime_o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -115,6 +116,5 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
         notes = [row.note] if row.note else []
         if op.startswith("gate"):
             notes.append(f"gate: {gate_name} (torch chain: torch.topk)")
-        out.append(Row(row.op, row.shape, row.us, row.gb_s, row.pct_copy, row.eager_us, row.compiled_us,
-                       "; ".join(notes)))
+        out.append(dataclasses.replace(row, note="; ".join(notes)))
     return out

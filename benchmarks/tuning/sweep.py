@@ -13,6 +13,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning17 --out "$OUT"   # cast back, normalize_weight (sweep17.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning18 --out "$OUT"   # block order (sweep18.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning19 --out "$OUT"   # e2m1 encode (sweep19.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning20 --out "$OUT"   # bf16 words for e2m1 (sweep20.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -187,6 +188,11 @@ SWEEPS["tkc_tuning19"] = Sweep(
         "per_token_cast": {"e2m1_encode": "magic", "elems_per_thread": 32, "min_blocks": 0},
         "per_block_cast": {"e2m1_encode": "magic", "elems_per_thread": 32, "min_blocks": 0},
     },
+)
+SWEEPS["tkc_tuning20"] = Sweep(
+    "tkc_tuning20", "sweep20.yaml",
+    {"per_token_cast": {"x_words": False, "elems_per_thread": 32, "min_blocks": 8}},
+    overrides=(("per_token_cast", "npc", 0, {"min_blocks": 5}),),
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

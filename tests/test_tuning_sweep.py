@@ -161,7 +161,7 @@ def test_shipped_kernels_take_the_sweep_winners() -> None:
     assert "T.annotate_min_blocks_per_sm(5)" in _shipped("per_token_cast", fmt="e2m1", npc=0, hidden=7168)
     # Sweep 20: bf16 -> e2m1 reads x as words (shift / AND widening, packed 16-bit amax); fp32 inputs and e4m3 do not.
     words = "x_words = T.alloc_fragment((block_m, block_k // 2), \"uint32\")"
-    assert words in e2m1_token and "__vimax3_u16x2" in e2m1_token and "x_value(x_words, i, q_per_elem * j + k)" in e2m1_token
+    assert words in e2m1_token and "__vimax3_u16x2" in e2m1_token and "x_value(x_words, i, q_unit * j + k)" in e2m1_token
     for npc in (0, 16):
         assert words in _shipped("per_token_cast", in_dtype="bfloat16", fmt="e2m1", npc=npc)
     assert words not in _shipped("per_token_cast", in_dtype="float32", fmt="e2m1", npc=32)

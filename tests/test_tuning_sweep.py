@@ -103,7 +103,10 @@ def test_second_sweep_baselines_are_the_shipped_kernels() -> None:
             continue
         kernel = shipped.kernel(v.kernel)
         match = next(x for x in expand(kernel) if all(x.param_dict[k] == val for k, val in v.problem))
-        plain, knobbed = _renders(match, v.knobs, "sm90")
+        knobs = v.knobs
+        if v.kernel == "swiglu_forward_and_per_token_cast":  # sweep 21 since ships 5 blocks (0 before)
+            knobs = tuple((k, 5 if k == "min_blocks" else val) for k, val in knobs)
+        plain, knobbed = _renders(match, knobs, "sm90")
         if v.kernel != "per_channel_cast_fused":
             assert knobbed == plain, v
             continue
@@ -918,3 +921,32 @@ def test_eighteenth_sweep_candidates_render_their_paths() -> None:
                 swapped = f"with T.Kernel(num_tokens // TILE_T, hidden // TILE_H, threads={threads}) as (pid_t, pid_h):"
                 shipped = f"with T.Kernel(hidden // TILE_H, num_tokens // TILE_T, threads={threads}) as (pid_h, pid_t):"
                 assert (swapped in source) == (order == "output") and (shipped in source) == (order == "input")
+
+
+def test_twenty_first_sweep_spec_has_the_shipped_setting_per_problem() -> None:
+    """sweep21.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, with the IEEE division or the
+    ranged one (unbounded, 4 or 5 blocks) and either amax: one pre-sweep baseline per problem."""
+    found = _spec_variants("tkc_tuning21")
+    assert len(found) == 16
+    groups = sweep.problems(found)
+    assert len(groups) == 2 and all(len(g) == 8 for g in groups.values())
+    _assert_baselines_are_the_sweeps(found, "tkc_tuning21")
+    assert sweep.SWEEPS["tkc_tuning21"].baselines == {
+        "swiglu_forward_and_per_token_cast": {"division": "ieee", "amax_abs": False, "min_blocks": 0}}
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str) -> None:
+    """ranged, |y| amax, 5 blocks renders every shipped variant byte for byte (the knobs' defaults); the
+    pre-sweep setting renders the IEEE division and reduce_absmax."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("swiglu_forward_and_per_token_cast")
+    variants = expand(kernel)
+    assert len(variants) == 40
+    for match in variants:
+        plain, knobbed = _renders(match, (("division", "ranged"), ("amax_abs", True), ("min_blocks", 5)), arch)
+        assert knobbed == plain, match.params
+        assert "T.fast_rcp(d)" in plain and "T.reduce_max(y_abs, amax, dim=1)" in plain
+        assert "T.annotate_min_blocks_per_sm(5)" in plain
+        _, before = _renders(match, (("division", "ieee"), ("amax_abs", False), ("min_blocks", 0)), arch)
+        assert "fast_rcp" not in before and "T.reduce_absmax(y, amax, dim=1)" in before
+        assert "annotate_min_blocks_per_sm" not in before

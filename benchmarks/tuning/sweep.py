@@ -14,6 +14,8 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning18 --out "$OUT"   # block order (sweep18.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning19 --out "$OUT"   # e2m1 encode (sweep19.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning20 --out "$OUT"   # bf16 words for e2m1 (sweep20.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning21 --out "$OUT"   # SwiGLU division, amax (sweep21.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning22 --out "$OUT"   # same, per-channel SwiGLU (sweep22.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -193,6 +195,14 @@ SWEEPS["tkc_tuning20"] = Sweep(
     "tkc_tuning20", "sweep20.yaml",
     {"per_token_cast": {"x_words": False, "elems_per_thread": 32, "min_blocks": 8}},
     overrides=(("per_token_cast", "npc", 0, {"min_blocks": 5}),),
+)
+SWEEPS["tkc_tuning21"] = Sweep(
+    "tkc_tuning21", "sweep21.yaml",
+    {"swiglu_forward_and_per_token_cast": {"division": "ieee", "amax_abs": False, "min_blocks": 0}},
+)
+SWEEPS["tkc_tuning22"] = Sweep(
+    "tkc_tuning22", "sweep22.yaml",
+    {"swiglu_forward_and_per_channel_cast_and_transpose": {"division": "ieee", "min_blocks": 0}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

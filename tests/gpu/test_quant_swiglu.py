@@ -139,6 +139,47 @@ def test_forward_sizes(v: tuple[int, int, bool, bool, bool], num_tokens: int, nu
     run_forward(v, num_tokens, num_topk, clamp=None, poisoned=True)
 
 
+def division_range_x(rows: int, width: int) -> torch.Tensor:
+    """bf16 rows around the edges of the kernels' fast division (every |xl| of a thread in [2^-63, 64]):
+    whole rows scaled by 2^-72 .. 2^12, and Gaussian rows with one value per 256 columns (so one
+    thread of each) set to an edge: 64 and the next bf16 above, 2^-63 and the next below, -87.5 and
+    -88.5 (where 1 + exp(-x) nears and passes 2^126), -100 (exp overflows) and +-0. (Inf and NaN are
+    left out: the kernels' float min / max clamps and amax skip NaN where the reference propagates it;
+    benchmarks/tuning/sweep.py's check rows compare them byte for byte between division forms.)"""
+    x = random_x(rows, width).float()
+    index = torch.arange(rows, device="cuda")
+    scaled = index[index % 2 == 0]
+    x[scaled] *= torch.exp2((scaled // 2 % 29).float() * 3 - 72)[:, None]
+    edges = torch.tensor([64.0, 64.5, -64.0, -64.5, 2.0**-63, 2.0**-63 * (1 - 2.0**-8), -(2.0**-63), -87.5, -88.5,
+                          -100.0, 0.0, -0.0], device="cuda")
+    marked, cols = index[index % 2 == 1], torch.arange(0, width, 256, device="cuda")
+    pick = (torch.arange(marked.numel(), device="cuda")[:, None] + torch.arange(cols.numel(), device="cuda")) % edges.numel()
+    x[marked[:, None], cols] = edges[pick]
+    return x.bfloat16()
+
+
+@pytest.mark.parametrize("clamp", (None, 0.5, 2.0**-70))
+@pytest.mark.parametrize("v", [(7168, 128, True, True, False), (2560, 2560, False, False, False),
+                               (2048, 128, False, True, True)], ids=fwd_id)
+def test_forward_division_edges(v: tuple[int, int, bool, bool, bool], clamp: float | None) -> None:
+    # Rows on both sides of the fast division's range, and threads with one value outside it (those
+    # take the IEEE division); a clamp below 2^-63 sends every thread there.
+    hidden, npc, round_sf, with_weights, with_pos_to_expert = v
+    pos_to_expert, pos_to_token_topk, _ = expert_major_routing(64, 2)
+    rows = pos_to_expert.shape[0]
+    x = division_range_x(rows, 2 * hidden)
+    weights = torch.rand(64, 2, device="cuda") + 0.5
+    p2t, w = (pos_to_token_topk, weights) if with_weights else (None, None)
+    p2e = pos_to_expert if with_pos_to_expert else None
+    q, sf = quant.swiglu_forward_and_per_token_cast(x, "e4m3", npc, pos_to_token_topk=p2t, topk_weights=w,
+                                                    pos_to_expert=p2e, round_sf=round_sf, swiglu_clamp_value=clamp)
+    ref_q, ref_sf = swiglu_forward_and_per_token_cast_ref(x, npc, p2t, w, round_sf, clamp)
+    if p2e is not None:
+        keep = pos_to_expert >= 0
+        q, sf, ref_q, ref_sf = q[keep], sf[keep], ref_q[keep], ref_sf[keep]
+    assert_per_token_close(q, sf, ref_q, ref_sf, npc)
+
+
 def test_forward_padding_rows_without_pos_to_expert_are_zero() -> None:
     # pos_to_token_topk -1 means weight 0: the row quantizes to zero codes (+0 or -0: y * 0 keeps
     # the sign of y) with the floor scale.

@@ -950,3 +950,26 @@ def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
         _, before = _renders(match, (("division", "ieee"), ("amax_abs", False), ("min_blocks", 0)), arch)
         assert "fast_rcp" not in before and "T.reduce_absmax(y, amax, dim=1)" in before
         assert "annotate_min_blocks_per_sm" not in before
+
+
+def test_twenty_third_sweep_spec_has_the_shipped_setting_per_problem() -> None:
+    """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the TMA
+    prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows: one shipped baseline per problem."""
+    found = _spec_variants("tkc_tuning23")
+    assert len(found) == 14
+    groups = sweep.problems(found)
+    assert len(groups) == 2 and all(len(g) == 7 for g in groups.values())
+    _assert_baselines_are_the_sweeps(found, "tkc_tuning23")
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_twenty_third_sweep_baseline_renders_the_shipped_swiglu_forward(arch: str) -> None:
+    """rows 1 renders every shipped variant byte for byte; more rows render the TMA prefetch loop."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("swiglu_forward_and_per_token_cast")
+    for match in expand(kernel):
+        plain, knobbed = _renders(match, (("rows", 1), ("min_blocks", 5)), arch)
+        assert knobbed == plain, match.params
+        assert "T.tma_copy" not in plain and "with T.Kernel(num_expanded_tokens, threads=THREADS) as row:" in plain
+        _, prefetch = _renders(match, (("rows", 4),), arch)
+        assert "ROWS = 4" in prefetch and "for step in T.serial(ROWS):" in prefetch
+        assert prefetch.count("T.tma_copy(") == 2 and prefetch.count("T.barrier_arrive(x_ready[0])") == 2

@@ -191,6 +191,27 @@ def test_forward_padding_rows_without_pos_to_expert_are_zero() -> None:
     assert torch.equal(sf[1], torch.full((16,), 1e-4, device="cuda") / torch.full((16,), 448.0, device="cuda"))
 
 
+
+@pytest.mark.parametrize("rows", [1, 3, 5])
+@pytest.mark.parametrize("v", [(7168, 128, True, False, False), (2560, 2560, False, False, True)], ids=fwd_id)
+def test_forward_last_block_stays_in_its_rows(v: tuple[int, int, bool, bool, bool], rows: int) -> None:
+    # A block computes two rows (the second fetched by TMA while the first is computed): with an odd row
+    # count the last block's second row is past the end. q and sf are the first rows of poisoned buffers
+    # one row longer, whose last row must stay poisoned; the rows before it match the reference.
+    hidden, npc, round_sf, _, with_pos_to_expert = v
+    x = random_x(rows, 2 * hidden)
+    q_all = torch.full((rows + 1, hidden), POISON_BYTE, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+    sf_all = torch.full((rows + 1, hidden // npc), float("nan"), device="cuda")
+    placeholder = torch.zeros(1, dtype=torch.int32, device="cuda")
+    p2e = torch.zeros(rows, dtype=torch.int32, device="cuda") if with_pos_to_expert else placeholder
+    launch = runtime.get_kernel("swiglu_forward_and_per_token_cast").select(
+        hidden=hidden, npc=npc, with_weights=False, with_pos_to_expert=with_pos_to_expert)
+    launch(x, q_all[:rows], sf_all[:rows], placeholder, torch.zeros(1, 1, device="cuda"), p2e, 10.0, int(round_sf))
+    torch.cuda.synchronize()
+    assert bool((q_all[rows].view(torch.uint8) == POISON_BYTE).all()) and bool(sf_all[rows].isnan().all())
+    ref_q, ref_sf = swiglu_forward_and_per_token_cast_ref(x, npc, None, None, round_sf, 10.0)
+    assert_per_token_close(q_all[:rows], sf_all[:rows], ref_q, ref_sf, npc)
+
 # --- swiglu_backward_and_per_token_cast ------------------------------------------------------
 
 BWD = [(h, npc, r) for h in HIDDEN for npc in (32, 128) for r in (False, True)]

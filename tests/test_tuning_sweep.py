@@ -964,13 +964,36 @@ def test_twenty_third_sweep_spec_has_the_shipped_setting_per_problem() -> None:
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_twenty_third_sweep_winner_renders_the_shipped_swiglu_forward(arch: str) -> None:
-    """rows 2, 5 blocks (the knobs' defaults) renders every shipped variant byte for byte: the TMA prefetch loop;
+    """rows 2, 5 blocks (the knobs' defaults) renders every shipped variant byte for byte: the prefetch loop;
     the pre-sweep rows 1 renders one row per block loaded straight into registers, as shipped before."""
     kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("swiglu_forward_and_per_token_cast")
     for match in expand(kernel):
         plain, knobbed = _renders(match, (("rows", 2), ("min_blocks", 5)), arch)
         assert knobbed == plain, match.params
         assert "ROWS = 2" in plain and "for step in T.serial(ROWS):" in plain
-        assert plain.count("T.tma_copy(") == 2 and plain.count("T.barrier_arrive(x_ready[0])") == 2
         _, before = _renders(match, (("rows", 1), ("min_blocks", 5)), arch)
         assert "T.tma_copy" not in before and "with T.Kernel(num_expanded_tokens, threads=THREADS) as row:" in before
+
+
+def test_twenty_fourth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
+    """sweep24.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, its next row fetched by TMA or by
+    cp.async, 2 or 4 rows per block: one shipped baseline per problem."""
+    found = _spec_variants("tkc_tuning24")
+    assert len(found) == 8
+    groups = sweep.problems(found)
+    assert len(groups) == 2 and all(len(g) == 4 for g in groups.values())
+    _assert_baselines_are_the_sweeps(found, "tkc_tuning24")
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_twenty_fourth_sweep_winner_renders_the_shipped_swiglu_forward(arch: str) -> None:
+    """cp_async with 2 rows (the knobs' defaults) renders every shipped variant byte for byte: no tensor map, so the
+    launch keeps run()'s plan; the pre-sweep tma renders the mbarrier and the two TMA fetches."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("swiglu_forward_and_per_token_cast")
+    for match in expand(kernel):
+        plain, knobbed = _renders(match, (("fetch", "cp_async"), ("rows", 2)), arch)
+        assert knobbed == plain, match.params
+        assert plain.count("T.async_copy(") == 2 and "T.ptx_wait_group(0)" in plain and "tma_copy" not in plain
+        _, before = _renders(match, (("fetch", "tma"), ("rows", 2)), arch)
+        assert before.count("T.tma_copy(") == 2 and before.count("T.barrier_arrive(x_ready[0])") == 2
+        assert "async_copy" not in before

@@ -17,6 +17,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning21 --out "$OUT"   # SwiGLU division, amax (sweep21.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning22 --out "$OUT"   # same, per-channel SwiGLU (sweep22.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning23 --out "$OUT"   # SwiGLU rows per block (sweep23.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning24 --out "$OUT"   # SwiGLU row fetch (sweep24.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -207,6 +208,9 @@ SWEEPS["tkc_tuning22"] = Sweep(
 )
 SWEEPS["tkc_tuning23"] = Sweep(
     "tkc_tuning23", "sweep23.yaml", {"swiglu_forward_and_per_token_cast": {"rows": 1, "min_blocks": 5}},
+)
+SWEEPS["tkc_tuning24"] = Sweep(
+    "tkc_tuning24", "sweep24.yaml", {"swiglu_forward_and_per_token_cast": {"fetch": "tma", "rows": 2}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

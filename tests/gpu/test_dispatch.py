@@ -24,11 +24,11 @@ tk, quant, errors, runtime = installed_package()
 pytestmark = pytest.mark.gpu
 
 # The out= cases of test_out.py that dispatch() takes from their second call; the others keep the
-# op's Python path (a launcher view of out's or the inputs' storage, several launches, a pair input,
-# a TMA descriptor: the SwiGLU forward per-token cast since sweep 23, whose tensor map run() cannot encode).
+# op's Python path (a launcher view of out's or the inputs' storage, several launches, a pair input).
 DISPATCHED = (
     "per_token_cast e4m3", "per_token_cast strided rows", "per_block_cast e4m3 128x128",
     "per_block_cast e2m1 32x128 round_sf", "per_channel_cast", "per_channel_cast_and_transpose",
+    "swiglu_forward_and_per_token_cast weighted", "swiglu_forward_and_per_token_cast per row",
     "swiglu_forward_and_per_channel_cast_and_transpose", "swiglu_forward_and_per_channel_cast without_transpose",
     "per_token_cast_back e4m3", "batched_transpose", "topk_gate", "top2_sum_gate", "normalize_weight",
     "expand_to_fused", "reduce_fused",
@@ -127,13 +127,12 @@ def test_declined_calls_still_name_the_argument(monkeypatch: pytest.MonkeyPatch)
     q, sf = quant.swiglu_forward_and_per_token_cast(*args)
     quant.swiglu_forward_and_per_token_cast(*args, out=(q, sf))
     quant.swiglu_forward_and_per_token_cast(*args, out=(q, sf))
-    # Its launcher passes a TMA descriptor (x), which run() has no plan for: dispatch() declines every
-    # call, and the op's Python path checks the sizes the rules would have.
-    assert seen and not any(seen)
-    with pytest.raises(ValueError, match=r"^pos_to_token_topk: expected shape \(8,\)"):
+    assert seen[-1] is True
+    with pytest.raises(ValueError, match=r"^pos_to_token_topk: expected shape \(8,\)"):  # the rule's size
         quant.swiglu_forward_and_per_token_cast(xs, "e4m3", 128, positions[:7], weights, experts, out=(q, sf))
     with pytest.raises(ValueError, match=r"^pos_to_expert: expected shape \(8,\)"):
         quant.swiglu_forward_and_per_token_cast(xs, "e4m3", 128, positions, weights, experts[:7], out=(q, sf))
+    assert seen[-2:] == [False, False]
 
 
 def _declining(*args: object) -> None:

@@ -195,7 +195,7 @@ def test_forward_padding_rows_without_pos_to_expert_are_zero() -> None:
 @pytest.mark.parametrize("rows", [1, 3, 5])
 @pytest.mark.parametrize("v", [(7168, 128, True, False, False), (2560, 2560, False, False, True)], ids=fwd_id)
 def test_forward_last_block_stays_in_its_rows(v: tuple[int, int, bool, bool, bool], rows: int) -> None:
-    # A block computes two rows (the second fetched by TMA while the first is computed): with an odd row
+    # A block computes two rows (the second fetched while the first is computed): with an odd row
     # count the last block's second row is past the end. q and sf are the first rows of poisoned buffers
     # one row longer, whose last row must stay poisoned; the rows before it match the reference.
     hidden, npc, round_sf, _, with_pos_to_expert = v

@@ -952,14 +952,15 @@ def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
         assert "annotate_min_blocks_per_sm" not in before
 
 
-def test_twenty_third_sweep_spec_has_the_shipped_setting_per_problem() -> None:
-    """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the TMA
-    prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows: one shipped baseline per problem."""
-    found = _spec_variants("tkc_tuning23")
-    assert len(found) == 14
+@pytest.mark.parametrize(("package", "per_problem"), [("tkc_tuning23", 7), ("tkc_tuning24", 4)])
+def test_swiglu_row_sweeps_have_the_shipped_setting_per_problem(package: str, per_problem: int) -> None:
+    """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the
+    prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows. sweep24.yaml: its next row fetched
+    by TMA or by cp.async, 2 or 4 rows per block. One shipped baseline per problem."""
+    found = _spec_variants(package)
     groups = sweep.problems(found)
-    assert len(groups) == 2 and all(len(g) == 7 for g in groups.values())
-    _assert_baselines_are_the_sweeps(found, "tkc_tuning23")
+    assert len(groups) == 2 and all(len(g) == per_problem for g in groups.values())
+    _assert_baselines_are_the_sweeps(found, package)
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
@@ -973,16 +974,6 @@ def test_twenty_third_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
         assert "ROWS = 2" in plain and "for step in T.serial(ROWS):" in plain
         _, before = _renders(match, (("rows", 1), ("min_blocks", 5)), arch)
         assert "T.tma_copy" not in before and "with T.Kernel(num_expanded_tokens, threads=THREADS) as row:" in before
-
-
-def test_twenty_fourth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
-    """sweep24.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, its next row fetched by TMA or by
-    cp.async, 2 or 4 rows per block: one shipped baseline per problem."""
-    found = _spec_variants("tkc_tuning24")
-    assert len(found) == 8
-    groups = sweep.problems(found)
-    assert len(groups) == 2 and all(len(g) == 4 for g in groups.values())
-    _assert_baselines_are_the_sweeps(found, "tkc_tuning24")
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])

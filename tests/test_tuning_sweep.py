@@ -518,6 +518,44 @@ def test_swiglu_backward_case_runs_against_its_reference(monkeypatch: pytest.Mon
     assert torch.isnan(check[1]).any()  # the NaN / Inf rows of check_matrix give NaN scales
 
 
+def test_run_problem_checks_reordered_sums_against_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward case leaves weight_grad out of the byte comparison with the baseline (its row sum follows
+    sweep 25's chunk): a variant whose weight_grad differs by summation order stays bit-exact and meets the
+    reference; one whose weight_grad is wrong is bit-exact in the rest but flagged against the reference; a
+    wrong code is not bit-exact."""
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.setattr(sweep, "SWIGLU_TOKENS", 64)
+    problem = {"hidden": 256, "npc": 128}
+    ref = sweep._reference("quant_swiglu", "swiglu_backward_ref")
+    assert ref is not None
+
+    def fake(wgrad_scale: float = 1.0, wgrad_shift: float = 0.0, flip_code: bool = False) -> Any:
+        def launch(xq: Any, x_sf: Any, g: Any, weights: Any, pos: Any, inv: Any, out: Any, q: Any, q_sf: Any,
+                   x_grad: Any, weight_grad: Any, clamp: float, round_sf: int) -> None:
+            r_out, (r_q, r_sf), r_grad, r_wgrad, _ = ref(xq, x_sf, g, weights, pos, inv, 128, True)
+            out.copy_(r_out), q.copy_(r_q), q_sf.copy_(r_sf), x_grad.copy_(r_grad)
+            weight_grad.copy_(r_wgrad * wgrad_scale + wgrad_shift)
+            if flip_code:
+                q.view(torch.uint8)[3, 5] ^= 1
+        return launch
+
+    launches = {"base": fake(), "reordered": fake(wgrad_scale=1 + 2e-7), "off": fake(wgrad_shift=1.0),
+                "flipped": fake(flip_code=True)}
+    group = [sweep.Variant(kernel="swiglu_backward_and_per_token_cast", name=name, problem=tuple(problem.items()),
+                           knobs=(("chunk", 512 if name == "base" else 1024),), launch=launch,
+                           baseline=(("chunk", 512),))
+             for name, launch in launches.items()]
+    timer = SimpleNamespace(median_us=lambda fn, inputs: 10.0)
+    bench = SimpleNamespace(rotating_inputs=lambda make: [make()], tensor_bytes=lambda t: (
+        t.nbytes if isinstance(t, torch.Tensor) else 0), reason=lambda exc: f"{type(exc).__name__}: {exc}")
+    rows = {r.variant: r for r in sweep.run_problem(timer, bench, 4000.0, "swiglu_backward_and_per_token_cast",
+                                                    problem, group)}
+    assert rows["base"].note == "baseline == reference"
+    assert rows["reordered"].bit_exact and rows["reordered"].note == "== reference"
+    assert rows["off"].bit_exact and rows["off"].note == "DIFFERS FROM REFERENCE"
+    assert rows["flipped"].bit_exact is False
+
+
 def test_twelfth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
     found = _spec_variants("tkc_tuning12")
     assert len(found) <= 14
@@ -952,11 +990,14 @@ def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
         assert "annotate_min_blocks_per_sm" not in before
 
 
-@pytest.mark.parametrize(("package", "per_problem"), [("tkc_tuning23", 7), ("tkc_tuning24", 4)])
+@pytest.mark.parametrize(("package", "per_problem"), [("tkc_tuning23", 7), ("tkc_tuning24", 4),
+                                                     ("tkc_tuning25", 4), ("tkc_tuning26", 18)])
 def test_swiglu_row_sweeps_have_the_shipped_setting_per_problem(package: str, per_problem: int) -> None:
     """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the
     prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows. sweep24.yaml: its next row fetched
-    by TMA or by cp.async, 2 or 4 rows per block. One shipped baseline per problem."""
+    by TMA or by cp.async, 2 or 4 rows per block. sweep25.yaml / sweep26.yaml: the SwiGLU backward at H 7168, npc 32
+    and 128, steps of 512 or 1024 channels, 0 to 3 steps loaded ahead, no launch bound or 7 / 8 blocks. One shipped
+    baseline per problem."""
     found = _spec_variants(package)
     groups = sweep.problems(found)
     assert len(groups) == 2 and all(len(g) == per_problem for g in groups.values())
@@ -988,3 +1029,23 @@ def test_twenty_fourth_sweep_winner_renders_the_shipped_swiglu_forward(arch: str
         _, before = _renders(match, (("fetch", "tma"), ("rows", 2)), arch)
         assert before.count("T.tma_copy(") == 2 and before.count("T.barrier_arrive(x_ready[0])") == 2
         assert "async_copy" not in before
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_twenty_fifth_sweep_winner_renders_the_shipped_swiglu_backward(arch: str) -> None:
+    """chunk 1024, one step loaded ahead, no launch bound (the knobs' defaults) renders every shipped variant byte
+    for byte; the pre-sweep chunk 512 without prefetch loads each step's operands where it computes them."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("swiglu_backward_and_per_token_cast")
+    variants = expand(kernel)
+    assert len(variants) == 10
+    for match in variants:
+        plain, knobbed = _renders(match, (("chunk", 1024), ("prefetch", 1), ("min_blocks", 0)), arch)
+        assert knobbed == plain, match.params
+        assert "CHUNK = 1024" in plain and "take_step(xq, yq, g_frag, x_scale, y_scale, xq_1" in plain
+        assert "if k + 1 < steps:" in plain and "annotate_min_blocks_per_sm" not in plain
+        _, before = _renders(match, (("chunk", 512), ("prefetch", False)), arch)
+        assert "CHUNK = 512" in before and "take_step" not in before
+        assert "load_step(x, x_sf, grad_out, row, k, xq, yq, g_frag, x_scale, y_scale)" in before
+        _, deeper = _renders(match, (("prefetch", 3), ("min_blocks", 8)), arch)
+        assert deeper.count("take_step(xq_") == 2 and "if k + 3 < steps:" in deeper
+        assert "T.annotate_min_blocks_per_sm(8)" in deeper

@@ -18,6 +18,8 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning22 --out "$OUT"   # same, per-channel SwiGLU (sweep22.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning23 --out "$OUT"   # SwiGLU rows per block (sweep23.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning24 --out "$OUT"   # SwiGLU row fetch (sweep24.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning25 --out "$OUT"   # SwiGLU backward steps (sweep25.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning26 --out "$OUT"   # same: loads ahead, bound (sweep26.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -212,6 +214,13 @@ SWEEPS["tkc_tuning23"] = Sweep(
 SWEEPS["tkc_tuning24"] = Sweep(
     "tkc_tuning24", "sweep24.yaml", {"swiglu_forward_and_per_token_cast": {"fetch": "tma", "rows": 2}},
 )
+SWEEPS["tkc_tuning25"] = Sweep(
+    "tkc_tuning25", "sweep25.yaml", {"swiglu_backward_and_per_token_cast": {"chunk": 512, "prefetch": False}},
+)
+SWEEPS["tkc_tuning26"] = Sweep(
+    "tkc_tuning26", "sweep26.yaml",
+    {"swiglu_backward_and_per_token_cast": {"chunk": 1024, "prefetch": 1, "min_blocks": 0}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -321,6 +330,10 @@ class Case:
     # outputs vs reference; byte equality unless the reference rounds differently (gate weights)
     matches: Callable[[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]], bool] = \
         lambda out, ref: same_bytes(out, ref)
+    # The outputs every variant must share with the baseline byte for byte. A case whose knobs may
+    # change an order of summation (a row sum split another way) leaves those outputs out: each
+    # variant is then also checked against the reference with `matches`.
+    order_free: Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]] | None = None
 
 
 def _reference(module: str, name: str) -> Callable[..., Any] | None:
@@ -697,10 +710,11 @@ def swiglu_backward_case(problem: dict[str, Any]) -> Case:
     per_token_cast_ref(randn (N, 2H), 'e4m3', npc), bf16 grad_out, top-2 weights, expert-major
     routing of 8192 tokens (16448 rows, padding rows with weight 0), round_sf, no clamp (the op
     passes +inf). Every output element is written (weight_grad entries without a row get 0), so
-    the outputs start uninitialised. Variants must equal the baseline byte for byte, weight_grad
-    included; the baseline meets the reference as tests/gpu/test_quant_swiglu.py asks: codes and
-    scales bit-identical, bf16 outputs within one ulp, weight_grad (summed in another order) to
-    1e-5 relative. The check input is check_matrix cast to the fp8 pair (zeros, -0.0, NaN and Inf
+    the outputs start uninitialised. Variants must equal the baseline byte for byte in out, codes,
+    scales and x_grad; weight_grad's row sum follows the step size (sweep 25's chunk), so every
+    variant, like the baseline, must meet the reference as tests/gpu/test_quant_swiglu.py asks:
+    codes and scales bit-identical, bf16 outputs within one ulp, weight_grad (summed in another
+    order) to 1e-5 relative. The check input is check_matrix cast to the fp8 pair (zeros, -0.0, NaN and Inf
     rows: NaN scales), with check_matrix as grad_out. Bytes counted: every tensor argument."""
     hidden, npc = problem["hidden"], problem["npc"]
     routing = _reference("quant_swiglu", "expert_major_routing")
@@ -756,6 +770,7 @@ def swiglu_backward_case(problem: dict[str, Any]) -> Case:
         outputs=lambda args: args[6:11],
         reference=reference if ref else None,
         matches=matches,
+        order_free=lambda outputs: outputs[:4],  # weight_grad's row sum follows the step size (sweep 25)
     )
 
 
@@ -908,18 +923,22 @@ def run_problem(timer: Any, bench: Any, copy_gb_s: float, kernel: str, problem: 
     described = ", ".join(f"{k}={v}" for k, v in problem.items())
     baseline = next(v for v in group if v.is_baseline)
     check = c.check_x()
+    shared = c.order_free or (lambda outputs: outputs)
     expected: tuple[torch.Tensor, ...] | None = None
     ref_note = "reference not checked"
+    random_x: Inputs | None = None
+    want: tuple[torch.Tensor, ...] = ()
     try:
         args = c.make(check)
         baseline.launch(*args)
-        expected = tuple(t.clone() for t in c.outputs(args))
+        expected = tuple(t.clone() for t in shared(c.outputs(args)))
         if c.reference is not None:
             # On finite random inputs: how the references treat NaN and Inf is not this sweep's question.
-            x = c.new_x()
-            args = c.make(x)
+            random_x = c.new_x()
+            want = c.reference(random_x)
+            args = c.make(random_x)
             baseline.launch(*args)
-            ref_note = "baseline == reference" if c.matches(c.outputs(args), c.reference(x)) else \
+            ref_note = "baseline == reference" if c.matches(c.outputs(args), want) else \
                 "BASELINE DIFFERS FROM REFERENCE"
     except Exception as exc:
         ref_note = f"baseline failed: {bench.reason(exc)}"
@@ -933,7 +952,11 @@ def run_problem(timer: Any, bench: Any, copy_gb_s: float, kernel: str, problem: 
         try:
             args = c.make(check)
             v.launch(*args)
-            exact = expected is not None and same_bytes(expected, c.outputs(args))
+            exact = expected is not None and same_bytes(expected, shared(c.outputs(args)))
+            if c.order_free is not None and random_x is not None and not v.is_baseline:
+                args = c.make(random_x)
+                v.launch(*args)
+                note = "== reference" if c.matches(c.outputs(args), want) else "DIFFERS FROM REFERENCE"
             us = timer.median_us(v.launch, inputs)
         except Exception as exc:  # one broken variant must not cost the rest of the sweep
             note = f"failed: {bench.reason(exc)}"

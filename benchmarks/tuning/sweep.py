@@ -22,6 +22,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning26 --out "$OUT"   # same: loads ahead, bound (sweep26.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning27 --out "$OUT"   # per-channel SwiGLU tiles (sweep27.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning28 --out "$OUT"   # lossless re-cast tile rows (sweep28.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning29 --out "$OUT"   # SwiGLU backward division (sweep29.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -229,6 +230,10 @@ SWEEPS["tkc_tuning27"] = Sweep(
 )
 SWEEPS["tkc_tuning28"] = Sweep(
     "tkc_tuning28", "sweep28.yaml", {"per_block_cast_lossless": {"tile_m": 128, "min_blocks": 3}},
+)
+SWEEPS["tkc_tuning29"] = Sweep(
+    "tkc_tuning29", "sweep29.yaml",
+    {"swiglu_backward_and_per_token_cast": {"division": "ieee", "min_blocks": 0}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

@@ -992,7 +992,7 @@ def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
 
 @pytest.mark.parametrize(("package", "problems", "per_problem"), [
     ("tkc_tuning23", 2, 7), ("tkc_tuning24", 2, 4), ("tkc_tuning25", 2, 4), ("tkc_tuning26", 2, 18),
-    ("tkc_tuning27", 4, 9), ("tkc_tuning28", 2, 6), ("tkc_tuning29", 2, 4)])
+    ("tkc_tuning27", 4, 9), ("tkc_tuning28", 2, 6), ("tkc_tuning29", 2, 4), ("tkc_tuning30", 2, 6)])
 def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problems: int, per_problem: int) -> None:
     """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the
     prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows. sweep24.yaml: its next row fetched
@@ -1001,7 +1001,8 @@ def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problem
     sweep27.yaml: the per-channel SwiGLU at npt 32 / 128, transposed or not, 1 / 2 / 4 token tiles per block, no
     bound or 32 / 48 warps per SM. sweep28.yaml (not a SwiGLU): the lossless re-cast to 1 x 128 and 32 x 32 blocks,
     32 / 64 / 128 rows per tile, 3 or 6 blocks per SM. sweep29.yaml: the SwiGLU backward's IEEE or ranged division,
-    with or without a bound of 6 blocks. One shipped baseline per problem."""
+    with or without a bound of 6 blocks. sweep30.yaml: per_channel_cast_fused's fp8 pair and bf16 gather, 1 / 2 / 4
+    row tiles per block, two launch bounds each. One shipped baseline per problem."""
     found = _spec_variants(package)
     groups = sweep.problems(found)
     assert len(groups) == problems and all(len(g) == per_problem for g in groups.values())

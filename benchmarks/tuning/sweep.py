@@ -24,6 +24,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning28 --out "$OUT"   # lossless re-cast tile rows (sweep28.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning29 --out "$OUT"   # SwiGLU backward division (sweep29.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning30 --out "$OUT"   # fp8 pair, gather: row tiles (sweep30.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning31 --out "$OUT"   # same, tile in shared memory (sweep31.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -239,6 +240,9 @@ SWEEPS["tkc_tuning29"] = Sweep(
 SWEEPS["tkc_tuning30"] = Sweep(
     "tkc_tuning30", "sweep30.yaml", {"per_channel_cast_fused": {"tiles": 1, "min_blocks": 3}},
     (("per_channel_cast_fused", "in_dtype", "float8_e4m3fn", {"min_blocks": 4}),),
+)
+SWEEPS["tkc_tuning31"] = Sweep(
+    "tkc_tuning31", "sweep31.yaml", {"per_channel_cast_fused": {"stage": "registers", "staged_threads": 128}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

@@ -907,13 +907,13 @@ def test_eighteenth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
 
 
 def _sweep18_winner(name: str, params: dict[str, Any], arch: str) -> str:
-    """The block order shipped since sweep 18: row for per_block_cast e4m3 with 128-row blocks and for the bf16
-    per_channel_cast without the gather on sm90 (the two that won; on sm100 that one spills 16 bytes in row
-    order); the order shipped before everywhere else."""
+    """The block order shipped since sweep 18: row for per_block_cast e4m3 with 128-row blocks (the one that won
+    and is still shipped in that form); for per_channel_cast_fused the order of sweep 32 (its shared-memory form,
+    both archs): row, except for the gather; the order shipped before everywhere else."""
     if name == "per_block_cast" and params["fmt"] == "e4m3" and params["block_m"] == 128:
         return "row"
-    if name == "per_channel_cast_fused" and params["in_dtype"] == "bfloat16" and not params["expand"] and arch == "sm90":
-        return "row"
+    if name == "per_channel_cast_fused":
+        return "column" if params["expand"] else "row"
     return _SWEEP18_ORDERS[name][0]
 
 
@@ -933,9 +933,9 @@ def test_eighteenth_sweep_winners_render_the_shipped_kernels(arch: str) -> None:
             assert knobbed == plain, (match.params, arch)
             _, other = _renders(match, (("block_order", orders[orders[0] == winner]),), arch)
             assert other != plain, (match.params, arch)
-    # per_block_cast e4m3 128-row: H x block_k x 3 (round_sf, precomputed_sf: never both); the plain bf16
-    # per_channel_cast on sm90: H x round_sf
-    assert rows == 5 * 2 * 3 + (5 * 2 if arch == "sm90" else 0)
+    # per_block_cast e4m3 128-row: H x block_k x 3 (round_sf, precomputed_sf: never both); per_channel_cast_fused
+    # without the gather: in_dtype x H x round_sf
+    assert rows == 5 * 2 * 3 + 3 * 5 * 2
 
 
 def test_eighteenth_sweep_candidates_render_their_paths() -> None:
@@ -992,7 +992,8 @@ def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
 
 @pytest.mark.parametrize(("package", "problems", "per_problem"), [
     ("tkc_tuning23", 2, 7), ("tkc_tuning24", 2, 4), ("tkc_tuning25", 2, 4), ("tkc_tuning26", 2, 18),
-    ("tkc_tuning27", 4, 9), ("tkc_tuning28", 2, 6), ("tkc_tuning29", 2, 4), ("tkc_tuning30", 2, 6)])
+    ("tkc_tuning27", 4, 9), ("tkc_tuning28", 2, 6), ("tkc_tuning29", 2, 4), ("tkc_tuning30", 2, 6),
+    ("tkc_tuning31", 3, 3), ("tkc_tuning32", 4, 5)])
 def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problems: int, per_problem: int) -> None:
     """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the
     prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows. sweep24.yaml: its next row fetched
@@ -1002,7 +1003,9 @@ def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problem
     bound or 32 / 48 warps per SM. sweep28.yaml (not a SwiGLU): the lossless re-cast to 1 x 128 and 32 x 32 blocks,
     32 / 64 / 128 rows per tile, 3 or 6 blocks per SM. sweep29.yaml: the SwiGLU backward's IEEE or ranged division,
     with or without a bound of 6 blocks. sweep30.yaml: per_channel_cast_fused's fp8 pair and bf16 gather, 1 / 2 / 4
-    row tiles per block, two launch bounds each. One shipped baseline per problem."""
+    row tiles per block, two launch bounds each. sweep31.yaml: per_channel_cast_fused's bf16 plain and gather and fp8
+    pair, the register form against the tile staged in shared memory by 128 or 256 threads. sweep32.yaml: the same
+    and fp32 rows, with both block orders for the staged form. One shipped baseline per problem."""
     found = _spec_variants(package)
     groups = sweep.problems(found)
     assert len(groups) == problems and all(len(g) == per_problem for g in groups.values())
@@ -1054,3 +1057,24 @@ def test_twenty_fifth_sweep_winner_renders_the_shipped_swiglu_backward(arch: str
         _, deeper = _renders(match, (("prefetch", 3), ("min_blocks", 8)), arch)
         assert deeper.count("take_step(xq_") == 2 and "if k + 3 < steps:" in deeper
         assert "T.annotate_min_blocks_per_sm(8)" in deeper
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_thirty_first_sweep_winner_renders_the_shipped_per_channel_cast(arch: str) -> None:
+    """The shared-memory form (256 threads and column order for the gather, 128 threads and row order otherwise:
+    the knobs' defaults) renders every shipped variant of per_channel_cast_fused byte for byte; the register form
+    shipped before renders without cp.async, through the first prim_func."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_channel_cast_fused")
+    variants = expand(kernel)
+    assert len(variants) == 50
+    for match in variants:
+        expand_rows = match.param_dict["expand"]
+        knobs = (("stage", "shared"), ("staged_threads", 256 if expand_rows else 128),
+                 ("block_order", "column" if expand_rows else "row"))
+        plain, knobbed = _renders(match, knobs, arch)
+        assert knobbed == plain, match.params
+        assert "prim_func = per_channel_cast_fused_staged_kernel(" in plain
+        assert f"STAGED_THREADS = {256 if expand_rows else 128}" in plain
+        assert plain.count("T.ptx_cp_async(") == (2 if match.param_dict["in_dtype"] == "float8_e4m3fn" else 1)
+        _, before = _renders(match, (("stage", "registers"),), arch)
+        assert "prim_func = per_channel_cast_fused_kernel(" in before and "T.ptx_cp_async(" not in before

@@ -25,6 +25,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning29 --out "$OUT"   # SwiGLU backward division (sweep29.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning30 --out "$OUT"   # fp8 pair, gather: row tiles (sweep30.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning31 --out "$OUT"   # same, tile in shared memory (sweep31.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning32 --out "$OUT"   # same: block order, fp32 (sweep32.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -243,6 +244,14 @@ SWEEPS["tkc_tuning30"] = Sweep(
 )
 SWEEPS["tkc_tuning31"] = Sweep(
     "tkc_tuning31", "sweep31.yaml", {"per_channel_cast_fused": {"stage": "registers", "staged_threads": 128}},
+)
+SWEEPS["tkc_tuning32"] = Sweep(
+    "tkc_tuning32", "sweep32.yaml",
+    {"per_channel_cast_fused": {"stage": "registers", "staged_threads": 128, "block_order": "row"}},
+    # sweep 18's orders, shipped: row for bf16 without the gather, column for the rest
+    (("per_channel_cast_fused", "expand", True, {"block_order": "column"}),
+     ("per_channel_cast_fused", "in_dtype", "float32", {"block_order": "column"}),
+     ("per_channel_cast_fused", "in_dtype", "float8_e4m3fn", {"block_order": "column"})),
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 
@@ -507,6 +516,8 @@ def per_channel_case(kernel: str, problem: dict[str, Any]) -> Case:
         if pair:
             assert cast is not None
             return tuple(cast(x.float(), "e4m3", 128))  # bench.py quantizes fp32 rows
+        if problem["in_dtype"] == "float32":  # per_channel_cast of fp32 rows (never gathered)
+            x = x.float()
         return (x, gather_positions(TOKENS)) if expand else (x,)
 
     def reference(x: Inputs) -> tuple[torch.Tensor, ...]:

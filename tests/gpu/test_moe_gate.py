@@ -81,11 +81,16 @@ def test_topk_gate_distinct_scores_nan_and_poison(v: dict[str, Any]) -> None:
     scores = torch.randn(4001, v["num_experts"], device="cuda")
     scores[::7, ::5] = float("nan")  # NaN ranks as -inf: every id stays a real expert id
     scores[1::7] = float("-inf")
+    # Rows 2::7 hold a random permutation of distinct values: random normal rows tie now and then (two equal
+    # fp32 draws among a row's top k), and torch.topk orders ties in no stated way.
+    plain_rows = scores[2::7].shape[0]
+    scores[2::7] = torch.rand(plain_rows, v["num_experts"], device="cuda").argsort(dim=-1).float() - 100.5
     out = torch.full((4001, v["num_topk"]), POISON_ID, dtype=torch.int64, device="cuda")
     runtime.get_kernel("topk_gate").select(**v)(scores, out)
     assert_same_ids(out, topk_gate_ref(scores, v["num_topk"]))
     # Rows without NaN or ties: the same ids as torch.topk (an independent ranking).
     plain = scores[2::7]
+    assert bool((plain.sort(dim=-1).values.diff(dim=-1) > 0).all())  # no ties
     assert_same_ids(out[2::7], torch.topk(plain, v["num_topk"]).indices)
 
 

@@ -3,7 +3,9 @@
 
 The forward input arrives as an FP8 pair (x (N, 2H) e4m3, x_sf (N, 2H / npc) fp32, as
 per_token_cast makes it); the op returns the weighted activation (bf16), the FP8 gradient pair,
-the bf16 gradient and the top-k weight gradient. The launcher validates every tensor (dtype,
+the bf16 gradient and the top-k weight gradient. A NaN in x stays NaN through the clamps (as
+torch.clamp), so its row's outputs and weight gradient are NaN there; the gradient cast's scales
+skip it. The launcher validates every tensor (dtype,
 device, shape, strides) and names it in its errors; this module checks the other arguments
 and the shapes that tie the tensors together.
 """

@@ -3,7 +3,9 @@
 
 act = bf16(min(xl, c) * sigmoid(min(xl, c)) * clamp(xr, -c, c)), then one e4m3 scale per
 channel and group of num_per_tokens tokens; q is stored (hidden, num_tokens), or
-(num_tokens, hidden) with without_transpose. The launcher validates every tensor and names it
+(num_tokens, hidden) with without_transpose. A NaN in x stays NaN through the clamps (as
+torch.clamp) and gets the e4m3 NaN code; a group's scale skips it (as TileKernels' kernels).
+The launcher validates every tensor and names it
 in its errors; this module checks the other arguments.
 """
 

@@ -1,7 +1,9 @@
 """SwiGLU forward fused with the per-token FP8 cast (TileKernels' ``swiglu_forward_and_per_token_cast``).
 
 y = min(xl, c) * sigmoid(min(xl, c)) * clamp(xr, -c, c) * topk_weight, then per-token e4m3 with
-one scale per 128 channels or per row. This build covers the row-major fp32 scale layout; the
+one scale per 128 channels or per row. A NaN in x stays NaN through the clamps (as torch.clamp)
+and gets the e4m3 NaN code; a group's scale skips it (as TileKernels' kernels).
+This build covers the row-major fp32 scale layout; the
 column-major / UE8M0 layouts, ``clamped_count`` and ``sf_clamp_min`` raise NotImplementedError.
 The launcher validates every tensor (dtype, device, shape, strides) and names it in its errors;
 this module checks the non-tensor arguments and the shapes that tie the tensors together.

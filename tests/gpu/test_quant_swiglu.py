@@ -10,6 +10,9 @@ bf16 outputs of the backward (the weighted activation and the gradient): within 
 |got - exact| <= 1e-5 * sum |g * act| + 1e-6 against a float64 sum.
 Outputs are poisoned (0x7F bytes, NaN) wherever the test calls the launchers directly, so an
 element the kernel fails to write fails the comparison.
+Non-finite inputs (NaN and +-Inf in either half of x) follow the kernels' rule stated in
+tests/reference/quant_swiglu.py: bit-exact codes and scales there too, and a NaN x always gives a
+NaN code, with or without a clamp.
 """
 
 from __future__ import annotations
@@ -45,6 +48,29 @@ def random_x(rows: int, width: int) -> torch.Tensor:
     """bf16 Gaussian rows times 2 (so a 0.5 clamp bites), no exact zeros."""
     x = torch.randn(rows, width, device="cuda") * 2
     return torch.where(x == 0, torch.full_like(x, 1e-3), x).bfloat16()
+
+
+# (row, half, channel, value) written into x (N, 2H), half 0 the left (xl) and 1 the right (xr):
+# NaN in either half, +Inf on the left (activation +Inf without a clamp), -Inf on the left
+# (-Inf / Inf: NaN), +-Inf on the right (the clamp bound, or an Inf activation and an Inf amax).
+NONFINITE = ((0, 0, 3, float("nan")), (1, 1, 5, float("nan")), (2, 0, 7, float("inf")), (3, 0, 9, -float("inf")),
+             (4, 1, 11, float("inf")), (5, 1, 13, -float("inf")))
+NAN_ACTIVATIONS = [(0, 3), (1, 5), (3, 9)]  # (row, channel) whose activation is NaN, clamped or not
+
+
+def with_nonfinite(x: torch.Tensor) -> torch.Tensor:
+    """x (N >= 6, 2H) bf16 with NONFINITE written into it."""
+    x = x.clone()
+    hidden = x.shape[1] // 2
+    for row, half, channel, value in NONFINITE:
+        x[row, half * hidden + channel] = value
+    return x
+
+
+def assert_nan_codes_at(q: torch.Tensor, where: list[tuple[int, int]]) -> None:
+    """The codes at these (row, column) positions are the e4m3 NaN (NaN never hides in a finite code)."""
+    for r, c in where:
+        assert int(q[r, c].view(torch.uint8)) & 0x7F == 0x7F, f"q[{r}, {c}] of a NaN input is not a NaN code"
 
 
 # --- comparisons -----------------------------------------------------------------------------
@@ -143,9 +169,8 @@ def division_range_x(rows: int, width: int) -> torch.Tensor:
     """bf16 rows around the edges of the kernels' fast division (every |xl| of a thread in [2^-63, 64]):
     whole rows scaled by 2^-72 .. 2^12, and Gaussian rows with one value per 256 columns (so one
     thread of each) set to an edge: 64 and the next bf16 above, 2^-63 and the next below, -87.5 and
-    -88.5 (where 1 + exp(-x) nears and passes 2^126), -100 (exp overflows) and +-0. (Inf and NaN are
-    left out: the kernels' float min / max clamps and amax skip NaN where the reference propagates it;
-    benchmarks/tuning/sweep.py's check rows compare them byte for byte between division forms.)"""
+    -88.5 (where 1 + exp(-x) nears and passes 2^126), -100 (exp overflows) and +-0. (Inf and NaN, which
+    also take the IEEE division, are test_forward_nan_and_inf's.)"""
     x = random_x(rows, width).float()
     index = torch.arange(rows, device="cuda")
     scaled = index[index % 2 == 0]
@@ -178,6 +203,18 @@ def test_forward_division_edges(v: tuple[int, int, bool, bool, bool], clamp: flo
         keep = pos_to_expert >= 0
         q, sf, ref_q, ref_sf = q[keep], sf[keep], ref_q[keep], ref_sf[keep]
     assert_per_token_close(q, sf, ref_q, ref_sf, npc)
+
+
+@pytest.mark.parametrize("clamp", (None, 0.5, 10.0))
+@pytest.mark.parametrize("v", [(7168, 128, True, False, False), (2560, 2560, False, False, False),
+                               (2048, 128, False, False, False)], ids=fwd_id)
+def test_forward_nan_and_inf(v: tuple[int, int, bool, bool, bool], clamp: float | None) -> None:
+    hidden, npc, round_sf, _, _ = v
+    x = with_nonfinite(random_x(8, 2 * hidden))
+    q, sf = quant.swiglu_forward_and_per_token_cast(x, "e4m3", npc, round_sf=round_sf, swiglu_clamp_value=clamp)
+    ref_q, ref_sf = swiglu_forward_and_per_token_cast_ref(x, npc, None, None, round_sf, clamp)
+    assert_per_token_close(q, sf, ref_q, ref_sf, npc)
+    assert_nan_codes_at(q, NAN_ACTIVATIONS)
 
 
 def test_forward_padding_rows_without_pos_to_expert_are_zero() -> None:
@@ -254,19 +291,29 @@ def run_backward(v: tuple[int, int, bool], num_tokens: int, num_topk: int, clamp
     assert_bf16_close(out, ref_out, "out")
     assert_bf16_close(x_grad, ref_x_grad, "x_grad")
     assert_per_token_close(q, q_sf, ref_q, ref_sf, npc)
-    # weight_grad against a float64 sum of the reference's products.
+    assert_weight_grad(weight_grad, xq, x_sf, grad_out, pos_to_token_topk, npc, clamp)
+
+
+def assert_weight_grad(weight_grad: torch.Tensor, xq: torch.Tensor, x_sf: torch.Tensor, grad_out: torch.Tensor,
+                       pos_to_token_topk: torch.Tensor, npc: int, clamp: float | None) -> None:
+    """weight_grad against a float64 sum of the reference's products (module docstring's bound); NaN exactly
+    where that sum is NaN."""
+    hidden = grad_out.shape[1]
     full = xq.float() * x_sf.repeat_interleave(npc, dim=1)
     left, right = full[:, :hidden], full[:, hidden:]
     if clamp is not None:
         left, right = left.clamp(max=clamp), right.clamp(-clamp, clamp)
     products = (grad_out.float() * (left / (1 + torch.exp(-left)) * right)).double()
-    exact = torch.zeros(num_tokens * num_topk, dtype=torch.float64, device="cuda")
+    exact = torch.zeros(weight_grad.numel(), dtype=torch.float64, device="cuda")
     bound = torch.full_like(exact, 1e-6)
     valid = pos_to_token_topk >= 0
     exact[pos_to_token_topk[valid].long()] = products.sum(dim=1)[valid]
     bound[pos_to_token_topk[valid].long()] += 1e-5 * products.abs().sum(dim=1)[valid]
-    error = (weight_grad.reshape(-1).double() - exact).abs()
-    assert bool((error <= bound).all()), f"weight_grad off by up to {float(error.max()):.3g}"
+    got = weight_grad.reshape(-1).double()
+    assert torch.equal(got.isnan(), exact.isnan()), "weight_grad: NaN elsewhere than in the reference"
+    error = (got - exact).abs()[~exact.isnan()]
+    assert error.numel() == 0 or bool((error <= bound[~exact.isnan()]).all()), \
+        f"weight_grad off by up to {float(error.max()):.3g}"
 
 
 @pytest.mark.parametrize("clamp", CLAMPS)
@@ -280,6 +327,38 @@ def test_backward_every_variant(v: tuple[int, int, bool], clamp: float | None) -
 def test_backward_sizes(v: tuple[int, int, bool], num_tokens: int, num_topk: int) -> None:
     run_backward(v, num_tokens, num_topk, clamp=10.0)
     run_backward(v, num_tokens, num_topk, clamp=0.5, poisoned=True)
+
+
+@pytest.mark.parametrize("clamp", (None, 0.5))
+@pytest.mark.parametrize("v", [(7168, 128, True), (2560, 32, False)], ids=bwd_id)
+def test_backward_nan(v: tuple[int, int, bool], clamp: float | None) -> None:
+    """NaN codes in x's left and right halves: NaN in out, x_grad and weight_grad of their rows, NaN codes
+    in the gradient's cast, the other rows as the reference."""
+    hidden, npc, round_sf = v
+    _, pos_to_token_topk, token_topk_to_pos = expert_major_routing(8, 2, seed=2)
+    rows = pos_to_token_topk.shape[0]
+    xq, x_sf = per_token_cast_ref(torch.randn(rows, 2 * hidden, device="cuda") * 2, "e4m3", npc)
+    real = (pos_to_token_topk >= 0).nonzero().flatten().tolist()
+    nan_at = [(real[0], 3), (real[1], hidden + 5)]
+    for r, c in nan_at:
+        xq.view(torch.uint8)[r, c] = 0x7F
+    grad_out = torch.randn(rows, hidden, device="cuda").bfloat16()
+    weight = torch.rand(8, 2, device="cuda")
+    out, (q, q_sf), x_grad, weight_grad = quant.swiglu_backward_and_per_token_cast(
+        (xq, x_sf), grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf=round_sf,
+        swiglu_clamp_value=clamp)
+    ref_out, (ref_q, ref_sf), ref_x_grad, _, _ = swiglu_backward_ref(
+        xq, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc, round_sf, clamp)
+    for got, want, name in ((out, ref_out, "out"), (x_grad, ref_x_grad, "x_grad")):
+        assert torch.equal(got.isnan(), want.isnan()), f"{name}: NaN elsewhere than in the reference"
+        torch.testing.assert_close(got.float(), want.float(), rtol=2.0**-7, atol=1e-30, equal_nan=True,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    assert bool(out[nan_at[0][0]].isnan().any()) and bool(x_grad[nan_at[1][0]].isnan().any())
+    assert_per_token_close(q, q_sf, ref_q, ref_sf, npc)
+    # dx and dy of a NaN xl, dx of a NaN xr (dy = g * w * s * xl stays finite there)
+    assert_nan_codes_at(q, [(nan_at[0][0], 3), (nan_at[0][0], hidden + 3), (nan_at[1][0], 5)])
+    assert int(weight_grad.isnan().sum()) == 2
+    assert_weight_grad(weight_grad, xq, x_sf, grad_out, pos_to_token_topk, npc, clamp)
 
 
 # --- swiglu_forward_and_per_channel_cast_and_transpose ---------------------------------------
@@ -326,6 +405,21 @@ def test_per_channel_every_variant(v: tuple[int, int, bool, bool], clamp: float 
 def test_per_channel_sizes(v: tuple[int, int, bool, bool], num_tokens: int) -> None:
     run_per_channel(v, num_tokens, clamp=10.0)
     run_per_channel(v, num_tokens, clamp=None, poisoned=True)
+
+
+@pytest.mark.parametrize("clamp", (None, 0.5))
+@pytest.mark.parametrize("v", [(7168, 128, True, False), (2560, 32, False, True)], ids=pc_id)
+def test_per_channel_nan_and_inf(v: tuple[int, int, bool, bool], clamp: float | None) -> None:
+    hidden, npt, round_sf, without_transpose = v
+    x = with_nonfinite(random_x(128, 2 * hidden))
+    q, sf = quant.swiglu_forward_and_per_channel_cast_and_transpose(
+        x, "e4m3", npt, round_sf=round_sf, without_transpose=without_transpose, swiglu_clamp_value=clamp)
+    ref_q, ref_sf = swiglu_forward_and_per_channel_cast_and_transpose_ref(x, npt, round_sf, without_transpose, clamp)
+    per_token_layout, ref_per_token_layout = sf.repeat_interleave(npt, dim=0), ref_sf.repeat_interleave(npt, dim=0)
+    if not without_transpose:
+        per_token_layout, ref_per_token_layout = per_token_layout.t(), ref_per_token_layout.t()
+    assert_codes_close(q, per_token_layout, ref_q, ref_per_token_layout, sf, ref_sf)
+    assert_nan_codes_at(q, NAN_ACTIVATIONS if without_transpose else [(c, r) for r, c in NAN_ACTIVATIONS])
 
 
 @pytest.mark.parametrize("num_tokens", [1, 4001])

@@ -4,17 +4,26 @@ The SwiGLU math runs in fp32 in the kernels' order, operation by operation, so t
 same device the only possible difference is the last-ulp rounding of exp (torch's exp and the
 kernels' IEEE expf are both correctly rounded to within one ulp, not necessarily identical).
 Divisions are tensor / tensor (IEEE; a Python-scalar divisor may become a multiplication by a
-rounded reciprocal on CUDA). The casts reuse the bit-exact per-token cast of
-tests/reference/quant.py.
+rounded reciprocal on CUDA). The casts are ``swiglu_cast``: the bit-exact per-token cast of
+tests/reference/quant.py for finite values, with the SwiGLU kernels' own rule for NaN and Inf.
 
-A missing clamp is +inf in the kernels; here it skips the clamp, which is the same function.
+Non-finite values (the kernels' rule, TileKernels' where its reference and its kernels agree):
+the clamps keep NaN, as torch.clamp does (the kernels use min.NaN / max.NaN, not fminf / fmaxf),
+so a NaN x gives a NaN activation with or without a clamp; a missing clamp is +inf in the
+kernels, and skipping it here is the same function. A group's amax skips NaN (fmaxf, as
+TileKernels' kernels): the NaN's code is the e4m3 NaN and the group's scale comes from its other
+values.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tests.reference.quant import per_token_cast_ref
+from tests.reference.quant import round_sf_up
+
+QMAX = 448.0
+AMIN = 1e-4
+NAN_CODE = 0x7F  # e4m3 NaN as the kernels' saturating conversion writes it
 
 
 def row_weights(
@@ -45,6 +54,32 @@ def swiglu(x: torch.Tensor, clamp: float | None) -> torch.Tensor:
     return left / (1 + torch.exp(-left)) * right
 
 
+def swiglu_cast(y: torch.Tensor, npc: int, round_sf: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SwiGLU kernels' per-token e4m3 cast of y (N, H): (q float8_e4m3fn (N, H), sf fp32 (N, H / npc)).
+
+    Per group of npc values: amax = max |y| skipping NaN, a = max(amax, 1e-4), sf = a / 448 and the
+    factor 448 / a (IEEE divisions; an Inf amax gives sf = Inf and the factor 0); with round_sf, sf's
+    bits are rounded up to a power of two and the factor's bits are 0x7F000000 - bits(sf), i.e. 1 / sf
+    exactly (-Inf for an Inf sf). Codes of y * factor: nearest even, saturating at +-448, NaN -> 0x7F.
+    For finite y this is tests/reference/quant.py's per_token_cast_ref to the bit.
+    """
+    rows, hidden = y.shape
+    groups = y.float().reshape(rows, hidden // npc, npc)
+    magnitude = groups.abs()
+    amax = torch.where(torch.isnan(magnitude), torch.zeros_like(magnitude), magnitude).amax(dim=-1)
+    a = torch.maximum(amax, torch.full_like(amax, AMIN))
+    sf = a / torch.full_like(a, QMAX)
+    if round_sf:
+        sf = round_sf_up(sf)
+        factor = (0x7F000000 - sf.view(torch.int32)).view(torch.float32)
+    else:
+        factor = torch.full_like(a, QMAX) / a
+    scaled = (groups * factor.unsqueeze(-1)).reshape(rows, hidden)
+    q = torch.clamp(scaled, -QMAX, QMAX).to(torch.float8_e4m3fn)  # clamp keeps NaN
+    q.view(torch.uint8)[torch.isnan(scaled)] = NAN_CODE  # whatever sign torch gave the NaN
+    return q, sf
+
+
 def swiglu_forward_ref(
     x: torch.Tensor,
     pos_to_token_topk: torch.Tensor | None = None,
@@ -67,7 +102,7 @@ def swiglu_forward_and_per_token_cast_ref(
     """(q e4m3 (N, H), sf fp32 (N, H / npc)) for every row; the kernel skips rows whose
     pos_to_expert is -1, so comparisons mask those rows."""
     y = swiglu_forward_ref(x, pos_to_token_topk, topk_weights, clamp)
-    return per_token_cast_ref(y, "e4m3", num_per_channels, round_sf)
+    return swiglu_cast(y, num_per_channels, round_sf)
 
 
 def swiglu_backward_ref(
@@ -108,7 +143,7 @@ def swiglu_backward_ref(
     dx = torch.where(clamped_x, zero, gws * yf * (1 + xf * (1 - s)))
     dy = torch.where(clamped_y, zero, gws * xf)
     grad = torch.cat([dx, dy], dim=1)
-    q, q_sf = per_token_cast_ref(grad, "e4m3", npc, round_sf)
+    q, q_sf = swiglu_cast(grad, npc, round_sf)
 
     weight_grad = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
     pos = pos_to_token_topk.long()
@@ -128,7 +163,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose_ref(
     """(q e4m3 (H, T) or (T, H), sf fp32 (T / npt, H)): the bf16-rounded activation cast per
     channel over groups of npt tokens (a per-token cast of its transpose)."""
     act = swiglu(x, clamp).bfloat16()
-    q_t, sf_t = per_token_cast_ref(act.t().contiguous(), "e4m3", num_per_tokens, round_sf)
+    q_t, sf_t = swiglu_cast(act.t().contiguous(), num_per_tokens, round_sf)
     q = q_t.t().contiguous() if without_transpose else q_t
     return q, sf_t.t().contiguous()
 

@@ -353,10 +353,13 @@ def test_backward_nan(v: tuple[int, int, bool], clamp: float | None) -> None:
         assert torch.equal(got.isnan(), want.isnan()), f"{name}: NaN elsewhere than in the reference"
         torch.testing.assert_close(got.float(), want.float(), rtol=2.0**-7, atol=1e-30, equal_nan=True,
                                    msg=lambda m, name=name: f"{name}: {m}")
-    assert bool(out[nan_at[0][0]].isnan().any()) and bool(x_grad[nan_at[1][0]].isnan().any())
+    # The activation is NaN at both, and so is dx of the NaN xl (NaN > c is false: never clamped). The
+    # rest depends on the other half: dy there is 0 where its y is clamped, dx of the NaN y is 0 where
+    # its x is clamped (the reference comparisons above cover those).
+    first, second = nan_at[0][0], nan_at[1][0]
+    assert bool(out[first, 3].isnan()) and bool(out[second, 5].isnan()) and bool(x_grad[first, 3].isnan())
     assert_per_token_close(q, q_sf, ref_q, ref_sf, npc)
-    # dx and dy of a NaN xl, dx of a NaN xr (dy = g * w * s * xl stays finite there)
-    assert_nan_codes_at(q, [(nan_at[0][0], 3), (nan_at[0][0], hidden + 3), (nan_at[1][0], 5)])
+    assert_nan_codes_at(q, [(first, 3)])
     assert int(weight_grad.isnan().sum()) == 2
     assert_weight_grad(weight_grad, xq, x_sf, grad_out, pos_to_token_topk, npc, clamp)
 

@@ -256,6 +256,32 @@ def test_transpose_extremes_and_nan(npt: int) -> None:
     assert_codes_match_with_nan(q, ref_q)
 
 
+@pytest.mark.parametrize("round_sf", [False, True])
+def test_inf_gives_an_inf_scale_a_nan_code_and_zeros(round_sf: bool) -> None:
+    """An Inf in a group: sf = Inf and the factor 0 (also with round_sf, whose exponent negation would
+    give -Inf), so the Inf's own code is NaN (Inf * 0) and the group's other codes are 0; the other
+    groups are untouched. All three per-channel kernels."""
+    x = random_columns(256, 2048, torch.float32, spread=0.5)
+    x[5, 100], x[130, 101], x[7, 2047] = float("inf"), -float("inf"), float("inf")
+    x = x.to(torch.bfloat16)
+    inf_at = ((5, 100), (130, 101), (7, 2047))
+    for dtype in PLAIN_DTYPES:
+        xd = x.to(dtype)
+        q, sf = quant.per_channel_cast(xd, "e4m3", 128, round_sf=round_sf)
+        ref_q, ref_sf = per_channel_cast_ref(xd, round_sf)
+        assert_same_codes_and_scales(q, sf, ref_q, ref_sf)
+        for t, c in inf_at:
+            assert sf[t // 128, c].item() == float("inf") and q[t, c].view(torch.uint8).item() & 0x7F == 0x7F
+        assert q[0:128, 100].view(torch.uint8).tolist().count(0) + q[0:128, 100].view(torch.uint8).tolist().count(
+            0x80) == 127, "the other codes of an Inf group are +-0"
+    for npt in (32, 128):
+        q, sf = quant.per_channel_cast_and_transpose(x, "e4m3", npt, round_sf=round_sf)
+        ref_q, ref_sf = per_channel_cast_and_transpose_ref(x, npt, round_sf)
+        assert torch.equal(sf.view(torch.int32), ref_sf.view(torch.int32))
+        assert all(q[c, t].view(torch.uint8).item() & 0x7F == 0x7F for t, c in inf_at)
+        assert_codes_match_with_nan(q, ref_q)
+
+
 # --- bad inputs: Python errors naming the argument, never a launch --------------------------
 
 

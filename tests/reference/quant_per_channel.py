@@ -3,7 +3,9 @@
 KERNELS.md ("Shared quantization rules", "Quantization") and TileKernels' semantics:
 - per-channel casts: one scale per channel and group of ``npt`` tokens; amax skips NaN inputs
   (the kernels' max is fmaxf, which drops a NaN operand, as TileKernels' T.max does); a NaN
-  input gives the e4m3 NaN code 0x7F (the conversion's canonical NaN); the gather of
+  input gives the e4m3 NaN code 0x7F (the conversion's canonical NaN); an Inf input gives its
+  group sf = Inf and the factor 0, so its own code is NaN (Inf * 0) and the group's others 0
+  (``skip_nan_scales_from_amax``, shared with the SwiGLU casts); the gather of
   ``per_channel_cast_fused`` reads rows through ``pos_to_token``, an index outside
   [0, num_tokens) (-1 in practice) giving a zero row; an FP8 input pair is dequantized first,
   ``v = q.float() * sf`` in fp32.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.reference.quant import fp4_decode, scales_from_amax
+from tests.reference.quant import fp4_decode, round_sf_up
 
 QMAX = 448.0
 NAN_CODE = 0x7F  # e4m3 NaN as the saturating float -> e4m3 conversion writes it (either sign)
@@ -58,6 +60,22 @@ def gather_rows(
     return torch.where(valid.unsqueeze(1), rows, torch.zeros_like(rows))
 
 
+def skip_nan_scales_from_amax(amax: torch.Tensor, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sf, factor) of an e4m3 group amax taken with NaN skipped (the per-channel and SwiGLU casts).
+
+    a = max(amax, 1e-4), sf = a / 448 and factor = 448 / a, IEEE divisions: an Inf amax gives sf = Inf
+    and factor 0. With round_sf, sf rounded up to a power of two and factor = 1 / sf, exact (0 for Inf).
+    For finite amax these are tests/reference/quant.py's scales_from_amax; that one turns a
+    non-finite amax into NaN, the per-token casts' rule.
+    """
+    a = torch.maximum(amax, torch.full_like(amax, 1e-4))
+    sf = a / torch.full_like(a, QMAX)
+    if round_sf:
+        sf = round_sf_up(sf)
+        return sf, torch.ones_like(sf) / sf
+    return sf, torch.full_like(a, QMAX) / a
+
+
 def per_channel_scales(v: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(sf, q_scale) of fp32 values v (T, H): shape (ceil(T / npt), H); missing rows count as zeros."""
     num_tokens, hidden = v.shape
@@ -67,7 +85,7 @@ def per_channel_scales(v: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch
     padded = magnitude.new_zeros((groups * npt, hidden))
     padded[:num_tokens] = magnitude
     amax = padded.reshape(groups, npt, hidden).amax(dim=1)
-    return scales_from_amax(amax, "e4m3", round_sf)
+    return skip_nan_scales_from_amax(amax, round_sf)
 
 
 def per_channel_cast_ref(

@@ -12,17 +12,16 @@ the clamps keep NaN, as torch.clamp does (the kernels use min.NaN / max.NaN, not
 so a NaN x gives a NaN activation with or without a clamp; a missing clamp is +inf in the
 kernels, and skipping it here is the same function. A group's amax skips NaN (fmaxf, as
 TileKernels' kernels): the NaN's code is the e4m3 NaN and the group's scale comes from its other
-values.
+values. An Inf amax gives sf = Inf and the factor 0, as in the per-channel casts.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tests.reference.quant import round_sf_up
+from tests.reference.quant_per_channel import skip_nan_scales_from_amax
 
 QMAX = 448.0
-AMIN = 1e-4
 NAN_CODE = 0x7F  # e4m3 NaN as the kernels' saturating conversion writes it
 
 
@@ -57,23 +56,15 @@ def swiglu(x: torch.Tensor, clamp: float | None) -> torch.Tensor:
 def swiglu_cast(y: torch.Tensor, npc: int, round_sf: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The SwiGLU kernels' per-token e4m3 cast of y (N, H): (q float8_e4m3fn (N, H), sf fp32 (N, H / npc)).
 
-    Per group of npc values: amax = max |y| skipping NaN, a = max(amax, 1e-4), sf = a / 448 and the
-    factor 448 / a (IEEE divisions; an Inf amax gives sf = Inf and the factor 0); with round_sf, sf's
-    bits are rounded up to a power of two and the factor's bits are 0x7F000000 - bits(sf), i.e. 1 / sf
-    exactly (-Inf for an Inf sf). Codes of y * factor: nearest even, saturating at +-448, NaN -> 0x7F.
+    Per group of npc values: amax = max |y| skipping NaN, then skip_nan_scales_from_amax (sf = Inf and
+    the factor 0 for an Inf amax). Codes of y * factor: nearest even, saturating at +-448, NaN -> 0x7F.
     For finite y this is tests/reference/quant.py's per_token_cast_ref to the bit.
     """
     rows, hidden = y.shape
     groups = y.float().reshape(rows, hidden // npc, npc)
     magnitude = groups.abs()
     amax = torch.where(torch.isnan(magnitude), torch.zeros_like(magnitude), magnitude).amax(dim=-1)
-    a = torch.maximum(amax, torch.full_like(amax, AMIN))
-    sf = a / torch.full_like(a, QMAX)
-    if round_sf:
-        sf = round_sf_up(sf)
-        factor = (0x7F000000 - sf.view(torch.int32)).view(torch.float32)
-    else:
-        factor = torch.full_like(a, QMAX) / a
+    sf, factor = skip_nan_scales_from_amax(amax, round_sf)
     scaled = (groups * factor.unsqueeze(-1)).reshape(rows, hidden)
     q = torch.clamp(scaled, -QMAX, QMAX).to(torch.float8_e4m3fn)  # clamp keeps NaN
     q.view(torch.uint8)[torch.isnan(scaled)] = NAN_CODE  # whatever sign torch gave the NaN

@@ -105,6 +105,21 @@ def test_launcher_overwrites_poisoned_outputs(v: Variant, num_tokens: int) -> No
     assert_matches_reference(x, q, sf, v[1], v[2], v[3])
 
 
+@pytest.mark.parametrize("v", [v for v in FULL if v[0] == 2048], ids=variant_id)
+def test_nan_and_inf_give_their_block_a_nan_scale(v: Variant) -> None:
+    """A block holding a NaN or an Inf gets sf = NaN, as per_token_cast: its e4m3 codes are NaN, its e2m1 codes
+    0 under the NaN scale (never a finite scale over a NaN); the other blocks are untouched."""
+    hidden, fmt, (block_m, block_k), round_sf = v
+    x = random_rows(256, hidden)
+    marked = ((3, 5), (130, 700), (200, 2047))
+    for (t, c), value in zip(marked, (float("nan"), float("inf"), -float("inf"))):
+        x[t, c] = value
+    q, sf = quant.per_block_cast(x, fmt, (block_m, block_k), round_sf=round_sf)
+    assert_matches_reference(x, q, sf, fmt, (block_m, block_k), round_sf)
+    assert all(bool(sf[t // block_m, c // block_k].isnan()) for t, c in marked)
+    assert int(sf.isnan().sum()) == len({(t // block_m, c // block_k) for t, c in marked})
+
+
 @pytest.mark.parametrize("v", [v for v in FULL if v[0] == 7168], ids=variant_id)
 def test_partial_block_ignores_absent_rows(v: Variant) -> None:
     """The last row of blocks has tiny rows only: its scales come from them, not from other data."""

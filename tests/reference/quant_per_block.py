@@ -3,7 +3,9 @@
 One scale per (block_m tokens x block_k channels) block of x (T, H); the last row of blocks
 may be partial (T need not be a multiple of block_m): its absent rows take no part in the
 amax. Bit-exact, on CPU or GPU tensors: the amax floor, the IEEE tensor / tensor divisions,
-the power-of-two round-up and the FP4 encode all come from tests/reference/quant.py.
+the power-of-two round-up and the FP4 encode all come from tests/reference/quant.py. A block
+holding a NaN or an Inf gets sf = NaN and NaN codes (e2m1: code 0 under the NaN scale), the
+per-token casts' rule (torch's amax keeps NaN; scales_from_amax turns a non-finite amax into NaN).
 """
 
 from __future__ import annotations

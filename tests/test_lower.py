@@ -136,3 +136,21 @@ def test_tma_stores_and_scratch_tensors_count_as_written(tmp_path: Path) -> None
         # A TMA descriptor is encoded (and cached) in Python: such a launcher has no plan for run().
         source = launcher_source(func="f", doc="", cubin="f.cubin", key="()", contract=contract)
         assert ("_F_PLAN" in dict(source.contract)) is (kernel != "tma_transpose")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kernel", "params"), [
+    ("swiglu_forward_and_per_token_cast", {"hidden": 2048, "npc": 128, "with_weights": True}),
+    ("swiglu_backward_and_per_token_cast", {"hidden": 2048, "npc": 128}),
+    ("swiglu_forward_and_per_channel_cast_and_transpose", {"hidden": 2048, "npt": 32, "without_transpose": False}),
+])
+def test_swiglu_clamps_keep_nan(kernel: str, params: dict[str, object], tmp_path: Path) -> None:
+    """The shipped SwiGLU kernels clamp through PTX min.NaN / max.NaN (templates/quant/_clamp.j2), as torch.clamp
+    keeps NaN; T.min / T.max would lower to fminf / fmaxf, which turn a NaN x into the bound. The GPU tests check
+    the outputs; this catches the mechanism on a machine without a GPU."""
+    spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel(kernel)
+    variant = next(v for v in expand(spec) if all(v.param_dict[k] == p for k, p in params.items()))
+    source = lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"]).cuda_source
+    assert 'asm("min.NaN.f32' in source and 'asm("max.NaN.f32' in source
+    assert "tkc_min_nan(tkc_max_nan(" in source  # xr's two-sided clamp
+    assert "fminf(" not in source and "min(swiglu_clamp_value" not in source

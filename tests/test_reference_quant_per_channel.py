@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.reference.quant import cast_error, per_token_cast_ref
+from tests.reference.quant import E4M3_NAN_CODE, cast_error, per_token_cast_ref
 from tests.reference.quant_per_channel import (
-    NAN_CODE,
     fp4_dequant,
     gather_rows,
     lossless_dequant,
@@ -89,14 +88,14 @@ class TestPerChannelCast:
         x[7, 0], x[7, 1], x[7, 3] = 0.0, 0.0, 0.0
         q, sf = per_channel_cast_ref(x)
         assert torch.equal(sf, clean_sf)
-        assert codes(q[7, 2]) == [NAN_CODE]
+        assert codes(q[7, 2]) == [E4M3_NAN_CODE]
         assert codes(q[:7]) == codes(clean_q[:7]) and codes(q[8:]) == codes(clean_q[8:])
 
     def test_negative_nan_gets_the_canonical_code(self) -> None:
         x = torch.ones(128, 1)
         x[0, 0] = -float("nan")
         q, _ = per_channel_cast_ref(x)
-        assert codes(q[0]) == [NAN_CODE]
+        assert codes(q[0]) == [E4M3_NAN_CODE]
 
 
 class TestFused:

@@ -34,6 +34,7 @@ QMAX: dict[str, float] = {"e4m3": 448.0, "e2m1": 6.0}
 AMAX_FLOOR: dict[str, float] = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126}
 
 SF_LAYOUTS: tuple[str, ...] = ("row_major", "col_major", "ue8m0")
+E4M3_NAN_CODE = 0x7F  # the e4m3 NaN as the kernels' saturating conversion writes it (either sign of NaN)
 
 # e2m1 code -> value; codes 8..15 are the negatives of 0..7 (8 is -0.0).
 FP4_VALUES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -214,15 +215,20 @@ def per_token_cast_ref(
 
 
 def _encode(x: torch.Tensor, q_scale: torch.Tensor, fmt: str, npc: int) -> torch.Tensor:
-    """Codes of x_f32 * q_scale (per group): e4m3 clamped to +-448, NaN -> 0x7F; e2m1 packed, NaN -> 0."""
+    """Codes of x_f32 * q_scale (per group of npc channels)."""
     num_tokens, hidden = x.shape
     scaled = x.float().reshape(num_tokens, hidden // npc, npc) * q_scale.unsqueeze(-1)
-    scaled = scaled.reshape(num_tokens, hidden)
+    return codes(scaled.reshape(num_tokens, hidden), fmt)
+
+
+def codes(scaled: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The codes every cast kernel writes for scaled fp32 values: e4m3 rounded to nearest even and
+    saturated at +-448, NaN -> 0x7F; e2m1 packed two per byte, NaN -> 0 (FP4 has no NaN)."""
     nan = torch.isnan(scaled)
     if fmt == "e4m3":
         qmax = QMAX[fmt]
-        q = torch.clamp(scaled, -qmax, qmax).to(torch.float8_e4m3fn)
-        q.view(torch.uint8)[nan] = 0x7F  # the positive e4m3 NaN, whatever sign torch gave it
+        q = torch.clamp(scaled, -qmax, qmax).to(torch.float8_e4m3fn)  # clamp keeps NaN
+        q.view(torch.uint8)[nan] = E4M3_NAN_CODE  # whatever sign torch gave the NaN
         return q
     return fp4_pack(torch.where(nan, 0, fp4_encode(scaled)))
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 import torch
 
 from tests.reference.quant import (
-    QMAX,
     _check_fmt,
     _full,
+    codes,
     fp4_decode,
-    fp4_encode,
-    fp4_pack,
     scales_from_amax,
 )
 
@@ -55,18 +53,6 @@ def expand_blocks(s: torch.Tensor, num_tokens: int, block_size: tuple[int, int])
     return s.repeat_interleave(block_m, dim=0)[:num_tokens].repeat_interleave(block_k, dim=1)
 
 
-def _codes(scaled: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Codes of scaled values: e4m3 clamped to +-448 (nearest even), NaN -> 0x7F; e2m1 packed, NaN -> 0
-    (the per-token casts' encode: FP4 has no NaN, the block's NaN scale says it)."""
-    nan = torch.isnan(scaled)
-    if fmt == "e4m3":
-        qmax = QMAX[fmt]
-        q = torch.clamp(scaled, -qmax, qmax).to(torch.float8_e4m3fn)  # clamp keeps NaN
-        q.view(torch.uint8)[nan] = 0x7F  # the positive e4m3 NaN, whatever sign torch gave it
-        return q
-    return fp4_pack(torch.where(nan, 0, fp4_encode(scaled)))
-
-
 def per_block_cast_ref(
     x: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +62,7 @@ def per_block_cast_ref(
     sf: float32 (ceil(T / block_m), H / block_k), row-major.
     """
     sf, q_scale = block_scales(x, fmt, block_size, round_sf)
-    return _codes(x.float() * expand_blocks(q_scale, x.shape[0], block_size), fmt), sf
+    return codes(x.float() * expand_blocks(q_scale, x.shape[0], block_size), fmt), sf
 
 
 def per_block_cast_with_precomputed_sf_ref(
@@ -89,7 +75,7 @@ def per_block_cast_with_precomputed_sf_ref(
     if tuple(sf.shape) != expected:
         raise ValueError(f"sf must have shape {expected}, got {tuple(sf.shape)}")
     sf = sf.float()
-    return _codes(x.float() * expand_blocks(_full(sf, 1.0) / sf, num_tokens, block_size), fmt)
+    return codes(x.float() * expand_blocks(_full(sf, 1.0) / sf, num_tokens, block_size), fmt)
 
 
 def per_block_dequant(q: torch.Tensor, sf: torch.Tensor, fmt: str, block_size: tuple[int, int]) -> torch.Tensor:

@@ -18,24 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from tests.reference.quant import fp4_decode, round_sf_up
+from tests.reference.quant import AMAX_FLOOR, QMAX, _full, codes, fp4_decode, round_sf_up
 
-QMAX = 448.0
-NAN_CODE = 0x7F  # e4m3 NaN as the saturating float -> e4m3 conversion writes it (either sign)
 FP8_IN_BLOCK = 128  # channels per scale of an FP8 (q, sf) input
 FP4_IN_BLOCK = 32  # channels per scale of the lossless re-cast's FP4 input
 LOSSLESS_OUT_BLOCKS: tuple[tuple[int, int], ...] = ((1, 128), (32, 32), (128, 128))
 LOSSLESS_SHIFT = 6  # out exponent = max input exponent - 6
-
-
-def _e4m3(scaled: torch.Tensor) -> torch.Tensor:
-    """fp32 -> e4m3 codes as the kernels convert: nearest even, saturating at 448, NaN -> 0x7F."""
-    q = torch.clamp(scaled, -QMAX, QMAX).to(torch.float8_e4m3fn)  # clamp keeps NaN
-    nan = torch.isnan(scaled)
-    if bool(nan.any()):
-        q = torch.where(nan, torch.full_like(q.view(torch.uint8), NAN_CODE), q.view(torch.uint8))
-        q = q.view(torch.float8_e4m3fn)
-    return q
 
 
 def gather_rows(
@@ -68,12 +56,12 @@ def skip_nan_scales_from_amax(amax: torch.Tensor, round_sf: bool) -> tuple[torch
     For finite amax these are tests/reference/quant.py's scales_from_amax; that one turns a
     non-finite amax into NaN, the per-token casts' rule.
     """
-    a = torch.maximum(amax, torch.full_like(amax, 1e-4))
-    sf = a / torch.full_like(a, QMAX)
+    a = torch.maximum(amax, _full(amax, AMAX_FLOOR["e4m3"]))
+    sf = a / _full(a, QMAX["e4m3"])
     if round_sf:
         sf = round_sf_up(sf)
-        return sf, torch.ones_like(sf) / sf
-    return sf, torch.full_like(a, QMAX) / a
+        return sf, _full(sf, 1.0) / sf
+    return sf, _full(a, QMAX["e4m3"]) / a
 
 
 def per_channel_scales(v: torch.Tensor, npt: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +87,7 @@ def per_channel_cast_ref(
     v = gather_rows(x, pos_to_token, x_sf)
     sf, q_scale = per_channel_scales(v, npt, round_sf)
     scaled = v * q_scale.repeat_interleave(npt, dim=0)[: v.shape[0]]
-    return _e4m3(scaled), sf
+    return codes(scaled, "e4m3"), sf
 
 
 def per_channel_cast_and_transpose_ref(x: torch.Tensor, npt: int, round_sf: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +135,7 @@ def per_block_cast_lossless_ref(
     out_e_per_in = out_e.repeat_interleave(block_m, dim=0)[:num_tokens].repeat_interleave(per_k, dim=1)
     factor = _float_of_bits((e - out_e_per_in + 127) << 23)
     scaled = fp4_decode(x) * factor.repeat_interleave(FP4_IN_BLOCK, dim=1)
-    return _e4m3(scaled), _float_of_bits(out_e << 23)
+    return codes(scaled, "e4m3"), _float_of_bits(out_e << 23)
 
 
 def lossless_dequant(q: torch.Tensor, sf: torch.Tensor, out_block: tuple[int, int]) -> torch.Tensor:

@@ -227,6 +227,17 @@ def test_scales_hand_computed() -> None:
     assert sf_r[1, 0] == 2.0**-29 and q_scale_r[1, 0] == 2.0**29  # 1e-4 / 65024 = 1.54e-9 -> 2^-29
 
 
+@pytest.mark.parametrize("round_sf", [False, True])
+def test_inf_amax_gives_an_inf_scale_and_a_zero_factor(round_sf: bool) -> None:
+    """65024 / Inf = +0, and round_sf's exponent negation is clamped to the same +0 (not -Inf)."""
+    x = torch.tensor([[1.0, float("inf"), -3.0, 0.0, 2.0, 5.0, -1.0, 7.0]])
+    sf, q_scale = scales(x, round_sf=round_sf)
+    assert torch.isinf(sf).all() and sf[0, 0] > 0
+    assert q_scale[0, 0] == 0.0 and not torch.signbit(q_scale[0, 0])
+    q, _ = per_token_cast_e5m6_ref(x, round_sf=round_sf)
+    assert e5m6_unpack(q).tolist() == [[0, 0x7FF, 0x800, 0, 0, 0, 0x800, 0]]  # +-0, NaN for Inf * 0
+
+
 def test_cast_row_at_the_maximum() -> None:
     x = torch.tensor([[65024.0, -65024.0, 1.0, 0.0, -0.0, 32512.0, 2.0**-10, 5.0]])
     q, sf = per_token_cast_e5m6_ref(x)

@@ -155,13 +155,23 @@ def test_nan_input_is_never_silent(v: tuple[str, int, bool]) -> None:
     assert torch.isnan(out[1, 5]) and torch.isnan(out[2]).all() and not torch.isnan(out[0]).any()
 
 
-def test_inf_input_is_never_silent() -> None:
-    x = random_rows(2, 2048, torch.float32)
+@pytest.mark.parametrize("v", [v for v in CAST if v[1] == 2048], ids=cast_id)
+def test_inf_input_is_never_silent(v: tuple[str, int, bool]) -> None:
+    """An Inf gives sf = Inf and the factor +0, with or without round_sf (the exponent negation of
+    round_sf would give -Inf, and codes of flipped sign): the row's codes are +-0 and a NaN for the
+    Inf itself, and the row dequantizes to NaN."""
+    in_dtype, hidden, round_sf = v
+    x = random_rows(3, hidden, DTYPES[in_dtype])
     x[1, 7] = float("inf")
-    q, sf = quant.per_token_cast_e5m6(x)
-    assert_cast_matches_reference(x, q, sf, False)
-    assert torch.isinf(sf[1]).all()
-    assert torch.isnan(quant.cast_back_e5m6((q, sf), "fp32")[1]).all()
+    x[2, 3] = -float("inf")
+    q, sf = quant.per_token_cast_e5m6(x, round_sf=round_sf)
+    assert_cast_matches_reference(x, q, sf, round_sf)
+    assert torch.isinf(sf[1:]).all() and torch.isfinite(sf[0]).all()
+    codes = e5m6_unpack(q)
+    assert (codes[1:] & 0x7FF == 0).sum() == 2 * hidden - 2, "finite values of an Inf row must code +-0"
+    assert codes[1, 7] == NAN_CODE and codes[2, 3] == NAN_CODE
+    out = quant.cast_back_e5m6((q, sf), "fp32")
+    assert torch.isnan(out[1:]).all() and not torch.isnan(out[0]).any()
 
 
 @pytest.mark.parametrize("num_tokens", [0, 1, 5, 4001])

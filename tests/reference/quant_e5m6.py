@@ -122,8 +122,9 @@ def scales(x: torch.Tensor, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]
     if not round_sf:
         return sf, e5m6_max / amax
     sf_bits = (_bits(sf) + 0x7FFFFF) & 0x7F800000
-    # 1 / 2^e, as the kernel forms it: 0x7F000000 - bits (equal to 1 / sf for every finite amax).
-    q_scale_bits = (0x7F000000 - sf_bits) & 0xFFFFFFFF
+    # 1 / 2^e, as the kernel forms it: 0x7F000000 - bits (equal to 1 / sf for every finite amax);
+    # an Inf amax gives sf = Inf and factor +0, as 65024 / Inf is without round_sf.
+    q_scale_bits = 0x7F000000 - torch.clamp(sf_bits, max=0x7F000000)
     as_float = lambda b: b.to(torch.int32).view(torch.float32)  # noqa: E731
     return as_float(sf_bits), as_float(q_scale_bits)
 

@@ -26,7 +26,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning30 --out "$OUT"   # fp8 pair, gather: row tiles (sweep30.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning31 --out "$OUT"   # same, tile in shared memory (sweep31.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning32 --out "$OUT"   # same: block order, fp32 (sweep32.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning33 --out "$OUT"   # per_block_cast amax, whole tiles (sweep33.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning33 --out "$OUT"   # per_block_cast: whole tiles (sweep33.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -256,7 +256,7 @@ SWEEPS["tkc_tuning32"] = Sweep(
 )
 SWEEPS["tkc_tuning33"] = Sweep(
     "tkc_tuning33", "sweep33.yaml",
-    {"per_block_cast": {"amax_pairs": False, "full_tiles": False}, "per_token_cast": {"full_tiles": False}},
+    {"per_block_cast": {"full_tiles": False}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

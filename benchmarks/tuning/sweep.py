@@ -27,6 +27,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning31 --out "$OUT"   # same, tile in shared memory (sweep31.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning32 --out "$OUT"   # same: block order, fp32 (sweep32.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning33 --out "$OUT"   # per_block_cast: whole tiles (sweep33.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning34 --out "$OUT"   # warp per block, whole tiles (sweep34.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -257,6 +258,12 @@ SWEEPS["tkc_tuning32"] = Sweep(
 SWEEPS["tkc_tuning33"] = Sweep(
     "tkc_tuning33", "sweep33.yaml",
     {"per_block_cast": {"full_tiles": False}},
+)
+SWEEPS["tkc_tuning34"] = Sweep(
+    "tkc_tuning34", "sweep34.yaml",
+    {"per_block_cast": {"warp_blocks": False, "full_tiles": False}, "per_channel_cast_fused": {"full_tiles": False}},
+    # whole tiles, shipped for e4m3 128 x 128 since sweep 33 (the sweep's only 128-row problem)
+    (("per_block_cast", "block_m", 128, {"full_tiles": True}),),
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 
@@ -524,7 +531,7 @@ def per_channel_case(kernel: str, problem: dict[str, Any]) -> Case:
             return tuple(cast(x.float(), "e4m3", 128))  # bench.py quantizes fp32 rows
         if problem["in_dtype"] == "float32":  # per_channel_cast of fp32 rows (never gathered)
             x = x.float()
-        return (x, gather_positions(TOKENS)) if expand else (x,)
+        return (x, gather_positions(x.shape[0])) if expand else (x,)
 
     def reference(x: Inputs) -> tuple[torch.Tensor, ...]:
         assert ref is not None
@@ -533,9 +540,9 @@ def per_channel_case(kernel: str, problem: dict[str, Any]) -> Case:
         return tuple(ref(x[0], pos_to_token=x[1] if expand else None))
 
     return Case(
-        make=lambda x: (*x, *outputs(x[-1].shape[0] if expand else TOKENS)),
+        make=lambda x: (*x, *outputs(x[-1].shape[0] if expand else x[0].shape[0])),
         new_x=lambda: inputs(random_matrix(TOKENS, HIDDEN)),
-        check_x=lambda: inputs(check_matrix(TOKENS, HIDDEN)),
+        check_x=lambda: inputs(check_matrix(TOKENS + 37, HIDDEN)),  # a partial last row tile (sweep 34)
         outputs=lambda args: args[-2:],
         reference=reference if ref else None,
         counted=(lambda args: (args[0], *args[2:])) if expand else (lambda args: args),

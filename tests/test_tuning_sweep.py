@@ -993,7 +993,7 @@ def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
 @pytest.mark.parametrize(("package", "problems", "per_problem"), [
     ("tkc_tuning23", 2, 7), ("tkc_tuning24", 2, 4), ("tkc_tuning25", 2, 4), ("tkc_tuning26", 2, 18),
     ("tkc_tuning27", 4, 9), ("tkc_tuning28", 2, 6), ("tkc_tuning29", 2, 4), ("tkc_tuning30", 2, 6),
-    ("tkc_tuning31", 3, 3), ("tkc_tuning32", 4, 5), ("tkc_tuning33", 4, 2)])
+    ("tkc_tuning31", 3, 3), ("tkc_tuning32", 4, 5), ("tkc_tuning33", 4, 2), ("tkc_tuning34", 4, 2)])
 def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problems: int, per_problem: int) -> None:
     """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the
     prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows. sweep24.yaml: its next row fetched
@@ -1006,7 +1006,8 @@ def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problem
     row tiles per block, two launch bounds each. sweep31.yaml: per_channel_cast_fused's bf16 plain and gather and fp8
     pair, the register form against the tile staged in shared memory by 128 or 256 threads. sweep32.yaml: the same
     and fp32 rows, with both block orders for the staged form. sweep33.yaml: per_block_cast e4m3 / e2m1 at 32 x 32
-    and 128 x 128, with and without whole-tile copies. One shipped baseline per problem."""
+    and 128 x 128, with and without whole-tile copies. sweep34.yaml: the same copies in per_channel_cast_fused's
+    staged form (bf16 rows, gather, fp32 rows, fp8 pair). One shipped baseline per problem."""
     found = _spec_variants(package)
     groups = sweep.problems(found)
     assert len(groups) == problems and all(len(g) == per_problem for g in groups.values())
@@ -1076,7 +1077,8 @@ def test_thirty_first_sweep_winner_renders_the_shipped_per_channel_cast(arch: st
         assert knobbed == plain, match.params
         assert "prim_func = per_channel_cast_fused_staged_kernel(" in plain
         assert f"STAGED_THREADS = {256 if expand_rows else 128}" in plain
-        assert plain.count("T.ptx_cp_async(") == (2 if match.param_dict["in_dtype"] == "float8_e4m3fn" else 1)
+        # the fp8 pair's copies twice since sweep 34 (whole tiles, and the partial last tile)
+        assert plain.count("T.ptx_cp_async(") == (4 if match.param_dict["in_dtype"] == "float8_e4m3fn" else 1)
         _, before = _renders(match, (("stage", "registers"),), arch)
         assert "prim_func = per_channel_cast_fused_kernel(" in before and "T.ptx_cp_async(" not in before
 
@@ -1098,3 +1100,20 @@ def test_thirty_third_sweep_winner_renders_the_shipped_per_block_cast(arch: str)
         assert plain.count("if row0 + block_m <= num_tokens:") == (2 if whole else 0)
         assert plain.count("T.copy(x[row0, pid_k * tile_k], x_frag, disable_tma=True)") == (2 if whole else 1)
     assert winners == 15
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_thirty_fourth_sweep_winner_renders_the_shipped_per_channel_cast(arch: str) -> None:
+    """Whole-tile copies for the fp8 pair (the knob's default) render those shipped variants of per_channel_cast_fused
+    byte for byte: step 1 (the cp.async copies) and step 3 (the q stores) each under
+    `if (pid_m + 1) * TILE_M <= num_tokens_out:` and its `else:`; bf16 and fp32 rows render as without the knob."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_channel_cast_fused")
+    pairs = 0
+    for match in expand(kernel):
+        pair = match.param_dict["in_dtype"] == "float8_e4m3fn"
+        pairs += pair
+        plain, knobbed = _renders(match, (("full_tiles", pair),), arch)
+        assert knobbed == plain, match.params
+        assert plain.count("if (pid_m + 1) * TILE_M <= num_tokens_out:") == (2 if pair else 0)
+        assert plain.count("# Step 3: the codes, row by row") == (2 if pair else 1)
+    assert pairs == 20

@@ -27,7 +27,8 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning31 --out "$OUT"   # same, tile in shared memory (sweep31.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning32 --out "$OUT"   # same: block order, fp32 (sweep32.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning33 --out "$OUT"   # per_block_cast: whole tiles (sweep33.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning34 --out "$OUT"   # warp per block, whole tiles (sweep34.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning34 --out "$OUT"   # per-channel: whole tiles (sweep34.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning35 --out "$OUT"   # cast back, lossless (sweep35.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -259,11 +260,10 @@ SWEEPS["tkc_tuning33"] = Sweep(
     "tkc_tuning33", "sweep33.yaml",
     {"per_block_cast": {"full_tiles": False}},
 )
-SWEEPS["tkc_tuning34"] = Sweep(
-    "tkc_tuning34", "sweep34.yaml",
-    {"per_block_cast": {"warp_blocks": False, "full_tiles": False}, "per_channel_cast_fused": {"full_tiles": False}},
-    # whole tiles, shipped for e4m3 128 x 128 since sweep 33 (the sweep's only 128-row problem)
-    (("per_block_cast", "block_m", 128, {"full_tiles": True}),),
+SWEEPS["tkc_tuning34"] = Sweep("tkc_tuning34", "sweep34.yaml", {"per_channel_cast_fused": {"full_tiles": False}})
+SWEEPS["tkc_tuning35"] = Sweep(
+    "tkc_tuning35", "sweep35.yaml",
+    {"per_token_cast_back": {"full_tiles": False}, "per_block_cast_lossless": {"full_tiles": False}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 
@@ -485,7 +485,7 @@ def cast_back_case(problem: dict[str, Any]) -> Case:
     return Case(
         make=lambda x: (x[0], x[1], torch.empty(x[0].shape[0], HIDDEN, device=DEVICE, dtype=torch.bfloat16)),
         new_x=lambda: tuple(cast(random_matrix(TOKENS, HIDDEN), fmt_, npc, False)),
-        check_x=lambda: tuple(cast(check_matrix(TOKENS, HIDDEN), fmt_, npc, False)),
+        check_x=lambda: tuple(cast(check_matrix(TOKENS + 37, HIDDEN), fmt_, npc, False)),  # a partial last tile
         outputs=lambda args: args[2:3],
         reference=(lambda x: (ref(x[0], x[1], torch.bfloat16, npc),)) if ref else None,
     )
@@ -704,7 +704,7 @@ def lossless_case(problem: dict[str, Any]) -> Case:
         return tuple(cast(x.float(), "e2m1", 32, True))
 
     def check_pair() -> Inputs:
-        q, sf = pair(check_matrix(TOKENS, HIDDEN))
+        q, sf = pair(check_matrix(TOKENS + 37, HIDDEN))  # a partial last row tile (sweep 35)
         gen = torch.Generator(device=DEVICE).manual_seed(2)
         shift = torch.randint(-40, 41, sf.shape, device=DEVICE, generator=gen).float()
         return q, sf * torch.exp2(shift)  # still powers of two (or 0, NaN, Inf)

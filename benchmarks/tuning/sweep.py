@@ -29,6 +29,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning33 --out "$OUT"   # per_block_cast: whole tiles (sweep33.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning34 --out "$OUT"   # per-channel: whole tiles (sweep34.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning35 --out "$OUT"   # cast back, lossless (sweep35.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning36 --out "$OUT"   # per_block_cast e2m1: words (sweep36.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -264,6 +265,9 @@ SWEEPS["tkc_tuning34"] = Sweep("tkc_tuning34", "sweep34.yaml", {"per_channel_cas
 SWEEPS["tkc_tuning35"] = Sweep(
     "tkc_tuning35", "sweep35.yaml",
     {"per_token_cast_back": {"full_tiles": False}, "per_block_cast_lossless": {"full_tiles": False}},
+)
+SWEEPS["tkc_tuning36"] = Sweep(
+    "tkc_tuning36", "sweep36.yaml", {"per_block_cast": {"x_words": False, "elems_per_thread": 32}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

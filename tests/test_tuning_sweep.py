@@ -993,7 +993,8 @@ def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
 @pytest.mark.parametrize(("package", "problems", "per_problem"), [
     ("tkc_tuning23", 2, 7), ("tkc_tuning24", 2, 4), ("tkc_tuning25", 2, 4), ("tkc_tuning26", 2, 18),
     ("tkc_tuning27", 4, 9), ("tkc_tuning28", 2, 6), ("tkc_tuning29", 2, 4), ("tkc_tuning30", 2, 6),
-    ("tkc_tuning31", 3, 3), ("tkc_tuning32", 4, 5), ("tkc_tuning33", 4, 2), ("tkc_tuning34", 4, 2)])
+    ("tkc_tuning31", 3, 3), ("tkc_tuning32", 4, 5), ("tkc_tuning33", 4, 2), ("tkc_tuning34", 4, 2),
+    ("tkc_tuning35", 5, 2), ("tkc_tuning36", 4, 3), ("tkc_tuning37", 3, 2)])
 def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problems: int, per_problem: int) -> None:
     """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the
     prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows. sweep24.yaml: its next row fetched
@@ -1007,7 +1008,9 @@ def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problem
     pair, the register form against the tile staged in shared memory by 128 or 256 threads. sweep32.yaml: the same
     and fp32 rows, with both block orders for the staged form. sweep33.yaml: per_block_cast e4m3 / e2m1 at 32 x 32
     and 128 x 128, with and without whole-tile copies. sweep34.yaml: the same copies in per_channel_cast_fused's
-    staged form (bf16 rows, gather, fp32 rows, fp8 pair). One shipped baseline per problem."""
+    staged form (bf16 rows, gather, fp32 rows, fp8 pair). sweep35.yaml: the same in the cast back and the lossless
+    re-cast (gone again: the spec stays). sweep36.yaml: per_block_cast e2m1 as words, 32 or 64 values per thread.
+    sweep37.yaml: per_block_cast's rectangular blocks in both orders. One shipped baseline per problem."""
     found = _spec_variants(package)
     groups = sweep.problems(found)
     assert len(groups) == problems and all(len(g) == per_problem for g in groups.values())
@@ -1098,7 +1101,8 @@ def test_thirty_third_sweep_winner_renders_the_shipped_per_block_cast(arch: str)
         plain, knobbed = _renders(match, (("full_tiles", whole),), arch)
         assert knobbed == plain, match.params
         assert plain.count("if row0 + block_m <= num_tokens:") == (2 if whole else 0)
-        assert plain.count("T.copy(x[row0, pid_k * tile_k], x_frag, disable_tma=True)") == (2 if whole else 1)
+        copies = plain.count("T.copy(x[row0, pid_k * tile_k], x_frag, disable_tma=True)")
+        assert copies == (2 if whole else 0 if p["fmt"] == "e2m1" else 1)  # e2m1 reads words since sweep 36
     assert winners == 15
 
 
@@ -1117,3 +1121,25 @@ def test_thirty_fourth_sweep_winner_renders_the_shipped_per_channel_cast(arch: s
         assert plain.count("if (pid_m + 1) * TILE_M <= num_tokens_out:") == (2 if pair else 0)
         assert plain.count("# Step 3: the codes, row by row") == (2 if pair else 1)
     assert pairs == 20
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_thirty_sixth_sweep_winner_renders_the_shipped_per_block_cast(arch: str) -> None:
+    """Words for every e2m1 variant and 64 values per thread but for 128 x 32 blocks (the knobs' defaults) render the
+    shipped per_block_cast byte for byte; e4m3 keeps its bf16 fragment. The pre-sweep setting renders the fragment."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast")
+    words = 0
+    for match in expand(kernel):
+        p = match.param_dict
+        fp4 = p["fmt"] == "e2m1"
+        words += fp4
+        elems = 64 if fp4 and (p["block_m"], p["block_k"]) != (128, 32) else (128 if not fp4 and p["block_m"] == 128
+                                                                               and p["block_k"] == 128 else 32)
+        plain, knobbed = _renders(match, (("x_words", fp4), ("elems_per_thread", elems)), arch)
+        assert knobbed == plain, match.params
+        assert f"ELEMS_PER_THREAD = {elems}" in plain
+        assert ("x_words = T.alloc_fragment" in plain) == fp4 and ("x_frag = T.alloc_fragment" in plain) != fp4
+        if fp4:
+            _, before = _renders(match, (("x_words", False), ("elems_per_thread", 32)), arch)
+            assert "x_frag = T.alloc_fragment" in before and "ELEMS_PER_THREAD = 32" in before
+    assert words == 60

@@ -30,6 +30,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning34 --out "$OUT"   # per-channel: whole tiles (sweep34.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning35 --out "$OUT"   # cast back, lossless (sweep35.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning36 --out "$OUT"   # per_block_cast e2m1: words (sweep36.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning37 --out "$OUT"   # per_block_cast: rectangles (sweep37.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -269,6 +270,7 @@ SWEEPS["tkc_tuning35"] = Sweep(
 SWEEPS["tkc_tuning36"] = Sweep(
     "tkc_tuning36", "sweep36.yaml", {"per_block_cast": {"x_words": False, "elems_per_thread": 32}},
 )
+SWEEPS["tkc_tuning37"] = Sweep("tkc_tuning37", "sweep37.yaml", {"per_block_cast": {"block_order": "column"}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

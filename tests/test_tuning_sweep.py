@@ -908,9 +908,10 @@ def test_eighteenth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
 
 def _sweep18_winner(name: str, params: dict[str, Any], arch: str) -> str:
     """The block order shipped since sweep 18: row for per_block_cast e4m3 with 128-row blocks (the one that won
-    and is still shipped in that form); for per_channel_cast_fused the order of sweep 32 (its shared-memory form,
+    and is still shipped in that form) and, since sweep 37, for its rectangular blocks; for per_channel_cast_fused the order of sweep 32 (its shared-memory form,
     both archs): row, except for the gather; the order shipped before everywhere else."""
-    if name == "per_block_cast" and params["fmt"] == "e4m3" and params["block_m"] == 128:
+    if name == "per_block_cast" and ((params["fmt"] == "e4m3" and params["block_m"] == 128)
+                                     or params["block_m"] != params["block_k"]):  # rectangles: sweep 37
         return "row"
     if name == "per_channel_cast_fused":
         return "column" if params["expand"] else "row"
@@ -933,9 +934,10 @@ def test_eighteenth_sweep_winners_render_the_shipped_kernels(arch: str) -> None:
             assert knobbed == plain, (match.params, arch)
             _, other = _renders(match, (("block_order", orders[orders[0] == winner]),), arch)
             assert other != plain, (match.params, arch)
-    # per_block_cast e4m3 128-row: H x block_k x 3 (round_sf, precomputed_sf: never both); per_channel_cast_fused
-    # without the gather: in_dtype x H x round_sf
-    assert rows == 5 * 2 * 3 + 3 * 5 * 2
+    # per_block_cast e4m3 128-row: H x block_k x 3 (round_sf, precomputed_sf: never both), and since sweep 37 the
+    # other rectangles (e4m3 32 x 128, e2m1 128 x 32 and 32 x 128): 3 x H x 3; per_channel_cast_fused without the
+    # gather: in_dtype x H x round_sf
+    assert rows == 5 * 2 * 3 + 3 * 5 * 3 + 3 * 5 * 2
 
 
 def test_eighteenth_sweep_candidates_render_their_paths() -> None:

@@ -31,6 +31,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning35 --out "$OUT"   # cast back, lossless (sweep35.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning36 --out "$OUT"   # per_block_cast e2m1: words (sweep36.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning37 --out "$OUT"   # per_block_cast: rectangles (sweep37.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning38 --out "$OUT"   # per_block_cast: squares (sweep38.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -92,8 +93,9 @@ class Sweep:
     package: str
     spec: str  # under benchmarks/tuning
     baselines: Mapping[str, Mapping[str, Any]]  # kernel -> knob -> shipped value
-    # (kernel, grid key, value, knobs): problems with that grid value shipped other knob values
-    overrides: tuple[tuple[str, str, Any, Mapping[str, Any]], ...] = ()
+    # (kernel, grid key, value, knobs): problems with that grid value shipped other knob values; a tuple of keys
+    # and a tuple of values match problems with all of them
+    overrides: tuple[tuple[str, Any, Any, Mapping[str, Any]], ...] = ()
 
     def knob_names(self, kernel: str) -> frozenset[str]:
         if kernel not in self.baselines:
@@ -103,7 +105,8 @@ class Sweep:
     def baseline(self, kernel: str, problem: Mapping[str, Any]) -> dict[str, Any]:
         knobs = dict(self.baselines[kernel])
         for name, key, value, changed in self.overrides:
-            if name == kernel and problem.get(key) == value:
+            keys, values = (key, value) if isinstance(key, tuple) else ((key,), (value,))
+            if name == kernel and all(problem.get(k) == v for k, v in zip(keys, values, strict=True)):
                 knobs.update(changed)
         return knobs
 
@@ -271,6 +274,11 @@ SWEEPS["tkc_tuning36"] = Sweep(
     "tkc_tuning36", "sweep36.yaml", {"per_block_cast": {"x_words": False, "elems_per_thread": 32}},
 )
 SWEEPS["tkc_tuning37"] = Sweep("tkc_tuning37", "sweep37.yaml", {"per_block_cast": {"block_order": "column"}})
+SWEEPS["tkc_tuning38"] = Sweep(
+    "tkc_tuning38", "sweep38.yaml", {"per_block_cast": {"block_order": "column", "min_tile_elems": 4096}},
+    # shipped since sweep 37: row for the rectangles and for e4m3 with 128-row blocks
+    ((("per_block_cast", ("block_m", "block_k"), (128, 32), {"block_order": "row"})),),
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

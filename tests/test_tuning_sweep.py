@@ -152,9 +152,9 @@ def test_shipped_kernels_take_the_sweep_winners() -> None:
     e4m3_128 = _shipped("per_block_cast", fmt="e4m3", block_m=128, block_k=128)
     assert "\nELEMS_PER_THREAD = 128" in e4m3_128 and "\nCHUNK_VECTORS = 2" in e4m3_128
     e2m1_32 = _shipped("per_block_cast", fmt="e2m1", block_m=32, block_k=32)
-    assert "\nELEMS_PER_THREAD = 32" in e2m1_32
+    assert "\nELEMS_PER_THREAD = 64" in e2m1_32  # 32 until sweep 36 (words make 64 values fit 64 registers)
     # Sweep 19: the three-line encode (proven equal to the comparison encode by e2m1_encode_check.c), words of
-    # codes, and registers capped for 8 blocks per SM (1024 // threads with 128 threads).
+    # codes, and registers capped at 64 (1024 // threads blocks per SM: 8 of 128 threads, 16 of 64 since sweep 36).
     assert "def e2m1_nibble_bits(v, below_7=False):" in e2m1_32 and "T.annotate_min_blocks_per_sm(1024 // threads)" in e2m1_32
     assert "def e2m1_code" not in e2m1_32
     e2m1_token = _shipped("per_token_cast", fmt="e2m1", npc=32)

@@ -907,11 +907,10 @@ def test_eighteenth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
 
 
 def _sweep18_winner(name: str, params: dict[str, Any], arch: str) -> str:
-    """The block order shipped since sweep 18: row for per_block_cast e4m3 with 128-row blocks (the one that won
-    and is still shipped in that form) and, since sweep 37, for its rectangular blocks; for per_channel_cast_fused the order of sweep 32 (its shared-memory form,
+    """The block order shipped since sweep 18: row for per_block_cast (e4m3 with 128-row blocks since sweep 18, the
+    rectangular blocks since sweep 37, every block since sweep 38); for per_channel_cast_fused the order of sweep 32 (its shared-memory form,
     both archs): row, except for the gather; the order shipped before everywhere else."""
-    if name == "per_block_cast" and ((params["fmt"] == "e4m3" and params["block_m"] == 128)
-                                     or params["block_m"] != params["block_k"]):  # rectangles: sweep 37
+    if name == "per_block_cast":  # e4m3 128-row blocks since sweep 18, the rectangles since 37, all since 38
         return "row"
     if name == "per_channel_cast_fused":
         return "column" if params["expand"] else "row"
@@ -934,10 +933,9 @@ def test_eighteenth_sweep_winners_render_the_shipped_kernels(arch: str) -> None:
             assert knobbed == plain, (match.params, arch)
             _, other = _renders(match, (("block_order", orders[orders[0] == winner]),), arch)
             assert other != plain, (match.params, arch)
-    # per_block_cast e4m3 128-row: H x block_k x 3 (round_sf, precomputed_sf: never both), and since sweep 37 the
-    # other rectangles (e4m3 32 x 128, e2m1 128 x 32 and 32 x 128): 3 x H x 3; per_channel_cast_fused without the
-    # gather: in_dtype x H x round_sf
-    assert rows == 5 * 2 * 3 + 3 * 5 * 3 + 3 * 5 * 2
+    # per_block_cast (since sweep 38): fmt x block x H x 3 (round_sf, precomputed_sf: never both);
+    # per_channel_cast_fused without the gather: in_dtype x H x round_sf
+    assert rows == 2 * 4 * 5 * 3 + 3 * 5 * 2
 
 
 def test_eighteenth_sweep_candidates_render_their_paths() -> None:
@@ -996,7 +994,7 @@ def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
     ("tkc_tuning23", 2, 7), ("tkc_tuning24", 2, 4), ("tkc_tuning25", 2, 4), ("tkc_tuning26", 2, 18),
     ("tkc_tuning27", 4, 9), ("tkc_tuning28", 2, 6), ("tkc_tuning29", 2, 4), ("tkc_tuning30", 2, 6),
     ("tkc_tuning31", 3, 3), ("tkc_tuning32", 4, 5), ("tkc_tuning33", 4, 2), ("tkc_tuning34", 4, 2),
-    ("tkc_tuning35", 5, 2), ("tkc_tuning36", 4, 3), ("tkc_tuning37", 3, 2)])
+    ("tkc_tuning35", 5, 2), ("tkc_tuning36", 4, 3), ("tkc_tuning37", 3, 2), ("tkc_tuning38", 5, 2)])
 def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problems: int, per_problem: int) -> None:
     """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the
     prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows. sweep24.yaml: its next row fetched
@@ -1012,7 +1010,8 @@ def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problem
     and 128 x 128, with and without whole-tile copies. sweep34.yaml: the same copies in per_channel_cast_fused's
     staged form (bf16 rows, gather, fp32 rows, fp8 pair). sweep35.yaml: the same in the cast back and the lossless
     re-cast (gone again: the spec stays). sweep36.yaml: per_block_cast e2m1 as words, 32 or 64 values per thread.
-    sweep37.yaml: per_block_cast's rectangular blocks in both orders. One shipped baseline per problem."""
+    sweep37.yaml: per_block_cast's rectangular blocks in both orders. sweep38.yaml: its square blocks in both orders
+    and 128 x 32 tiles of one or four scale blocks. One shipped baseline per problem."""
     found = _spec_variants(package)
     groups = sweep.problems(found)
     assert len(groups) == problems and all(len(g) == per_problem for g in groups.values())
@@ -1145,3 +1144,20 @@ def test_thirty_sixth_sweep_winner_renders_the_shipped_per_block_cast(arch: str)
             _, before = _renders(match, (("x_words", False), ("elems_per_thread", 32)), arch)
             assert "x_frag = T.alloc_fragment" in before and "ELEMS_PER_THREAD = 32" in before
     assert words == 60
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_thirty_eighth_sweep_winners_render_the_shipped_per_block_cast(arch: str) -> None:
+    """Row order and, for 128 x 32 blocks, tiles of at least 16384 values (the knobs' defaults) render every shipped
+    per_block_cast byte for byte; the 128 x 32 tiles then span 128 channels."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast")
+    wide = 0
+    for match in expand(kernel):
+        p = match.param_dict
+        tile = 16384 if (p["block_m"], p["block_k"]) == (128, 32) else 4096
+        wide += tile == 16384
+        plain, knobbed = _renders(match, (("block_order", "row"), ("min_tile_elems", tile)), arch)
+        assert knobbed == plain, match.params
+        assert f"MIN_TILE_ELEMS = {tile}" in plain
+        assert "with T.Kernel(hidden // tile_k, T.ceildiv(num_tokens, block_m), threads=threads) as (pid_k, pid_m):" in plain
+    assert wide == 30

@@ -80,6 +80,7 @@ BASELINE: dict[str, Any] = {
     "e2m1_encode": "compare",
     "tile": 64,
     "segments_per_thread": 4,
+    "block_order": "column",  # per_block_cast's grid: row tiles on blockIdx.x (sweeps 18, 37 and 38 turned it)
 }
 
 Inputs = tuple[Any, ...]

@@ -32,6 +32,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning36 --out "$OUT"   # per_block_cast e2m1: words (sweep36.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning37 --out "$OUT"   # per_block_cast: rectangles (sweep37.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning38 --out "$OUT"   # per_block_cast: squares (sweep38.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning39 --out "$OUT"   # block order, two more (sweep39.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -279,6 +280,10 @@ SWEEPS["tkc_tuning38"] = Sweep(
     "tkc_tuning38", "sweep38.yaml", {"per_block_cast": {"block_order": "column", "min_tile_elems": 4096}},
     # shipped since sweep 37: row for the rectangles and for e4m3 with 128-row blocks
     ((("per_block_cast", ("block_m", "block_k"), (128, 32), {"block_order": "row"})),),
+)
+SWEEPS["tkc_tuning39"] = Sweep(
+    "tkc_tuning39", "sweep39.yaml",
+    {"per_token_cast": {"block_order": "column"}, "per_block_cast_lossless": {"block_order": "column"}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

@@ -994,7 +994,8 @@ def test_twenty_first_sweep_winner_renders_the_shipped_swiglu_forward(arch: str)
     ("tkc_tuning23", 2, 7), ("tkc_tuning24", 2, 4), ("tkc_tuning25", 2, 4), ("tkc_tuning26", 2, 18),
     ("tkc_tuning27", 4, 9), ("tkc_tuning28", 2, 6), ("tkc_tuning29", 2, 4), ("tkc_tuning30", 2, 6),
     ("tkc_tuning31", 3, 3), ("tkc_tuning32", 4, 5), ("tkc_tuning33", 4, 2), ("tkc_tuning34", 4, 2),
-    ("tkc_tuning35", 5, 2), ("tkc_tuning36", 4, 3), ("tkc_tuning37", 3, 2), ("tkc_tuning38", 5, 2)])
+    ("tkc_tuning35", 5, 2), ("tkc_tuning36", 4, 3), ("tkc_tuning37", 3, 2), ("tkc_tuning38", 5, 2),
+    ("tkc_tuning39", 6, 2)])
 def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problems: int, per_problem: int) -> None:
     """sweep23.yaml: the SwiGLU forward per-token cast at H 7168, npc 128 and H, one to 16 rows per block (the
     prefetch of the next row from 2 on), 5 blocks per SM or 6 for 4 and 8 rows. sweep24.yaml: its next row fetched
@@ -1011,7 +1012,8 @@ def test_sweeps_23_on_have_the_shipped_setting_per_problem(package: str, problem
     staged form (bf16 rows, gather, fp32 rows, fp8 pair). sweep35.yaml: the same in the cast back and the lossless
     re-cast (gone again: the spec stays). sweep36.yaml: per_block_cast e2m1 as words, 32 or 64 values per thread.
     sweep37.yaml: per_block_cast's rectangular blocks in both orders. sweep38.yaml: its square blocks in both orders
-    and 128 x 32 tiles of one or four scale blocks. One shipped baseline per problem."""
+    and 128 x 32 tiles of one or four scale blocks. sweep39.yaml: per_token_cast and the lossless re-cast in both
+    block orders. One shipped baseline per problem."""
     found = _spec_variants(package)
     groups = sweep.problems(found)
     assert len(groups) == problems and all(len(g) == per_problem for g in groups.values())
@@ -1161,3 +1163,20 @@ def test_thirty_eighth_sweep_winners_render_the_shipped_per_block_cast(arch: str
         assert f"MIN_TILE_ELEMS = {tile}" in plain
         assert "with T.Kernel(hidden // tile_k, T.ceildiv(num_tokens, block_m), threads=threads) as (pid_k, pid_m):" in plain
     assert wide == 30
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_thirty_ninth_sweep_winners_render_the_shipped_kernels(arch: str) -> None:
+    """Row order (a 1-D grid, row tile b / k_tiles) for per_token_cast bf16 -> e4m3 and every lossless re-cast, column
+    for the rest of per_token_cast (the knob's defaults), render the shipped variants byte for byte."""
+    shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    rows = 0
+    for name in ("per_token_cast", "per_block_cast_lossless"):
+        for match in expand(shipped.kernel(name)):
+            p = match.param_dict
+            row = name == "per_block_cast_lossless" or (p["fmt"] == "e4m3" and p["in_dtype"] == "bfloat16")
+            rows += row
+            plain, knobbed = _renders(match, (("block_order", "row" if row else "column"),), arch)
+            assert knobbed == plain, match.params
+            assert ("pid_m = bid // k_tiles" in plain) == row
+    assert rows == 55 + 15  # per_token_cast bf16 -> e4m3 (H x npc x round_sf x sf layouts), lossless (H x blocks)

@@ -33,6 +33,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning37 --out "$OUT"   # per_block_cast: rectangles (sweep37.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning38 --out "$OUT"   # per_block_cast: squares (sweep38.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning39 --out "$OUT"   # block order, two more (sweep39.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning40 --out "$OUT"   # two leftovers (sweep40.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -285,6 +286,10 @@ SWEEPS["tkc_tuning39"] = Sweep(
     "tkc_tuning39", "sweep39.yaml",
     {"per_token_cast": {"block_order": "column"}, "per_block_cast_lossless": {"block_order": "column"}},
 )
+SWEEPS["tkc_tuning40"] = Sweep(
+    "tkc_tuning40", "sweep40.yaml",
+    {"per_block_cast": {"elems_per_thread": 32}, "per_token_cast": {"block_order": "column"}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -467,10 +472,11 @@ def first_sweep_case(kernel: str, problem: dict[str, Any]) -> Case | None:
     if kernel == "per_token_cast":
         assert problem["sf_layout"] == "row_major" and problem["npc"] != 0, problem
         ref = _reference("quant", "per_token_cast_ref")
+        dtype = getattr(torch, problem.get("in_dtype", "bfloat16"))  # the bf16 matrices, widened for fp32 rows
         return Case(
             make=lambda x: (x[0], *cast_outputs(kernel, problem, x[0]), 0),  # mode 0: cast (q and sf)
-            new_x=lambda: (random_matrix(TOKENS, HIDDEN),),
-            check_x=lambda: (check_matrix(TOKENS + 37, HIDDEN),),  # a partial last row tile
+            new_x=lambda: (random_matrix(TOKENS, HIDDEN).to(dtype),),
+            check_x=lambda: (check_matrix(TOKENS + 37, HIDDEN).to(dtype),),  # a partial last row tile
             outputs=lambda args: args[1:3],
             reference=_on_first(functools.partial(ref, fmt=problem["fmt"], npc=problem["npc"],
                                                   round_sf=problem["round_sf"])) if ref else None,

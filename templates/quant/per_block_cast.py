@@ -193,7 +193,9 @@ def per_block_cast(
     """Cast x (num_tokens, hidden) to FP8/FP4 with one scale per (block_m, block_k) block.
 
     Args:
-        x: bf16 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0.
+        x: bf16 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0;
+            num_tokens at most 65535 * block_m (the row tiles are the grid's y dimension;
+            beyond, the launcher raises naming the grid).
         fmt: ``'e4m3'`` (FP8) or ``'e2m1'`` (FP4, two codes per int8).
         block_size: ``(block_m, block_k)``: tokens and channels sharing one scale factor,
             each 32 or 128.
@@ -267,7 +269,8 @@ def per_block_cast_with_precomputed_sf(
     """Cast x with given per-block scales: q = x_f32 * (1 / sf) per block (1 / sf an IEEE division).
 
     Args:
-        x: bf16 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0.
+        x: bf16 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0;
+            num_tokens at most 65535 * block_m, as for ``per_block_cast``.
         fmt: ``'e4m3'`` (FP8) or ``'e2m1'`` (FP4, two codes per int8).
         block_size: ``(block_m, block_k)``, each 32 or 128.
         sf: float32 (ceil(num_tokens / block_m), hidden / block_k), contiguous, e.g. from

@@ -264,10 +264,7 @@ SWEEPS["tkc_tuning32"] = Sweep(
      ("per_channel_cast_fused", "in_dtype", "float32", {"block_order": "column"}),
      ("per_channel_cast_fused", "in_dtype", "float8_e4m3fn", {"block_order": "column"})),
 )
-SWEEPS["tkc_tuning33"] = Sweep(
-    "tkc_tuning33", "sweep33.yaml",
-    {"per_block_cast": {"full_tiles": False}},
-)
+SWEEPS["tkc_tuning33"] = Sweep("tkc_tuning33", "sweep33.yaml", {"per_block_cast": {"full_tiles": False}})
 SWEEPS["tkc_tuning34"] = Sweep("tkc_tuning34", "sweep34.yaml", {"per_channel_cast_fused": {"full_tiles": False}})
 SWEEPS["tkc_tuning35"] = Sweep(
     "tkc_tuning35", "sweep35.yaml",
@@ -279,8 +276,8 @@ SWEEPS["tkc_tuning36"] = Sweep(
 SWEEPS["tkc_tuning37"] = Sweep("tkc_tuning37", "sweep37.yaml", {"per_block_cast": {"block_order": "column"}})
 SWEEPS["tkc_tuning38"] = Sweep(
     "tkc_tuning38", "sweep38.yaml", {"per_block_cast": {"block_order": "column", "min_tile_elems": 4096}},
-    # shipped since sweep 37: row for the rectangles and for e4m3 with 128-row blocks
-    ((("per_block_cast", ("block_m", "block_k"), (128, 32), {"block_order": "row"})),),
+    # the sweep's 128 x 32 problems ship row order since sweep 37
+    (("per_block_cast", ("block_m", "block_k"), (128, 32), {"block_order": "row"}),),
 )
 SWEEPS["tkc_tuning39"] = Sweep(
     "tkc_tuning39", "sweep39.yaml",

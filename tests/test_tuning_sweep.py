@@ -1128,16 +1128,16 @@ def test_thirty_fourth_sweep_winner_renders_the_shipped_per_channel_cast(arch: s
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_thirty_sixth_sweep_winner_renders_the_shipped_per_block_cast(arch: str) -> None:
-    """Words for every e2m1 variant and 64 values per thread but for 128 x 32 blocks (the knobs' defaults) render the
-    shipped per_block_cast byte for byte; e4m3 keeps its bf16 fragment. The pre-sweep setting renders the fragment."""
+    """Words and 64 values per thread for every e2m1 variant (the knobs' defaults; 128 x 32 blocks joined in sweep 40)
+    render the shipped per_block_cast byte for byte; e4m3 keeps its bf16 fragment. The pre-sweep setting renders the
+    fragment."""
     kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast")
     words = 0
     for match in expand(kernel):
         p = match.param_dict
         fp4 = p["fmt"] == "e2m1"
         words += fp4
-        elems = 64 if fp4 and (p["block_m"], p["block_k"]) != (128, 32) else (128 if not fp4 and p["block_m"] == 128
-                                                                               and p["block_k"] == 128 else 32)
+        elems = 64 if fp4 else (128 if (p["block_m"], p["block_k"]) == (128, 128) else 32)
         plain, knobbed = _renders(match, (("x_words", fp4), ("elems_per_thread", elems)), arch)
         assert knobbed == plain, match.params
         assert f"ELEMS_PER_THREAD = {elems}" in plain
@@ -1167,16 +1167,16 @@ def test_thirty_eighth_sweep_winners_render_the_shipped_per_block_cast(arch: str
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_thirty_ninth_sweep_winners_render_the_shipped_kernels(arch: str) -> None:
-    """Row order (a 1-D grid, row tile b / k_tiles) for per_token_cast bf16 -> e4m3 and every lossless re-cast, column
-    for the rest of per_token_cast (the knob's defaults), render the shipped variants byte for byte."""
+    """Row order (a 1-D grid, row tile b / k_tiles) for per_token_cast to e4m3 (bf16 in sweep 39, fp32 in sweep 40)
+    and every lossless re-cast, column for e2m1 (the knob's defaults), render the shipped variants byte for byte."""
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
     rows = 0
     for name in ("per_token_cast", "per_block_cast_lossless"):
         for match in expand(shipped.kernel(name)):
             p = match.param_dict
-            row = name == "per_block_cast_lossless" or (p["fmt"] == "e4m3" and p["in_dtype"] == "bfloat16")
+            row = name == "per_block_cast_lossless" or p["fmt"] == "e4m3"
             rows += row
             plain, knobbed = _renders(match, (("block_order", "row" if row else "column"),), arch)
             assert knobbed == plain, match.params
             assert ("pid_m = bid // k_tiles" in plain) == row
-    assert rows == 55 + 15  # per_token_cast bf16 -> e4m3 (H x npc x round_sf x sf layouts), lossless (H x blocks)
+    assert rows == 110 + 15  # per_token_cast to e4m3 (in dtype x H x npc x round_sf x sf layouts), lossless (H x blocks)

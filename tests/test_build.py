@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,20 @@ def test_changed_template_misses_the_cache(small_build: tuple[BuildOptions, list
     changed = type(a)(variant=a.variant, arch=a.arch, path=a.path, source=a.source + "\n# touched\n")
     assert tkc.build.cache_key(changed, toolchain) != key_a
     assert tkc.build.cache_key(a, toolchain) == key_a
+
+
+def test_rebuild_into_another_dist_replaces_a_stale_wheel_of_the_same_name(
+        small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path) -> None:
+    """Builds that share a build folder but not a dist folder: nothing changed since the last build, but the other
+    dist folder holds an older wheel of the same name. It must be rebuilt there, not reused."""
+    options, first = small_build
+    other = dataclasses.replace(options, dist_dir=tmp_path / "dist")
+    other.dist_dir.mkdir()
+    for s in first:
+        (other.dist_dir / s.wheel.name).write_bytes(b"a wheel of an older build")
+    again = build(other)
+    for a, b in zip(first, again):
+        assert b.wheel == other.dist_dir / a.wheel.name
+        assert b.wheel.read_bytes() == a.wheel.read_bytes()
+    # The first dist folder's wheels are still the stamped ones: reused, not rebuilt.
+    assert [s.wheel.read_bytes() for s in build(options)] == [s.wheel.read_bytes() for s in first]

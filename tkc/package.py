@@ -282,18 +282,24 @@ def build_wheel(project: Path, dist: Path) -> Path:
 
 def write_package(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templates: Path, project: Path,
                   dist: Path, toolchain: dict[str, str], launch_module: LaunchModule | None = None) -> PackageResult:
-    """Write the project of ``arch`` and build its wheel, unless neither would change."""
+    """Write the project of ``arch`` and build its wheel, unless neither would change.
+
+    The project's stamp holds the digest of its files, the wheel's name and the wheel's own digest: a
+    wheel in ``dist`` is reused only if it is byte for byte the one built from these files. (Builds
+    that share a build folder but not a dist folder, or a wheel replaced by hand, leave a file of the
+    right name and the wrong contents.)"""
     files = package_files(specs, arch, built, templates, toolchain, launch_module)
     changed = sync_tree(project, files)
     stamp = project / ".tkc-wheel"
-    previous = stamp.read_text().strip() if stamp.is_file() else ""
+    previous = stamp.read_text().split() if stamp.is_file() else []
     digest = sha256_bytes(b"".join(p.encode() + sha256_bytes(d).encode() for p, d in files.items()))
-    wheel_name = previous.split(" ", 1)[1] if " " in previous else ""
-    if not changed and previous.startswith(digest) and (dist / wheel_name).is_file():
-        return PackageResult(arch=arch, project=project, wheel=dist / wheel_name, rebuilt=False)
+    if not changed and len(previous) == 3 and previous[0] == digest:
+        reused = dist / previous[1]
+        if reused.is_file() and sha256_bytes(reused.read_bytes()) == previous[2]:
+            return PackageResult(arch=arch, project=project, wheel=reused, rebuilt=False)
     wheel = build_wheel(project, dist)
     for stale in dist.glob(f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}-*.whl"):
         if stale != wheel:  # the same package and version under another tag (with or without the launch module)
             stale.unlink()
-    write_atomic(stamp, f"{digest} {wheel.name}\n")
+    write_atomic(stamp, f"{digest} {wheel.name} {sha256_bytes(wheel.read_bytes())}\n")
     return PackageResult(arch=arch, project=project, wheel=wheel, rebuilt=True)

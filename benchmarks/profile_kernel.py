@@ -29,9 +29,9 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         pair = quant.per_token_cast(torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda"), fmt, npc)
         return lambda: quant.per_token_cast_back(pair, "bf16", npc)
 
-    def lossless() -> Callable[[], object]:
+    def lossless(block: tuple[int, int]) -> Callable[[], object]:
         pair = quant.per_token_cast(torch.randn(TOKENS, HIDDEN, device="cuda"), "e2m1", 32, round_sf=True)
-        return lambda: quant.per_block_cast_lossless(pair, "e4m3", (1, 32), (1, 128))
+        return lambda: quant.per_block_cast_lossless(pair, "e4m3", (1, 32), block)
 
     def swiglu_per_channel() -> Callable[[], object]:
         x = torch.randn(TOKENS, 2 * HIDDEN, dtype=torch.bfloat16, device="cuda")
@@ -57,13 +57,24 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         x = torch.randn(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda")
         return lambda: moe.expand_to_fused(x, mapping[3], mapping[0])
 
+    def gates(kind: str) -> Callable[[], object]:
+        # bench.py's moe_gate rows: T = 16384, E = 256, K = 8; top2_sum_gate sigmoid with groups 4 of 8.
+        logits = torch.randn(16384, 256, device="cuda")
+        if kind == "topk":
+            return lambda: moe.topk_gate(logits, 8)
+        bias = torch.randn(256, device="cuda") * 0.1
+        return lambda: moe.top2_sum_gate(logits, bias, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid")
+
     return {
         "per_block_cast_e4m3": lambda: block_cast("e4m3", (128, 128)),
         "per_block_cast_e2m1": lambda: block_cast("e2m1", (32, 32)),
         "batched_transpose_e4m3": transpose_e4m3,
         "per_channel_cast_fused_fp8": fused_fp8_pair,
         "expand_to_fused": expand,
-        "per_block_cast_lossless_e": lossless,
+        "per_block_cast_lossless_e": lambda: lossless((1, 128)),
+        "per_block_cast_lossless_128x128": lambda: lossless((128, 128)),
+        "topk_gate": lambda: gates("topk"),
+        "top2_sum_gate": lambda: gates("top2_sum"),
         "swiglu_forward_and_per_channel_cast_and_transpose_e": swiglu_per_channel,
         "per_token_cast_e4m3": lambda: cast("e4m3", 128),
         "per_token_cast_e2m1": lambda: cast("e2m1", 32),

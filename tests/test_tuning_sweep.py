@@ -1180,3 +1180,19 @@ def test_thirty_ninth_sweep_winners_render_the_shipped_kernels(arch: str) -> Non
             assert knobbed == plain, match.params
             assert ("pid_m = bid // k_tiles" in plain) == row
     assert rows == 110 + 15  # per_token_cast to e4m3 (in dtype x H x npc x round_sf x sf layouts), lossless (H x blocks)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_forty_second_sweep_winner_renders_the_shipped_lossless_recast(arch: str) -> None:
+    """Explicit 16-byte code stores (the knob's default) render every shipped per_block_cast_lossless byte for byte:
+    eight st.global.v4 stores per thread through quant/_store.j2, no vectorized store loop left."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast_lossless")
+    variants = list(expand(kernel))
+    for match in variants:
+        plain, knobbed = _renders(match, (("store_v4", True),), arch)
+        assert knobbed == plain, match.params
+        assert "T.import_source(STORE_SOURCE)" in plain and "st.global.v4.b32" in plain
+        assert "store_v4(T.address_of(q_words[row, word0 + half * 8 - odd * 4])" in plain
+        _, before = _renders(match, (("store_v4", False),), arch)
+        assert "STORE_SOURCE" not in before and "q_words[row, word0 + half * 8 - odd * 4 + j] = staged" in before
+    assert len(variants) == 15

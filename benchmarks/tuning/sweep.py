@@ -35,6 +35,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning39 --out "$OUT"   # block order, two more (sweep39.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning40 --out "$OUT"   # two leftovers (sweep40.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning41 --out "$OUT"   # per_block_cast, 1-D grid (sweep41.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning42 --out "$OUT"   # lossless, 16-byte stores (sweep42.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -289,6 +290,7 @@ SWEEPS["tkc_tuning40"] = Sweep(
     {"per_block_cast": {"elems_per_thread": 32}, "per_token_cast": {"block_order": "column"}},
 )
 SWEEPS["tkc_tuning41"] = Sweep("tkc_tuning41", "sweep41.yaml", {"per_block_cast": {"flat_grid": False}})
+SWEEPS["tkc_tuning42"] = Sweep("tkc_tuning42", "sweep42.yaml", {"per_block_cast_lossless": {"store_v4": False}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -672,15 +672,17 @@ def test_ninth_sweep_mapped_gate_case_runs_against_its_reference(monkeypatch: py
     assert round(rows["base"].gb_s * 1e3) == 64 * per_token + 256 * 4 + 256 * 3 * 4 + 256 * 4  # + bias, map, count
 
 
-def test_per_token_row_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    """npc 0 (one scale per row) has its own case: sf (T, 1), the reference at npc = H."""
+@pytest.mark.parametrize("in_dtype", ["bfloat16", "float32"])
+def test_per_token_row_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatch, in_dtype: str) -> None:
+    """npc 0 (one scale per row) has its own case: sf (T, 1), the reference at npc = H, x of the problem's dtype."""
     monkeypatch.setattr(sweep, "DEVICE", "cpu")
     monkeypatch.setattr(sweep, "TOKENS", 7)
     monkeypatch.setattr(sweep, "HIDDEN", 256)
-    problem = {"in_dtype": "bfloat16", "hidden": 7168, "fmt": "e2m1", "npc": 0, "round_sf": False,
+    problem = {"in_dtype": in_dtype, "hidden": 7168, "fmt": "e2m1", "npc": 0, "round_sf": False,
                "sf_layout": "row_major"}
     c = sweep.case("per_token_cast", problem)
     x = c.check_x()
+    assert x[0].dtype == c.new_x()[0].dtype == getattr(torch, in_dtype)
     args = c.make(x)
     q, sf = c.outputs(args)
     assert args[3] == 0 and q.shape == (7, 128) and q.dtype == torch.int8 and sf.shape == (7, 1)

@@ -36,6 +36,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning40 --out "$OUT"   # two leftovers (sweep40.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning41 --out "$OUT"   # per_block_cast, 1-D grid (sweep41.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning42 --out "$OUT"   # lossless, 16-byte stores (sweep42.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning43 --out "$OUT"   # e2m1 codes as bytes (sweep43.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -291,6 +292,7 @@ SWEEPS["tkc_tuning40"] = Sweep(
 )
 SWEEPS["tkc_tuning41"] = Sweep("tkc_tuning41", "sweep41.yaml", {"per_block_cast": {"flat_grid": False}})
 SWEEPS["tkc_tuning42"] = Sweep("tkc_tuning42", "sweep42.yaml", {"per_block_cast_lossless": {"store_v4": False}})
+SWEEPS["tkc_tuning43"] = Sweep("tkc_tuning43", "sweep43.yaml", {"per_token_cast": {"q_bytes": False}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -896,12 +898,13 @@ def mapped_gate_case(problem: dict[str, Any]) -> Case:
 
 
 def per_token_row_case(problem: dict[str, Any]) -> Case:
-    """per_token_cast with one scale per row (grid npc 0, npc = H; sweep8.yaml at 874b437): x (T, H) bf16 -> q, sf
-    (T, 1) row-major; bytes x, q, sf as bench.py counts them (every input and output). The check
-    input's special rows (zeros, -0.0, the e2m1 ties with 6 in the row, a NaN, an Inf) are whole rows,
-    so each one is a scale group of its own here too."""
+    """per_token_cast with one scale per row (grid npc 0, npc = H; sweep8.yaml at 874b437): x (T, H) bf16 or fp32
+    (the problem's in_dtype, bf16 where it has none) -> q, sf (T, 1) row-major; bytes x, q, sf as bench.py counts them
+    (every input and output). The check input's special rows (zeros, -0.0, the e2m1 ties with 6 in the row, a NaN,
+    an Inf) are whole rows, so each one is a scale group of its own here too."""
     assert problem["sf_layout"] == "row_major", problem
     ref = _reference("quant", "per_token_cast_ref")
+    dtype = getattr(torch, problem.get("in_dtype", "bfloat16"))  # the bf16 matrices, widened for fp32 rows
 
     def make(x: Inputs) -> Inputs:
         tokens, hidden = x[0].shape
@@ -912,8 +915,8 @@ def per_token_row_case(problem: dict[str, Any]) -> Case:
 
     return Case(
         make=make,
-        new_x=lambda: (random_matrix(TOKENS, HIDDEN),),
-        check_x=lambda: (check_matrix(TOKENS, HIDDEN),),
+        new_x=lambda: (random_matrix(TOKENS, HIDDEN).to(dtype),),
+        check_x=lambda: (check_matrix(TOKENS, HIDDEN).to(dtype),),
         outputs=lambda args: args[1:3],
         reference=(lambda x: ref(x[0], fmt=problem["fmt"], npc=x[0].shape[1], round_sf=problem["round_sf"]))
         if ref else None,

@@ -41,6 +41,10 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         x = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda")
         return lambda: quant.per_block_cast(x, fmt, block)
 
+    def channel_transpose(npt: int) -> Callable[[], object]:
+        x = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda")
+        return lambda: quant.per_channel_cast_and_transpose(x, "e4m3", npt)
+
     def transpose_e4m3() -> Callable[[], object]:
         x = torch.randn(8, 512, HIDDEN, device="cuda").to(torch.float8_e4m3fn)
         return lambda: transpose.batched_transpose(x)
@@ -69,6 +73,7 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         "per_block_cast_e4m3": lambda: block_cast("e4m3", (128, 128)),
         "per_block_cast_e2m1": lambda: block_cast("e2m1", (32, 32)),
         "batched_transpose_e4m3": transpose_e4m3,
+        "per_channel_cast_and_transpose": lambda: channel_transpose(128),
         "per_channel_cast_fused_fp8": fused_fp8_pair,
         "expand_to_fused": expand,
         "per_block_cast_lossless_e": lambda: lossless((1, 128)),

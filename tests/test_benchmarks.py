@@ -26,7 +26,7 @@ def test_plot_of_committed_results(tmp_path: Path) -> None:
 def test_bench_scripts_parse() -> None:
     import ast
 
-    for script in ("bench.py", "runtime_overhead.py", "profile_launch.py", "plot.py", "ceilings.py"):
+    for script in ("bench.py", "runtime_overhead.py", "profile_launch.py", "plot.py", "ceilings.py", "split_stores.py"):
         ast.parse((REPO / "benchmarks" / script).read_text())
 
 
@@ -55,3 +55,23 @@ def test_references_compile_for_the_compiled_baselines(fmt: str) -> None:
     scaled[0, 1], scaled[1, 2], scaled[2, 3] = float("nan"), -float("nan"), float("inf")
     compiled = torch.compile(lambda s: codes(s, fmt), dynamic=False)(scaled)
     assert torch.equal(compiled.view(torch.uint8), codes(scaled, fmt).view(torch.uint8))
+
+
+def test_split_stores_finds_four_word_stores_of_one_vector() -> None:
+    """split_stores.py: four STG.E at +0..+12 from one base are one split vector; a 16-byte store, a run broken by
+    another store, an unaligned start or other bases are not."""
+    from split_stores import split_stores
+
+    def sass(*ops: str) -> str:
+        return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;   /* 0x0 */" for i, op in enumerate(ops))
+
+    split = ("STG.E desc[UR6][R12.64], R5", "STG.E desc[UR6][R12.64+0x4], R17", "STG.E desc[UR6][R12.64+0x8], R5",
+             "STG.E desc[UR6][R12.64+0xc], R15")
+    assert split_stores(sass(*split)) == [("R12", 0)]
+    assert split_stores(sass("@!P2 STG.E desc[UR4][R2.64+0x20], R7", "STG.E desc[UR4][R2.64+0x24], R9",
+                             "STG.E desc[UR4][R2.64+0x28], R15", "STG.E desc[UR4][R2.64+0x2c], R11")) == [("R2", 32)]
+    assert split_stores(sass("STG.E.128 desc[UR6][R12.64], R4", "STG.E.128 desc[UR6][R12.64+0x20], R8")) == []
+    assert split_stores(sass(*split[:2], "STS [R3], R4", *split[2:])) == []
+    assert split_stores(sass(*(f"STG.E desc[UR6][R12.64+{off:#x}], R5" for off in (4, 8, 12, 16)))) == []  # unaligned
+    # A row of 4-byte stores down a column (offsets 0x1c00 apart): by design, not a split vector.
+    assert split_stores(sass(*(f"@!P4 STG.E desc[UR6][R26.64+{0x1c00 * i:#x}], R21" for i in range(4)))) == []

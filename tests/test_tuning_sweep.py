@@ -1198,3 +1198,19 @@ def test_forty_second_sweep_winner_renders_the_shipped_lossless_recast(arch: str
         _, before = _renders(match, (("store_v4", False),), arch)
         assert "STORE_SOURCE" not in before and "q_words[row, word0 + half * 8 - odd * 4 + j] = staged" in before
     assert len(variants) == 15
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_forty_fifth_sweep_winner_renders_the_shipped_lossless_recast(arch: str) -> None:
+    """Tiles of 32 x 1024 for 1 x 128 output blocks (64 x 512 where H % 1024 != 0), 128 x 256 for the others (the
+    knobs' defaults), render every shipped per_block_cast_lossless byte for byte."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast_lossless")
+    tiles = []
+    for match in expand(kernel):
+        p = match.param_dict
+        tile = (128, 256) if p["block_m"] != 1 else (32, 1024) if p["hidden"] % 1024 == 0 else (64, 512)
+        tiles.append(tile)
+        plain, knobbed = _renders(match, (("tile_m", tile[0]), ("tile_k", tile[1])), arch)
+        assert knobbed == plain, match.params
+        assert f"TILE_M = {tile[0]}\n" in plain and f"TILE_K = {tile[1]}\n" in plain
+    assert sorted(tiles).count((32, 1024)) == 4 and tiles.count((64, 512)) == 1 and tiles.count((128, 256)) == 10

@@ -37,8 +37,8 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning41 --out "$OUT"   # per_block_cast, 1-D grid (sweep41.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning42 --out "$OUT"   # lossless, 16-byte stores (sweep42.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning43 --out "$OUT"   # e2m1 codes as bytes (sweep43.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning44 --out "$OUT"   # per-channel sf, 16-byte store (sweep44.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning45 --out "$OUT"   # lossless 1 x 128, wide tiles (sweep45.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning44 --out "$OUT"   # per-channel sf as one store (sweep44.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning45 --out "$OUT"   # lossless 1x128, wide tiles (sweep45.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -296,7 +296,9 @@ SWEEPS["tkc_tuning41"] = Sweep("tkc_tuning41", "sweep41.yaml", {"per_block_cast"
 SWEEPS["tkc_tuning42"] = Sweep("tkc_tuning42", "sweep42.yaml", {"per_block_cast_lossless": {"store_v4": False}})
 SWEEPS["tkc_tuning43"] = Sweep("tkc_tuning43", "sweep43.yaml", {"per_token_cast": {"q_bytes": False}})
 SWEEPS["tkc_tuning44"] = Sweep("tkc_tuning44", "sweep44.yaml", {"per_channel_cast_fused": {"store_v4": False}})
-SWEEPS["tkc_tuning45"] = Sweep("tkc_tuning45", "sweep45.yaml", {"per_block_cast_lossless": {"tile_m": 128, "tile_k": 256}})
+SWEEPS["tkc_tuning45"] = Sweep(
+    "tkc_tuning45", "sweep45.yaml", {"per_block_cast_lossless": {"tile_m": 128, "tile_k": 256}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -377,6 +377,11 @@ def random_matrix(tokens: int, hidden: int) -> torch.Tensor:
     return torch.randn(tokens, hidden, device=DEVICE, dtype=torch.bfloat16)
 
 
+def input_dtype(problem: dict[str, Any]) -> torch.dtype:
+    """x's dtype for a cast problem: its in_dtype, bf16 where it has none (fp32 rows are the bf16 matrices widened)."""
+    return getattr(torch, problem.get("in_dtype", "bfloat16"))
+
+
 def cast_outputs(kernel: str, problem: dict[str, Any], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     tokens, hidden = x.shape
     if problem["fmt"] == "e4m3":
@@ -481,7 +486,7 @@ def first_sweep_case(kernel: str, problem: dict[str, Any]) -> Case | None:
     if kernel == "per_token_cast":
         assert problem["sf_layout"] == "row_major" and problem["npc"] != 0, problem
         ref = _reference("quant", "per_token_cast_ref")
-        dtype = getattr(torch, problem.get("in_dtype", "bfloat16"))  # the bf16 matrices, widened for fp32 rows
+        dtype = input_dtype(problem)
         return Case(
             make=lambda x: (x[0], *cast_outputs(kernel, problem, x[0]), 0),  # mode 0: cast (q and sf)
             new_x=lambda: (random_matrix(TOKENS, HIDDEN).to(dtype),),
@@ -910,7 +915,7 @@ def per_token_row_case(problem: dict[str, Any]) -> Case:
     an Inf) are whole rows, so each one is a scale group of its own here too."""
     assert problem["sf_layout"] == "row_major", problem
     ref = _reference("quant", "per_token_cast_ref")
-    dtype = getattr(torch, problem.get("in_dtype", "bfloat16"))  # the bf16 matrices, widened for fp32 rows
+    dtype = input_dtype(problem)
 
     def make(x: Inputs) -> Inputs:
         tokens, hidden = x[0].shape

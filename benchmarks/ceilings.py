@@ -5,7 +5,9 @@ traffic is lopsided have other ceilings: expand_to_fused writes 8 bytes per byte
 reduce_fused reads 8 per byte it writes. This measures, with bench.py's timer and in one run:
 
 - copy: y.copy_(x), 1 GiB each way (bench.py's ceiling);
-- write-only: y.fill_(1), 1 GiB written;
+- write-only: y.fill_(1), 1 GiB written, of float32 and of uint8 elements. The uint8 fill runs at 79% of
+  the copy, the float32 one above it (store_ceilings.py: a kernel storing 16 bytes per thread in
+  2 KiB blocks is at 79%, one storing 64 bytes per thread at 108%): 79% is that kernel's, not the card's;
 - read-only: x.amax() over 1 GiB of float32 (one 4-byte result);
 - gather 1:8: torch.index_select of 16384 bf16 rows of 7168 into 131072 rows (a random permutation of
   each row repeated 8 times): the byte mix of expand_to_fused at T = 16384, K = 8, H = 7168.
@@ -35,8 +37,10 @@ def measure(timer: Timer) -> dict[str, tuple[float, float]]:
     copy = copy_bandwidth(timer)
     results = {"copy": (2 * COPY_BYTES / copy / 1e3, copy)}
     buffers = [torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda") for _ in range(2)]
-    us = timer.median_us(lambda y: y.fill_(1), [(b,) for b in buffers])
-    results["write-only (fill_)"] = (us, COPY_BYTES / us / 1e3)
+    for dtype in (torch.float32, torch.uint8):
+        views = [(b.view(dtype),) for b in buffers]
+        us = timer.median_us(lambda y: y.fill_(1), views)
+        results[f"write-only (fill_, {str(dtype).removeprefix('torch.')})"] = (us, COPY_BYTES / us / 1e3)
     floats = [torch.rand(COPY_BYTES // 4, device="cuda") for _ in range(2)]
     del buffers
     us = timer.median_us(lambda x: x.amax(), [(f,) for f in floats])

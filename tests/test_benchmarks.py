@@ -26,7 +26,8 @@ def test_plot_of_committed_results(tmp_path: Path) -> None:
 def test_bench_scripts_parse() -> None:
     import ast
 
-    for script in ("bench.py", "runtime_overhead.py", "profile_launch.py", "plot.py", "ceilings.py", "split_stores.py"):
+    for script in ("bench.py", "runtime_overhead.py", "profile_launch.py", "plot.py", "ceilings.py", "split_stores.py",
+                   "store_ceilings.py"):
         ast.parse((REPO / "benchmarks" / script).read_text())
 
 

@@ -39,6 +39,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning43 --out "$OUT"   # e2m1 codes as bytes (sweep43.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning44 --out "$OUT"   # per-channel sf as one store (sweep44.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning45 --out "$OUT"   # lossless 1x128, wide tiles (sweep45.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning46 --out "$OUT"   # expand's padding tests (sweep46.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -299,6 +300,7 @@ SWEEPS["tkc_tuning44"] = Sweep("tkc_tuning44", "sweep44.yaml", {"per_channel_cas
 SWEEPS["tkc_tuning45"] = Sweep(
     "tkc_tuning45", "sweep45.yaml", {"per_block_cast_lossless": {"tile_m": 128, "tile_k": 256}},
 )
+SWEEPS["tkc_tuning46"] = Sweep("tkc_tuning46", "sweep46.yaml", {"moe_expand": {"pad_rows": 1}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -40,6 +40,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning44 --out "$OUT"   # per-channel sf as one store (sweep44.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning45 --out "$OUT"   # lossless 1x128, wide tiles (sweep45.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning46 --out "$OUT"   # expand's padding tests (sweep46.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning47 --out "$OUT"   # two probes (sweep47.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -301,6 +302,11 @@ SWEEPS["tkc_tuning45"] = Sweep(
     "tkc_tuning45", "sweep45.yaml", {"per_block_cast_lossless": {"tile_m": 128, "tile_k": 256}},
 )
 SWEEPS["tkc_tuning46"] = Sweep("tkc_tuning46", "sweep46.yaml", {"moe_expand": {"pad_rows": 1}})
+SWEEPS["tkc_tuning47"] = Sweep(
+    "tkc_tuning47", "sweep47.yaml",
+    {"per_channel_cast_fused": {"sf_probe": False, "staged_min_blocks": 0},
+     "swiglu_forward_and_per_channel_cast_and_transpose": {"act_probe": False}},
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -41,6 +41,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning45 --out "$OUT"   # lossless 1x128, wide tiles (sweep45.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning46 --out "$OUT"   # expand's padding tests (sweep46.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning47 --out "$OUT"   # two probes (sweep47.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning48 --out "$OUT"   # 64-channel tiles (sweep48.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -306,6 +307,11 @@ SWEEPS["tkc_tuning47"] = Sweep(
     "tkc_tuning47", "sweep47.yaml",
     {"per_channel_cast_fused": {"sf_probe": False, "staged_min_blocks": 0},
      "swiglu_forward_and_per_channel_cast_and_transpose": {"act_probe": False}},
+)
+SWEEPS["tkc_tuning48"] = Sweep(
+    "tkc_tuning48", "sweep48.yaml",
+    {"per_channel_cast_and_transpose": {"tile_h": 32, "min_blocks": 8},
+     "swiglu_forward_and_per_channel_cast_and_transpose": {"tile_h": 32}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

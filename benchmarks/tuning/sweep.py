@@ -42,6 +42,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning46 --out "$OUT"   # expand's padding tests (sweep46.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning47 --out "$OUT"   # two probes (sweep47.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning48 --out "$OUT"   # 64-channel tiles (sweep48.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning49 --out "$OUT"   # expand's padding order (sweep49.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -312,6 +313,9 @@ SWEEPS["tkc_tuning48"] = Sweep(
     "tkc_tuning48", "sweep48.yaml",
     {"per_channel_cast_and_transpose": {"tile_h": 32, "min_blocks": 8},
      "swiglu_forward_and_per_channel_cast_and_transpose": {"tile_h": 32}},
+)
+SWEEPS["tkc_tuning49"] = Sweep(
+    "tkc_tuning49", "sweep49.yaml", {"moe_expand": {"pad_rows": 16, "pad_order": "block", "chunks": 1}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 
@@ -605,13 +609,17 @@ def per_channel_case(kernel: str, problem: dict[str, Any]) -> Case:
 
 def expand_case(problem: dict[str, Any]) -> Case:
     """expand_to_fused as in benchmarks/cases/moe_route.py: T tokens, K of E local experts each,
-    the no-sync worst-case buffer of N rows (padding rows zeroed); bytes x, mapping and out."""
+    the no-sync worst-case buffer of N rows (padding rows zeroed); bytes x, mapping and out. With
+    ``routing`` sparse (a grid value of the sweep, not a template parameter) the ids are drawn from
+    E_GLOBAL experts, as bench.py's gate -> mapping -> expand -> reduce chain does: about an eighth
+    of the pairs are local and most of the buffer is padding rows to zero."""
     assert problem["dtype"] == "bfloat16" and not problem["with_sf"], problem
     routing = _benchmark_case("moe_route")
     ref = _reference("moe_route", "expand_to_fused_ref")
+    experts = routing.E_GLOBAL if problem.get("routing", "dense") == "sparse" else routing.E
 
     def inputs(x: torch.Tensor) -> Inputs:
-        ids = torch.rand((routing.T, routing.E), device=DEVICE).topk(routing.K, dim=1).indices
+        ids = torch.rand((routing.T, experts), device=DEVICE).topk(routing.K, dim=1).indices
         return (x, *routing.torch_mapping(ids))
 
     return Case(

@@ -315,7 +315,7 @@ SWEEPS["tkc_tuning48"] = Sweep(
      "swiglu_forward_and_per_channel_cast_and_transpose": {"tile_h": 32}},
 )
 SWEEPS["tkc_tuning49"] = Sweep(
-    "tkc_tuning49", "sweep49.yaml", {"moe_expand": {"pad_rows": 16, "pad_order": "block", "chunks": 1}},
+    "tkc_tuning49", "sweep49.yaml", {"moe_expand": {"layout": "rows", "pad_rows": 1}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

@@ -84,6 +84,13 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
         _, tk2p, p2e = routed_inputs()
         return torch.randn((T, H), device="cuda", dtype=torch.bfloat16), tk2p, p2e
 
+    def make_expand_ep() -> tuple[torch.Tensor, ...]:
+        # The chain's expand alone: ids of E_GLOBAL experts, so about an eighth of the pairs are local and most of the
+        # N rows are padding to zero (tuning sweep 49: the two routings favour different kernel forms).
+        ids = torch.rand((T, E_GLOBAL), device="cuda").topk(K, dim=1).indices
+        tk2p, p2e = torch_mapping(ids)
+        return torch.randn((T, H), device="cuda", dtype=torch.bfloat16), tk2p, p2e
+
     def make_reduce() -> tuple[torch.Tensor, ...]:
         _, tk2p, _ = routed_inputs()
         return torch.randn((N, H), device="cuda", dtype=torch.bfloat16), torch.rand((T, K), device="cuda"), tk2p
@@ -106,6 +113,8 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
          lambda ids: torch_mapping(ids)),
         ("expand_to_fused", f"T={T} K={K} H={H} bf16", make_expand, moe.expand_to_fused if has else None,
          torch_expand),
+        ("expand_to_fused", f"T={T} K={K} H={H} bf16, {E} of {E_GLOBAL} experts local", make_expand_ep,
+         moe.expand_to_fused if has else None, torch_expand),
         ("reduce_fused", f"T={T} K={K} H={H} bf16", make_reduce, moe.reduce_fused if has else None, torch_reduce),
         ("gate -> mapping -> expand -> reduce", f"T={T} K={K} H={H} E={E_GLOBAL} (local {E})", make_chain,
          ours_chain if has else None, torch_chain),

@@ -28,6 +28,13 @@ def test_inspect_reads_arch_registers_and_shared_memory(small_build: tuple[Build
             variant = next(v for v in manifest["kernels"][c.kernel]["variants"] if v["id"] == c.variant)
             # Registers read from the cubin's .nv.info agree with ptxas's report at build time.
             assert c.registers == {k: r["registers"] for k, r in variant["resources"].items()}
+            # Resident blocks per SM of every launch, from the cubin's resources and the launch's block.
+            for launch in variant["contract"]["launches"]:
+                symbol = launch["symbol"]
+                expected = s.arch.occupancy(threads=launch["block"][0] * launch["block"][1] * launch["block"][2],
+                                            registers=c.registers[symbol],
+                                            shared_memory=c.static_smem[symbol] + launch["dynamic_smem"])
+                assert c.occupancy[symbol] == str(expected) and expected.blocks >= 1
 
 
 def test_tampered_cubin_fails_naming_the_file(small_build: tuple[BuildOptions, list[ArchSummary]],

@@ -8,6 +8,34 @@ from tkc.errors import UsageError
 
 
 @dataclass(frozen=True, kw_only=True)
+class SMResources:
+    """What one SM holds for its resident blocks (the CUDA occupancy calculator's figures).
+
+    The same for compute capability 9.0 and 10.0: 64 Ki registers, allocated per warp in units of
+    256; 2048 threads and 32 blocks; 228 KiB of shared memory, of which every block also takes 1 KiB
+    the system reserves.
+    """
+
+    registers: int = 64 * 1024
+    register_unit: int = 256  # registers are allocated per warp, in multiples of this
+    threads: int = 2048
+    blocks: int = 32
+    shared_memory: int = 228 * 1024
+    reserved_per_block: int = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class Occupancy:
+    """Resident blocks per SM of one launch, and the resource that bounds them."""
+
+    blocks: int
+    limit: str  # "threads", "blocks", "registers" or "shared memory"
+
+    def __str__(self) -> str:
+        return f"{self.blocks} ({self.limit})"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Arch:
     """One target architecture of the build."""
 
@@ -24,6 +52,24 @@ class Arch:
     # 16-byte vectors into one when it can prove 32-byte alignment of the row starts).
     alignment: int
     max_dynamic_smem: int  # bytes per block opt-in limit
+    sm: SMResources = SMResources()
+
+    def occupancy(self, *, threads: int, registers: int, shared_memory: int) -> Occupancy:
+        """Blocks of ``threads`` threads, ``registers`` per thread and ``shared_memory`` bytes (static
+        plus dynamic) that one SM holds at once; the first resource to run out names the limit (ties:
+        threads, then blocks, registers, shared memory). Kernel resources come from the cubin, so this
+        needs no GPU: it is how a launch bound or a tile change moves the resident blocks."""
+        sm = self.sm
+        warps = -(-threads // 32)
+        warp_registers = -(-registers * 32 // sm.register_unit) * sm.register_unit
+        bounds = {
+            "threads": sm.threads // max(threads, 1),
+            "blocks": sm.blocks,
+            "registers": sm.registers // warp_registers // warps if warp_registers else sm.blocks,
+            "shared memory": sm.shared_memory // (shared_memory + sm.reserved_per_block),
+        }
+        limit = min(bounds, key=lambda name: bounds[name])
+        return Occupancy(blocks=bounds[limit], limit=limit)
 
     @property
     def gencode(self) -> str:

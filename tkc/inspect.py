@@ -2,7 +2,8 @@
 
 Per cubin: size, the arch in its ELF header, registers and static shared memory
 from its ``.nv.info`` / ``.nv.shared`` sections, dynamic shared memory from the
-launch contract, spills from the ptxas report in the manifest; and every sha256
+launch contract, spills from the ptxas report in the manifest, the resident blocks
+per SM those resources allow (and which one bounds them); and every sha256
 is checked against the manifest. For the wheel: whether it carries the compiled
 launch module (``_launch.abi3.so``, its CPU) and whether its tag says so. Any
 mismatch makes the result not ``ok``.
@@ -16,6 +17,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tkc.arch import ARCHS
 from tkc.compile import cubin_target
 from tkc.errors import PackageError, ToolchainError
 from tkc.fsutil import sha256_bytes
@@ -38,6 +40,8 @@ class CubinReport:
     static_smem: dict[str, int]
     dynamic_smem: dict[str, int]
     spill_bytes: dict[str, int]
+    # Resident blocks per SM of each launch and what bounds them (tkc.arch.Arch.occupancy), e.g. "5 (registers)".
+    occupancy: dict[str, str]
     sha256_ok: bool
 
 
@@ -127,6 +131,7 @@ def inspect_wheel(path: Path) -> WheelReport:
         root = manifests[0].split("/")[0]
         manifest = json.loads(wheel.read(manifests[0]))
         problems: list[str] = []
+        arch = ARCHS.get(manifest["arch"])  # None: an arch this tkc does not know (no occupancy then)
         listed = set()
         reports = []
         for kernel, entry in sorted(manifest["kernels"].items()):
@@ -151,12 +156,20 @@ def inspect_wheel(path: Path) -> WheelReport:
                 if target != manifest["target"]:
                     problems.append(f"{member}: built for {target}, but the wheel is for {manifest['target']}")
                 launches = v["contract"]["launches"]
+                occupancy = {}
+                if arch is not None:
+                    for launch in launches:
+                        symbol = launch["symbol"]
+                        occupancy[symbol] = str(arch.occupancy(
+                            threads=launch["block"][0] * launch["block"][1] * launch["block"][2],
+                            registers=registers.get(symbol, 0),
+                            shared_memory=static_smem.get(symbol, 0) + launch["dynamic_smem"]))
                 reports.append(CubinReport(
                     kernel=kernel, variant=v["id"], params=v["params"], path=member, bytes=len(data),
                     target=target, registers=registers, static_smem=static_smem,
                     dynamic_smem={launch["symbol"]: launch["dynamic_smem"] for launch in launches},
                     spill_bytes={s: r["spill_stores"] + r["spill_loads"] for s, r in v["resources"].items()},
-                    sha256_ok=sha_ok,
+                    occupancy=occupancy, sha256_ok=sha_ok,
                 ))
         for name in wheel.namelist():
             if name.endswith(".cubin") and name not in listed:
@@ -192,12 +205,14 @@ def _launch_module(wheel: zipfile.ZipFile, root: str, problems: list[str]) -> st
 def format_report(report: WheelReport) -> str:
     lines = [f"{Path(report.wheel).name}: {report.package} {report.version}, {report.arch} ({report.target}), "
              f"{len(report.cubins)} cubins", f"launch module: {report.launch_module}"]
-    rows = [("kernel", "variant", "bytes", "regs", "smem static", "smem dynamic", "spills", "sha256", "params")]
+    rows = [("kernel", "variant", "bytes", "regs", "smem static", "smem dynamic", "spills", "blocks/SM", "sha256",
+             "params")]
     for c in report.cubins:
         rows.append((c.kernel, c.variant, str(c.bytes), ",".join(map(str, c.registers.values())),
                      ",".join(map(str, c.static_smem.values())) or "0",
                      ",".join(map(str, c.dynamic_smem.values())), ",".join(map(str, c.spill_bytes.values())),
-                     "ok" if c.sha256_ok else "MISMATCH", ", ".join(f"{k}={v}" for k, v in c.params.items())))
+                     ",".join(c.occupancy.values()) or "?", "ok" if c.sha256_ok else "MISMATCH",
+                     ", ".join(f"{k}={v}" for k, v in c.params.items())))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -54,6 +55,20 @@ def measure(timer: Timer) -> dict[str, tuple[float, float]]:
     return results
 
 
+def publish(out: Path | None, stem: str, data: object, title: str, first_column: str,
+            rows: Sequence[tuple[str, float, float]], copy: float) -> None:
+    """Print the markdown table of (name, µs, GB/s) rows against ``copy`` GB/s; with ``out``, also write
+    it and ``data`` (as JSON) to out/stem.md and out/stem.json. store_ceilings.py reports through it too."""
+    lines = [title, "", f"| {first_column} | µs | GB/s | % of copy |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {name} | {us:.1f} | {gb:.0f} | {100 * gb / copy:.0f}% |" for name, us, gb in rows]
+    table = "\n".join(lines) + "\n"
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
+        (out / f"{stem}.md").write_text(table)
+    print(table)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="also write ceilings.json here")
@@ -62,16 +77,8 @@ def main() -> int:
         print("ceilings.py needs a CUDA GPU", file=sys.stderr)
         return 1
     results = measure(Timer(Settings(reps=100, warmup=5)))
-    copy = results["copy"][1]
-    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}", "",
-             "| ceiling | µs | GB/s | % of copy |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {name} | {us:.1f} | {gb:.0f} | {100 * gb / copy:.0f}% |" for name, (us, gb) in results.items()]
-    table = "\n".join(lines) + "\n"
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "ceilings.json").write_text(json.dumps(results, indent=1) + "\n")
-        (args.out / "ceilings.md").write_text(table)
-    print(table)
+    publish(args.out, "ceilings", results, f"{torch.cuda.get_device_name()}, torch {torch.__version__}", "ceiling",
+            [(name, us, gb) for name, (us, gb) in results.items()], results["copy"][1])
     return 0
 
 

@@ -19,7 +19,6 @@ Needs torch and Triton (it ships with torch's CUDA wheels), no wheel of ours:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import COPY_BYTES, Settings, Timer, copy_bandwidth
+from ceilings import publish
 
 WORDS = COPY_BYTES // 4  # int32 elements of 1 GiB
 MIX_BLOCK = 2048  # int32 per program of mix_kernel: 64 bytes of each stream per thread
@@ -103,16 +103,8 @@ def main() -> int:
         print("store_ceilings.py needs a CUDA GPU", file=sys.stderr)
         return 1
     rows = measure(Timer(Settings(reps=50, warmup=5)))
-    copy = rows[0][2]
-    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", "",
-             "| kernel | µs | GB/s | % of copy |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {name} | {us:.1f} | {gb:.0f} | {100 * gb / copy:.0f}% |" for name, us, gb in rows]
-    table = "\n".join(lines) + "\n"
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "store_ceilings.json").write_text(json.dumps(rows, indent=1) + "\n")
-        (args.out / "store_ceilings.md").write_text(table)
-    print(table)
+    title = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}"
+    publish(args.out, "store_ceilings", rows, title, "kernel", rows, rows[0][2])
     return 0
 
 

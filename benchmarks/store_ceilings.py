@@ -18,7 +18,6 @@ Needs torch and Triton (it ships with torch's CUDA wheels), no wheel of ours:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import COPY_BYTES, Settings, Timer, copy_bandwidth
-from ceilings import publish
+from ceilings import output_folder, publish
 
 WORDS = COPY_BYTES // 4  # int32 elements of 1 GiB
 MIX_BLOCK = 2048  # int32 per program of mix_kernel: 64 bytes of each stream per thread
@@ -96,15 +95,12 @@ def measure(timer: Timer) -> list[tuple[str, float, float]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="also write store_ceilings.json / .md here")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("store_ceilings.py needs a CUDA GPU", file=sys.stderr)
-        return 1
+    out = output_folder(__doc__, "store_ceilings")
+    if isinstance(out, int):
+        return out
     rows = measure(Timer(Settings(reps=50, warmup=5)))
     title = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}"
-    publish(args.out, "store_ceilings", rows, title, "kernel", rows, rows[0][2])
+    publish(out, "store_ceilings", rows, title, "kernel", rows, rows[0][2])
     return 0
 
 

@@ -184,6 +184,29 @@ def test_expand_to_fused(hidden: int, num_tokens: int, num_topk: int) -> None:
     assert_equal("out", moe.expand_to_fused(x, tk2p, p2e), expand_to_fused_ref(x, tk2p, p2e))
 
 
+@pytest.mark.parametrize("with_sf", [False, True])
+def test_expand_to_fused_expert_parallel(with_sf: bool) -> None:
+    # Expert parallelism as bench.py's chain deploys it: ids of 72 experts, of which this rank keeps 0 .. 8 (the
+    # mapping drops the rest), in the worst-case buffer of 9 local experts: most rows are padding for the kernel to
+    # zero, where the cases above are mostly copies (tuning sweep 49: the two ends favour different grid layouts).
+    num_tokens, num_topk, local = 4001, 6, 9
+    topk_idx = routing(num_tokens, num_topk, 72, seed=29)
+    size = upper_bound(num_tokens, num_topk, local, 128)
+    p2e, _, _, tk2p, *_ = moe.get_fused_mapping(topk_idx, local, size, 128)
+    assert (p2e < 0).float().mean().item() > 0.5, "expected a mostly-padding buffer"
+    x = random_fp8((num_tokens, 7168)) if with_sf else torch.randn((num_tokens, 7168), device="cuda",
+                                                                   dtype=torch.bfloat16)
+    poison_allocator()
+    if not with_sf:
+        assert_equal("out", moe.expand_to_fused(x, tk2p, p2e), expand_to_fused_ref(x, tk2p, p2e))
+        return
+    x_sf = torch.rand((num_tokens, 7168 // 128), device="cuda") + 0.5
+    out, out_sf = moe.expand_to_fused_with_sf((x, x_sf), 128, tk2p, p2e)
+    want, want_sf = expand_to_fused_with_sf_ref(x, x_sf, tk2p, p2e)
+    assert_equal("out", out, want)
+    assert_equal("out_sf", out_sf, want_sf)
+
+
 @pytest.mark.parametrize("col_major", [False, True])
 @pytest.mark.parametrize("hidden,num_tokens,num_topk", EXPAND_CASES)
 def test_expand_to_fused_with_sf(hidden: int, num_tokens: int, num_topk: int, col_major: bool) -> None:

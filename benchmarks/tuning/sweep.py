@@ -42,7 +42,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning46 --out "$OUT"   # expand's padding tests (sweep46.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning47 --out "$OUT"   # two probes (sweep47.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning48 --out "$OUT"   # 64-channel tiles (sweep48.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning49 --out "$OUT"   # expand's padding order (sweep49.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning49 --out "$OUT"   # expand, dense and EP (sweep49.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its

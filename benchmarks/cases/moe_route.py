@@ -72,24 +72,22 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
             return scores.topk(K, dim=1).indices
         return moe.topk_gate(scores, K)  # type: ignore[union-attr]
 
-    def make_ids() -> tuple[torch.Tensor]:
-        return (torch.rand((T, E), device="cuda").topk(K, dim=1).indices,)
+    def make_ids(experts: int = E) -> tuple[torch.Tensor]:
+        return (torch.rand((T, experts), device="cuda").topk(K, dim=1).indices,)
 
-    def routed_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        (ids,) = make_ids()
+    def routed_inputs(experts: int = E) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        (ids,) = make_ids(experts)
         tk2p, p2e = torch_mapping(ids)
         return ids, tk2p, p2e
 
-    def make_expand() -> tuple[torch.Tensor, ...]:
-        _, tk2p, p2e = routed_inputs()
+    def make_expand(experts: int = E) -> tuple[torch.Tensor, ...]:
+        _, tk2p, p2e = routed_inputs(experts)
         return torch.randn((T, H), device="cuda", dtype=torch.bfloat16), tk2p, p2e
 
     def make_expand_ep() -> tuple[torch.Tensor, ...]:
         # The chain's expand alone: ids of E_GLOBAL experts, so about an eighth of the pairs are local and most of the
         # N rows are padding to zero (tuning sweep 49: the two routings favour different kernel forms).
-        ids = torch.rand((T, E_GLOBAL), device="cuda").topk(K, dim=1).indices
-        tk2p, p2e = torch_mapping(ids)
-        return torch.randn((T, H), device="cuda", dtype=torch.bfloat16), tk2p, p2e
+        return make_expand(E_GLOBAL)
 
     def make_reduce() -> tuple[torch.Tensor, ...]:
         _, tk2p, _ = routed_inputs()

@@ -43,6 +43,8 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning47 --out "$OUT"   # two probes (sweep47.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning48 --out "$OUT"   # 64-channel tiles (sweep48.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning49 --out "$OUT"   # expand, dense and EP (sweep49.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning50 --out "$OUT"   # expand, strided padding (sweep50.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning51 --out "$OUT"   # expand, fat blocks first (sweep51.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -316,6 +318,13 @@ SWEEPS["tkc_tuning48"] = Sweep(
 )
 SWEEPS["tkc_tuning49"] = Sweep(
     "tkc_tuning49", "sweep49.yaml", {"moe_expand": {"layout": "rows", "pad_rows": 1}},
+)
+SWEEPS["tkc_tuning50"] = Sweep(
+    "tkc_tuning50", "sweep50.yaml", {"moe_expand": {"layout": "rows", "pad_rows": 1, "pad_order": "block"}},
+)
+SWEEPS["tkc_tuning51"] = Sweep(
+    "tkc_tuning51", "sweep51.yaml",
+    {"moe_expand": {"layout": "rows", "pad_rows": 1, "pad_order": "block", "min_blocks": 0}},
 )
 DEFAULT_PACKAGE = "tkc_tuning"
 

@@ -1,11 +1,12 @@
 """Launch chosen moe_expand variants of tkc_tuning51 once each on the sparse routing (for ncu)."""
-import sys
 import importlib
+import sys
+
 import torch
 
 sys.path.insert(0, "benchmarks/tuning")
 sys.path.insert(0, "benchmarks")
-import sweep  # noqa: E402
+import sweep
 
 names = sys.argv[1:]
 pkg = importlib.import_module("tkc_tuning51")

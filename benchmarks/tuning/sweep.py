@@ -46,6 +46,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning50 --out "$OUT"   # expand, strided padding (sweep50.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning51 --out "$OUT"   # expand, fat blocks first (sweep51.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning52 --out "$OUT"   # expand, bulk stores (sweep52.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning53 --out "$OUT"   # cast backs, bulk stores (sweep53.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -328,6 +329,7 @@ SWEEPS["tkc_tuning51"] = Sweep(
     {"moe_expand": {"layout": "rows", "pad_rows": 1, "pad_order": "block", "min_blocks": 0}},
 )
 SWEEPS["tkc_tuning52"] = Sweep("tkc_tuning52", "sweep52.yaml", {"moe_expand": {"stores": "lsu", "pad_rows": 4}})
+SWEEPS["tkc_tuning53"] = Sweep("tkc_tuning53", "sweep53.yaml", {"per_token_cast_back": {"store": "direct"}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

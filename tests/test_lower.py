@@ -154,3 +154,26 @@ def test_swiglu_clamps_keep_nan(kernel: str, params: dict[str, object], tmp_path
     assert 'asm("min.NaN.f32' in source and 'asm("max.NaN.f32' in source
     assert "tkc_min_nan(tkc_max_nan(" in source  # xr's two-sided clamp
     assert "fminf(" not in source and "min(swiglu_clamp_value" not in source
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+@pytest.mark.parametrize(("dtype", "with_sf"), [("bfloat16", False), ("float8_e4m3fn", True)])
+def test_expand_rows_leave_as_bulk_copies(arch: str, dtype: str, with_sf: bool, tmp_path: Path) -> None:
+    """expand_to_fused writes each expanded row with one cp.async.bulk from a row in shared memory (benchmarks/tuning
+    sweep 52): no tensor map, the row's bytes as dynamic shared memory, the generic-proxy writes fenced before the
+    copies and the block waiting for the copies' reads before it exits. The GPU tests check the outputs; this catches
+    a TileLang that lowers T.tma_copy differently, on a machine without a GPU."""
+    spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("moe_expand")
+    variant = next(v for v in expand(spec)
+                   if v.param_dict["hidden"] == 2048 and v.param_dict["dtype"] == dtype
+                   and v.param_dict["with_sf"] is with_sf and v.param_dict["sf_layout"] == "row_major")
+    lowered = lower(render(variant, ARCHS[arch], TEMPLATES, tmp_path), ARCHS[arch])
+    (launch,) = lowered.contract.launches
+    assert launch.dynamic_smem == 2048 * (2 if dtype == "bfloat16" else 1)
+    assert not any(a.kind == "tma" for a in launch.args)
+    source = lowered.cuda_source
+    assert source.count("tl::tma_store(") == 2  # a token's copies and a padding row's zeros
+    assert "tl::fence_proxy_async()" in source and "tl::tma_store_wait<0, true>()" in source
+    # Scale rows are plain stores by every thread, outside the elected thread's copies.
+    assert ("out_sf[" in source) is with_sf

@@ -69,21 +69,19 @@ def publish(out: Path | None, stem: str, data: object, title: str, first_column:
     print(table)
 
 
-def output_folder(doc: str, stem: str) -> Path | int | None:
-    """The --out folder of a ceilings script (None: print only), or 1 where there is no CUDA GPU to measure."""
+def output_folder(doc: str, stem: str) -> Path | None:
+    """The --out folder of a ceilings script (None: print only); exits with status 1 where there is no CUDA GPU."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", type=Path, help=f"also write {stem}.json and {stem}.md here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print(f"{stem}.py needs a CUDA GPU", file=sys.stderr)
-        return 1
-    return args.out
+        raise SystemExit(f"{stem}.py needs a CUDA GPU")
+    out: Path | None = args.out
+    return out
 
 
 def main() -> int:
     out = output_folder(__doc__, "ceilings")
-    if isinstance(out, int):
-        return out
     results = measure(Timer(Settings(reps=100, warmup=5)))
     publish(out, "ceilings", results, f"{torch.cuda.get_device_name()}, torch {torch.__version__}", "ceiling",
             [(name, us, gb) for name, (us, gb) in results.items()], results["copy"][1])

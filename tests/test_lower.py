@@ -177,3 +177,23 @@ def test_expand_rows_leave_as_bulk_copies(arch: str, dtype: str, with_sf: bool, 
     assert "tl::fence_proxy_async()" in source and "tl::tma_store_wait<0, true>()" in source
     # Scale rows are plain stores by every thread, outside the elected thread's copies.
     assert ("out_sf[" in source) is with_sf
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+@pytest.mark.parametrize(("fmt", "npc", "bulk"), [("e4m3", 128, True), ("e2m1", 32, False)])
+def test_cast_back_rows_leave_by_format(arch: str, fmt: str, npc: int, bulk: bool, tmp_path: Path) -> None:
+    """per_token_cast_back writes e4m3's decoded rows through shared memory and one cp.async.bulk per row piece
+    (benchmarks/tuning sweep 53: 1.02x on the H200) and e2m1's straight from registers (the bulk form was 0.98x):
+    no tensor map either way."""
+    spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_token_cast_back")
+    variant = next(v for v in expand(spec)
+                   if v.param_dict["hidden"] == 7168 and v.param_dict["fmt"] == fmt and v.param_dict["npc"] == npc
+                   and v.param_dict["out_dtype"] == "bfloat16" and v.param_dict["sf_layout"] == "row_major")
+    lowered = lower(render(variant, ARCHS[arch], TEMPLATES, tmp_path), ARCHS[arch])
+    (launch,) = lowered.contract.launches
+    assert not any(a.kind == "tma" for a in launch.args)
+    source = lowered.cuda_source
+    assert ("tl::tma_store(" in source) is bulk
+    assert ("tl::tma_store_wait<0, true>()" in source) is bulk
+    assert launch.dynamic_smem == (4096 * 2 if bulk else 0)  # the block's 4096-element bf16 tile

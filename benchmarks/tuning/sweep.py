@@ -550,7 +550,7 @@ def cast_back_case(problem: dict[str, Any]) -> Case:
     assert problem["sf_layout"] == "row_major" and problem["out_dtype"] == "bfloat16", problem
     cast = _reference("quant", "per_token_cast_ref")
     ref = _reference("quant_cast_back", "per_token_cast_back_ref")
-    fmt_, npc = problem["fmt"], problem["npc"]
+    fmt_, npc = problem["fmt"], problem["npc"] or HIDDEN  # npc 0: one scale per row
     if cast is None:
         raise SystemExit("per_token_cast_back needs tests/reference/quant.py to make its (q, sf) inputs")
     return Case(

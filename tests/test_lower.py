@@ -197,3 +197,24 @@ def test_cast_back_rows_leave_by_format(arch: str, fmt: str, npc: int, bulk: boo
     assert ("tl::tma_store(" in source) is bulk
     assert ("tl::tma_store_wait<0, true>()" in source) is bulk
     assert launch.dynamic_smem == (4096 * 2 if bulk else 0)  # the block's 4096-element bf16 tile
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+@pytest.mark.parametrize(("out_dtype", "bulk"), [("bfloat16", True), ("float32", False)])
+def test_e5m6_cast_back_rows_leave_by_dtype(arch: str, out_dtype: str, bulk: bool, tmp_path: Path) -> None:
+    """cast_back_e5m6 writes each bf16 row through shared memory and one cp.async.bulk of the row's hidden elements
+    (benchmarks/tuning sweep 54: 1.01-1.02x on the H200; H 2560's padded tile copies only the row); fp32 rows keep
+    their direct 16-byte stores."""
+    spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("cast_back_e5m6")
+    variant = next(v for v in expand(spec)
+                   if v.param_dict["hidden"] == 2560 and v.param_dict["out_dtype"] == out_dtype)
+    lowered = lower(render(variant, ARCHS[arch], TEMPLATES, tmp_path), ARCHS[arch])
+    (launch,) = lowered.contract.launches
+    assert not any(a.kind == "tma" for a in launch.args)
+    source = lowered.cuda_source
+    assert (source.count("tl::tma_store(") == 1) is bulk
+    assert ("tl::tma_store_wait<0, true>()" in source) is bulk
+    if bulk:
+        assert ", 5120);" in source  # the copy's size: 2560 bf16, not the 3072 of the padded tile
+        assert launch.dynamic_smem == 3072 * 2

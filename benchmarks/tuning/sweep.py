@@ -47,6 +47,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning51 --out "$OUT"   # expand, fat blocks first (sweep51.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning52 --out "$OUT"   # expand, bulk stores (sweep52.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning53 --out "$OUT"   # cast backs, bulk stores (sweep53.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning54 --out "$OUT"   # E5M6 cast back, bulk (sweep54.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -330,6 +331,7 @@ SWEEPS["tkc_tuning51"] = Sweep(
 )
 SWEEPS["tkc_tuning52"] = Sweep("tkc_tuning52", "sweep52.yaml", {"moe_expand": {"stores": "lsu", "pad_rows": 4}})
 SWEEPS["tkc_tuning53"] = Sweep("tkc_tuning53", "sweep53.yaml", {"per_token_cast_back": {"store": "direct"}})
+SWEEPS["tkc_tuning54"] = Sweep("tkc_tuning54", "sweep54.yaml", {"cast_back_e5m6": {"store": "direct"}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -475,6 +477,8 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return first
     if kernel == "per_token_cast_back":
         return cast_back_case(problem)
+    if kernel == "cast_back_e5m6":
+        return e5m6_cast_back_case(problem)
     if kernel in ("per_channel_cast_fused", "per_channel_cast_and_transpose"):
         return per_channel_case(kernel, problem)
     if kernel == "moe_expand":
@@ -559,6 +563,29 @@ def cast_back_case(problem: dict[str, Any]) -> Case:
         check_x=lambda: tuple(cast(check_matrix(TOKENS + 37, HIDDEN), fmt_, npc, False)),  # a partial last tile
         outputs=lambda args: args[2:3],
         reference=(lambda x: (ref(x[0], x[1], torch.bfloat16, npc),)) if ref else None,
+    )
+
+
+def e5m6_cast_back_case(problem: dict[str, Any]) -> Case:
+    """(q, sf) from per_token_cast_e5m6_ref, as bench.py makes them, seen as the kernel takes them: q's bytes as
+    int32 words (T, 3 H / 8), sf as (T,); out bf16 (T, H)."""
+    assert problem["out_dtype"] == "bfloat16", problem
+    cast = _reference("quant_e5m6", "per_token_cast_e5m6_ref")
+    ref = _reference("quant_e5m6", "cast_back_e5m6_ref")
+    hidden = problem["hidden"]
+    if cast is None:
+        raise SystemExit("cast_back_e5m6 needs tests/reference/quant_e5m6.py to make its (q, sf) inputs")
+
+    def pair(x: torch.Tensor) -> Inputs:
+        q, sf = cast(x)
+        return q.view(torch.int32), sf.reshape(-1)
+
+    return Case(
+        make=lambda x: (x[0], x[1], torch.empty(x[0].shape[0], hidden, device=DEVICE, dtype=torch.bfloat16)),
+        new_x=lambda: pair(random_matrix(TOKENS, hidden)),
+        check_x=lambda: pair(check_matrix(TOKENS + 37, hidden)),
+        outputs=lambda args: args[2:3],
+        reference=(lambda x: (ref(x[0].view(torch.uint8), x[1], torch.bfloat16),)) if ref else None,
     )
 
 

@@ -48,6 +48,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning52 --out "$OUT"   # expand, bulk stores (sweep52.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning53 --out "$OUT"   # cast backs, bulk stores (sweep53.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning54 --out "$OUT"   # E5M6 cast back, bulk (sweep54.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning55 --out "$OUT"   # fp32 cast backs, SwiGLU bwd: bulk
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -332,6 +333,12 @@ SWEEPS["tkc_tuning51"] = Sweep(
 SWEEPS["tkc_tuning52"] = Sweep("tkc_tuning52", "sweep52.yaml", {"moe_expand": {"stores": "lsu", "pad_rows": 4}})
 SWEEPS["tkc_tuning53"] = Sweep("tkc_tuning53", "sweep53.yaml", {"per_token_cast_back": {"store": "direct"}})
 SWEEPS["tkc_tuning54"] = Sweep("tkc_tuning54", "sweep54.yaml", {"cast_back_e5m6": {"store": "direct"}})
+SWEEPS["tkc_tuning55"] = Sweep(
+    "tkc_tuning55", "sweep55.yaml",
+    {"cast_back_e5m6": {"f32_store": "direct"}, "per_token_cast_back": {"store": "direct"},
+     "swiglu_backward_and_per_token_cast": {"store": "direct"}},
+    (("per_token_cast_back", "fmt", "e4m3", {"store": "bulk"}),),  # e4m3 ships bulk since sweep 53
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -550,29 +557,30 @@ def first_sweep_case(kernel: str, problem: dict[str, Any]) -> Case | None:
 
 
 def cast_back_case(problem: dict[str, Any]) -> Case:
-    """(q, sf) from per_token_cast_ref, as bench.py makes them; out bf16 (T, H)."""
-    assert problem["sf_layout"] == "row_major" and problem["out_dtype"] == "bfloat16", problem
+    """(q, sf) from per_token_cast_ref, as bench.py makes them; out bf16 or fp32 (T, H)."""
+    assert problem["sf_layout"] == "row_major", problem
     cast = _reference("quant", "per_token_cast_ref")
     ref = _reference("quant_cast_back", "per_token_cast_back_ref")
     fmt_, npc = problem["fmt"], problem["npc"] or HIDDEN  # npc 0: one scale per row
+    out_dtype = getattr(torch, problem["out_dtype"])
     if cast is None:
         raise SystemExit("per_token_cast_back needs tests/reference/quant.py to make its (q, sf) inputs")
     return Case(
-        make=lambda x: (x[0], x[1], torch.empty(x[0].shape[0], HIDDEN, device=DEVICE, dtype=torch.bfloat16)),
+        make=lambda x: (x[0], x[1], torch.empty(x[0].shape[0], HIDDEN, device=DEVICE, dtype=out_dtype)),
         new_x=lambda: tuple(cast(random_matrix(TOKENS, HIDDEN), fmt_, npc, False)),
         check_x=lambda: tuple(cast(check_matrix(TOKENS + 37, HIDDEN), fmt_, npc, False)),  # a partial last tile
         outputs=lambda args: args[2:3],
-        reference=(lambda x: (ref(x[0], x[1], torch.bfloat16, npc),)) if ref else None,
+        reference=(lambda x: (ref(x[0], x[1], out_dtype, npc),)) if ref else None,
     )
 
 
 def e5m6_cast_back_case(problem: dict[str, Any]) -> Case:
     """(q, sf) from per_token_cast_e5m6_ref, as bench.py makes them, seen as the kernel takes them: q's bytes as
-    int32 words (T, 3 H / 8), sf as (T,); out bf16 (T, H)."""
-    assert problem["out_dtype"] == "bfloat16", problem
+    int32 words (T, 3 H / 8), sf as (T,); out bf16 or fp32 (T, H)."""
     cast = _reference("quant_e5m6", "per_token_cast_e5m6_ref")
     ref = _reference("quant_e5m6", "cast_back_e5m6_ref")
     hidden = problem["hidden"]
+    out_dtype = getattr(torch, problem["out_dtype"])
     if cast is None:
         raise SystemExit("cast_back_e5m6 needs tests/reference/quant_e5m6.py to make its (q, sf) inputs")
 
@@ -581,11 +589,11 @@ def e5m6_cast_back_case(problem: dict[str, Any]) -> Case:
         return q.view(torch.int32), sf.reshape(-1)
 
     return Case(
-        make=lambda x: (x[0], x[1], torch.empty(x[0].shape[0], hidden, device=DEVICE, dtype=torch.bfloat16)),
+        make=lambda x: (x[0], x[1], torch.empty(x[0].shape[0], hidden, device=DEVICE, dtype=out_dtype)),
         new_x=lambda: pair(random_matrix(TOKENS, hidden)),
         check_x=lambda: pair(check_matrix(TOKENS + 37, hidden)),
         outputs=lambda args: args[2:3],
-        reference=(lambda x: (ref(x[0].view(torch.uint8), x[1], torch.bfloat16),)) if ref else None,
+        reference=(lambda x: (ref(x[0].view(torch.uint8), x[1], out_dtype),)) if ref else None,
     )
 
 

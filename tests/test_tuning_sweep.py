@@ -794,10 +794,11 @@ def test_seventeenth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
 
 
 def _sweep17_winner(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """The knobs shipped since sweep 17: direct stores in memory order (e4m3's stores bulk copies since sweep 53);
-    lanes where K is a multiple of 4."""
+    """The knobs shipped since sweep 17: direct stores in memory order (bulk copies since sweeps 53 and 55, except
+    e2m1 to bf16); lanes where K is a multiple of 4."""
     if name == "per_token_cast_back":
-        return {"store": "bulk" if params["fmt"] == "e4m3" else "direct", "block_order": "row"}
+        direct = params["fmt"] == "e2m1" and params["out_dtype"] == "bfloat16"
+        return {"store": "direct" if direct else "bulk", "block_order": "row"}
     return {"threads": 128, "vector": "lanes" if params["num_topk"] % 4 == 0 else "scalar"}
 
 

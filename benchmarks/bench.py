@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import itertools
 import json
 import math
 import statistics
@@ -271,16 +272,19 @@ def block_and_back_rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
             (lambda x, f=cast_fmt, b=block: block_cast(x, f, b)) if block_cast else None,
             lambda x, f=cast_fmt, b=block: per_block_cast_ref(x, f, b),
             "" if block_cast else "ours n/a: the wheel has no quant.per_block_cast"))
-    for cast_fmt, npc in (("e4m3", 128), ("e2m1", 32)):
+    # fp32 out: twice the bytes written; the two paths that sweep 55 moved to bulk copies.
+    for (cast_fmt, npc), (out_name, out_dtype) in itertools.product(
+            (("e4m3", 128), ("e2m1", 32)), (("bf16", torch.bfloat16), ("fp32", torch.float32))):
 
         def make_pair(f: str = cast_fmt, n: int = npc) -> Inputs:
             x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
             return per_token_cast_ref(x, f, n, False)
 
         rows.append(bench_case(
-            timer, copy_gb_s, f"per_token_cast_back {cast_fmt} npc={npc} -> bf16", f"({tokens}, {hidden})", make_pair,
-            (lambda q, sf, n=npc: cast_back((q, sf), "bf16", n)) if cast_back else None,
-            lambda q, sf, n=npc: per_token_cast_back_ref(q, sf, torch.bfloat16, n),
+            timer, copy_gb_s, f"per_token_cast_back {cast_fmt} npc={npc} -> {out_name}", f"({tokens}, {hidden})",
+            make_pair,
+            (lambda q, sf, n=npc, o=out_name: cast_back((q, sf), o, n)) if cast_back else None,
+            lambda q, sf, n=npc, d=out_dtype: per_token_cast_back_ref(q, sf, d, n),
             "" if cast_back else "ours n/a: the wheel has no quant.per_token_cast_back"))
     return rows
 

@@ -1216,3 +1216,38 @@ def test_forty_fifth_sweep_winner_renders_the_shipped_lossless_recast(arch: str)
         assert knobbed == plain, match.params
         assert f"TILE_M = {tile[0]}\n" in plain and f"TILE_K = {tile[1]}\n" in plain
     assert sorted(tiles).count((32, 1024)) == 4 and tiles.count((64, 512)) == 1 and tiles.count((128, 256)) == 10
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_fifty_sixth_sweep_baseline_renders_the_shipped_per_channel_cast(arch: str) -> None:
+    """q_store direct (sweep 56's baseline, the knob's default) renders every shipped per_channel_cast_fused variant
+    byte for byte; bulk stages the codes in shared memory and has lane 0 of each warp copy the warp's rows out."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_channel_cast_fused")
+    for match in expand(kernel):
+        plain, direct = _renders(match, (("q_store", "direct"),), arch)
+        assert direct == plain, match.params
+        _, bulk = _renders(match, (("q_store", "bulk"),), arch)
+        assert "bulk_store(" not in plain and "T.import_source(BULK_SOURCE)" in bulk
+        assert bulk.count("q_s[r * TILE_K + lane * CV + j] = q_local[j]") == plain.count(
+            "q[pid_m * TILE_M + r, k0 + lane * CV + j] = q_local[j]")
+        assert "q[pid_m * TILE_M + r, k0 + lane * CV + j]" not in bulk
+        assert bulk.count("bulk_store(T.address_of(q[pid_m * TILE_M + r, k0]), T.address_of(q_s[r * TILE_K]), TILE_K)") == 1
+
+
+@pytest.mark.slow
+def test_fifty_sixth_sweep_bulk_codes_lower_to_bulk_copies(tmp_path: Path) -> None:
+    """The bulk candidate lowers (sm_90a) to shared stores of the codes, the async-proxy fence, and lane 0's
+    cp.async.bulk of each 128-byte row; no tensor map, so the loader's dispatch path still takes it."""
+    from tkc.lower import lower
+    from tkc.render import render
+
+    specs = load_specs([TUNING / "sweep56.yaml"], TEMPLATES)
+    variant = next(v for v in expand(specs.kernel("per_channel_cast_fused"))
+                   if v.param_dict["in_dtype"] == "float8_e4m3fn" and v.param_dict["q_store"] == "bulk")
+    lowered = lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"])
+    (launch,) = lowered.contract.launches
+    assert not any(a.kind == "tma" for a in launch.args)
+    source = lowered.cuda_source
+    assert "cp.async.bulk.global.shared::cta.bulk_group" in source and "cp.async.bulk.wait_group.read 0" in source
+    assert "tkc_bulk_fence();" in source and "if ((((int)threadIdx.x) % 32) == 0)" in source
+    assert source.count("tkc_bulk_store((&(q[") == 1

@@ -1251,3 +1251,41 @@ def test_fifty_sixth_sweep_bulk_codes_lower_to_bulk_copies(tmp_path: Path) -> No
     assert "cp.async.bulk.global.shared::cta.bulk_group" in source and "cp.async.bulk.wait_group.read 0" in source
     assert "tkc_bulk_fence();" in source and "if ((((int)threadIdx.x) % 32) == 0)" in source
     assert source.count("tkc_bulk_store((&(q[") == 1
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_fifty_seventh_sweep_baseline_renders_the_shipped_transpose_cast(arch: str) -> None:
+    """q_store direct (sweep 57's baseline, the knob's default) renders every shipped per_channel_cast_and_transpose
+    variant byte for byte; bulk writes the q tile to shared memory and copies its rows out from one lane per warp."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_channel_cast_and_transpose")
+    for match in expand(kernel):
+        plain, direct = _renders(match, (("q_store", "direct"),), arch)
+        assert direct == plain, match.params
+        _, bulk = _renders(match, (("q_store", "bulk"),), arch)
+        assert "q[h0 + c, t0 + seg * SEG + half * HALF + i] = q_local[i]" in plain
+        assert "q[h0 + c, t0 + seg * SEG + half * HALF + i]" not in bulk
+        assert "q_shared[c * q_pitch + seg * SEG + half * HALF + i] = q_local[i]" in bulk
+        assert "bulk_store(T.address_of(q[h0 + ch, t0]), T.address_of(q_shared[ch * q_pitch]), TILE_T)" in bulk
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("npt", [32, 128])
+def test_fifty_seventh_sweep_bulk_rows_lower_after_a_barrier(npt: int, tmp_path: Path) -> None:
+    """The bulk candidate lowers (sm_90a) to lane 0's 128-byte bulk copies, no tensor map. TileLang places the q tile
+    over the x tile in shared memory; a block barrier must then separate the last read of x from the first write of
+    q (it is what makes the overlap safe for npt 32, which has no barrier of its own after the tile's reads)."""
+    from tkc.lower import lower
+    from tkc.render import render
+
+    specs = load_specs([TUNING / "sweep57.yaml"], TEMPLATES)
+    variant = next(v for v in expand(specs.kernel("per_channel_cast_and_transpose"))
+                   if v.param_dict["npt"] == npt and v.param_dict["q_store"] == "bulk")
+    lowered = lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"])
+    (launch,) = lowered.contract.launches
+    assert not any(a.kind == "tma" for a in launch.args)
+    source = lowered.cuda_source
+    assert source.count("tkc_bulk_store((&(q[") == 1 and "cp.async.bulk.wait_group.read 0" in source
+    body = source[source.index("__global__"):]
+    last_x_read = body.rindex("x_shared)[")
+    first_q_write = body.index("q_shared)[")
+    assert last_x_read < first_q_write and "__syncthreads();" in body[last_x_read:first_q_write]

@@ -1289,3 +1289,37 @@ def test_fifty_seventh_sweep_bulk_rows_lower_after_a_barrier(npt: int, tmp_path:
     last_x_read = body.rindex("x_shared)[")
     first_q_write = body.index("q_shared)[")
     assert last_x_read < first_q_write and "__syncthreads();" in body[last_x_read:first_q_write]
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_fifty_eighth_sweep_baseline_renders_the_shipped_lossless_cast(arch: str) -> None:
+    """q_store direct (sweep 58's baseline, the knob's default) renders every shipped per_block_cast_lossless variant
+    byte for byte; bulk stages the paired pieces in shared memory instead of storing them to q."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast_lossless")
+    for match in expand(kernel):
+        plain, direct = _renders(match, (("q_store", "direct"),), arch)
+        assert direct == plain, match.params
+        _, bulk = _renders(match, (("q_store", "bulk"),), arch)
+        assert "store_v4(" in plain and "store_v4(" not in bulk and "T.import_source(BULK_SOURCE)" in bulk
+        assert bulk.count("bulk_store(T.address_of(q_words[") == 1
+
+
+@pytest.mark.slow
+def test_fifty_eighth_sweep_bulk_rows_address_q_in_words(tmp_path: Path) -> None:
+    """The bulk candidate's copies address q through its uint32 view in word units: TileLang names q's storage
+    q_words, so an address taken as q[row, col] would come out as &q_words[byte index], four times too far."""
+    from tkc.lower import lower
+    from tkc.render import render
+
+    specs = load_specs([TUNING / "sweep58.yaml"], TEMPLATES)
+    variant = next(v for v in expand(specs.kernel("per_block_cast_lossless"))
+                   if v.param_dict["hidden"] == 7168 and v.param_dict["block_m"] == 1
+                   and v.param_dict["q_store"] == "bulk")
+    lowered = lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"])
+    (launch,) = lowered.contract.launches
+    assert not any(a.kind == "tma" for a in launch.args)
+    source = lowered.cuda_source
+    (call,) = [line.strip() for line in source.splitlines() if "tkc_bulk_store((" in line]
+    # 32 x 1024 tiles, 7 per row of tiles: row tile b / 7 starts 32 rows x 1792 words in, slice b % 7 256 words in.
+    assert call.startswith("tkc_bulk_store((&(((uint*)q_words)[")
+    assert "(int64_t)57344" in call and "(int64_t)1792" in call and "(int64_t)256" in call and call.endswith(", 1024);")

@@ -51,6 +51,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning55 --out "$OUT"   # fp32 cast backs, SwiGLU bwd: bulk
     python benchmarks/tuning/sweep.py --package tkc_tuning56 --out "$OUT"   # per-channel codes: bulk (sweep56.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning57 --out "$OUT"   # transposed q rows: bulk (sweep57.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning58 --out "$OUT"   # lossless re-cast: bulk (sweep58.yaml)
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -344,6 +345,7 @@ SWEEPS["tkc_tuning55"] = Sweep(
 SWEEPS["tkc_tuning56"] = Sweep("tkc_tuning56", "sweep56.yaml", {"per_channel_cast_fused": {"q_store": "direct"}})
 SWEEPS["tkc_tuning57"] = Sweep(
     "tkc_tuning57", "sweep57.yaml", {"per_channel_cast_and_transpose": {"q_store": "direct"}})
+SWEEPS["tkc_tuning58"] = Sweep("tkc_tuning58", "sweep58.yaml", {"per_block_cast_lossless": {"q_store": "direct"}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -338,7 +338,7 @@ SWEEPS["tkc_tuning53"] = Sweep("tkc_tuning53", "sweep53.yaml", {"per_token_cast_
 SWEEPS["tkc_tuning54"] = Sweep("tkc_tuning54", "sweep54.yaml", {"cast_back_e5m6": {"store": "direct"}})
 SWEEPS["tkc_tuning55"] = Sweep(
     "tkc_tuning55", "sweep55.yaml",
-    {"cast_back_e5m6": {"f32_store": "direct"}, "per_token_cast_back": {"store": "direct"},
+    {"cast_back_e5m6": {"store": "direct"}, "per_token_cast_back": {"store": "direct"},
      "swiglu_backward_and_per_token_cast": {"store": "direct"}},
     (("per_token_cast_back", "fmt", "e4m3", {"store": "bulk"}),),  # e4m3 ships bulk since sweep 53
 )

@@ -18,6 +18,16 @@ def _variant(kernel: str, **params: object):  # type: ignore[no-untyped-def]
     return next(v for v in expand(spec) if all(v.param_dict[k] == p for k, p in params.items()))
 
 
+def _lower_shipped(kernel: str, arch: str, tmp_path: Path, **params: object):  # type: ignore[no-untyped-def]
+    """The lowered variant of a shipped kernel (kernel_specs/) whose grid values include ``params``: its one launch
+    and its CUDA source."""
+    spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel(kernel)
+    variant = next(v for v in expand(spec) if all(v.param_dict[k] == p for k, p in params.items()))
+    lowered = lower(render(variant, ARCHS[arch], TEMPLATES, tmp_path), ARCHS[arch])
+    (launch,) = lowered.contract.launches
+    return launch, lowered.cuda_source
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
@@ -164,15 +174,10 @@ def test_expand_rows_leave_as_bulk_copies(arch: str, dtype: str, with_sf: bool, 
     sweep 52): no tensor map, the row's bytes as dynamic shared memory, the generic-proxy writes fenced before the
     copies and the block waiting for the copies' reads before it exits. The GPU tests check the outputs; this catches
     a TileLang that lowers T.tma_copy differently, on a machine without a GPU."""
-    spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("moe_expand")
-    variant = next(v for v in expand(spec)
-                   if v.param_dict["hidden"] == 2048 and v.param_dict["dtype"] == dtype
-                   and v.param_dict["with_sf"] is with_sf and v.param_dict["sf_layout"] == "row_major")
-    lowered = lower(render(variant, ARCHS[arch], TEMPLATES, tmp_path), ARCHS[arch])
-    (launch,) = lowered.contract.launches
+    launch, source = _lower_shipped("moe_expand", arch, tmp_path, hidden=2048, dtype=dtype, with_sf=with_sf,
+                                    sf_layout="row_major")
     assert launch.dynamic_smem == 2048 * (2 if dtype == "bfloat16" else 1)
     assert not any(a.kind == "tma" for a in launch.args)
-    source = lowered.cuda_source
     assert source.count("tl::tma_store(") == 2  # a token's copies and a padding row's zeros
     assert "tl::fence_proxy_async()" in source and "tl::tma_store_wait<0, true>()" in source
     # Scale rows are plain stores by every thread, outside the elected thread's copies.
@@ -189,14 +194,9 @@ def test_cast_back_rows_leave_by_format(arch: str, fmt: str, npc: int, out_dtype
     """per_token_cast_back writes its decoded rows through shared memory and one cp.async.bulk per row piece
     (benchmarks/tuning sweeps 53 and 55 on the H200: e4m3 1.01-1.02x, e2m1 to fp32 1.10x), except e2m1 to bf16,
     whose direct stores from registers won (the bulk form was 0.98x); no tensor map either way."""
-    spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_token_cast_back")
-    variant = next(v for v in expand(spec)
-                   if v.param_dict["hidden"] == 7168 and v.param_dict["fmt"] == fmt and v.param_dict["npc"] == npc
-                   and v.param_dict["out_dtype"] == out_dtype and v.param_dict["sf_layout"] == "row_major")
-    lowered = lower(render(variant, ARCHS[arch], TEMPLATES, tmp_path), ARCHS[arch])
-    (launch,) = lowered.contract.launches
+    launch, source = _lower_shipped("per_token_cast_back", arch, tmp_path, hidden=7168, fmt=fmt, npc=npc,
+                                    out_dtype=out_dtype, sf_layout="row_major")
     assert not any(a.kind == "tma" for a in launch.args)
-    source = lowered.cuda_source
     assert ("tl::tma_store(" in source) is bulk
     assert ("tl::tma_store_wait<0, true>()" in source) is bulk
     itemsize = 2 if out_dtype == "bfloat16" else 4
@@ -210,13 +210,8 @@ def test_e5m6_cast_back_rows_leave_as_bulk_copies(arch: str, out_dtype: str, tmp
     """cast_back_e5m6 writes each row through shared memory and one cp.async.bulk of the row's hidden elements
     (benchmarks/tuning sweeps 54 and 55 on the H200: bf16 1.01-1.02x, fp32 1.04x). H 2560's bf16 row tile is
     padded to 3072 elements; the copy takes only the row's 2560."""
-    spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("cast_back_e5m6")
-    variant = next(v for v in expand(spec)
-                   if v.param_dict["hidden"] == 2560 and v.param_dict["out_dtype"] == out_dtype)
-    lowered = lower(render(variant, ARCHS[arch], TEMPLATES, tmp_path), ARCHS[arch])
-    (launch,) = lowered.contract.launches
+    launch, source = _lower_shipped("cast_back_e5m6", arch, tmp_path, hidden=2560, out_dtype=out_dtype)
     assert not any(a.kind == "tma" for a in launch.args)
-    source = lowered.cuda_source
     assert source.count("tl::tma_store(") == 1 and "tl::tma_store_wait<0, true>()" in source
     itemsize = 2 if out_dtype == "bfloat16" else 4
     assert f", {2560 * itemsize});" in source  # the copy's size in bytes

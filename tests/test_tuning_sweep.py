@@ -16,7 +16,8 @@ import torch
 
 from tests.conftest import REPO, TEMPLATES
 from tkc.arch import ARCHS
-from tkc.render import render_source
+from tkc.lower import lower
+from tkc.render import render, render_source
 from tkc.spec import Variant, expand, load_specs
 
 TUNING = REPO / "benchmarks" / "tuning"
@@ -43,6 +44,16 @@ def _renders(match: Variant, knobs: tuple[tuple[str, Any], ...], arch: str) -> t
     plain = render_source(match, ARCHS[arch], TEMPLATES).split("\n", 2)[2]
     knobbed = render_source(Variant(kernel=match.kernel, params=match.params + knobs), ARCHS[arch], TEMPLATES)
     return plain, knobbed.split("\n", 2)[2]
+
+
+def _lower_candidate(spec: str, kernel: str, tmp_path: Path, **params: Any) -> tuple[Any, str]:
+    """The sm_90a lowering of the variant of benchmarks/tuning/<spec> whose grid values include ``params``: its one
+    launch and its CUDA source."""
+    specs = load_specs([TUNING / spec], TEMPLATES)
+    variant = next(v for v in expand(specs.kernel(kernel)) if all(v.param_dict[k] == p for k, p in params.items()))
+    lowered = lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"])
+    (launch,) = lowered.contract.launches
+    return launch, lowered.cuda_source
 
 
 def _assert_baselines_are_the_sweeps(found: list[sweep.Variant], package: str) -> None:
@@ -1238,16 +1249,9 @@ def test_fifty_sixth_sweep_baseline_renders_the_shipped_per_channel_cast(arch: s
 def test_fifty_sixth_sweep_bulk_codes_lower_to_bulk_copies(tmp_path: Path) -> None:
     """The bulk candidate lowers (sm_90a) to shared stores of the codes, the async-proxy fence, and lane 0's
     cp.async.bulk of each 128-byte row; no tensor map, so the loader's dispatch path still takes it."""
-    from tkc.lower import lower
-    from tkc.render import render
-
-    specs = load_specs([TUNING / "sweep56.yaml"], TEMPLATES)
-    variant = next(v for v in expand(specs.kernel("per_channel_cast_fused"))
-                   if v.param_dict["in_dtype"] == "float8_e4m3fn" and v.param_dict["q_store"] == "bulk")
-    lowered = lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"])
-    (launch,) = lowered.contract.launches
+    launch, source = _lower_candidate("sweep56.yaml", "per_channel_cast_fused", tmp_path, in_dtype="float8_e4m3fn",
+                                      q_store="bulk")
     assert not any(a.kind == "tma" for a in launch.args)
-    source = lowered.cuda_source
     assert "cp.async.bulk.global.shared::cta.bulk_group" in source and "cp.async.bulk.wait_group.read 0" in source
     assert "tkc_bulk_fence();" in source and "if ((((int)threadIdx.x) % 32) == 0)" in source
     assert source.count("tkc_bulk_store((&(q[") == 1
@@ -1274,16 +1278,9 @@ def test_fifty_seventh_sweep_bulk_rows_lower_after_a_barrier(npt: int, tmp_path:
     """The bulk candidate lowers (sm_90a) to lane 0's 128-byte bulk copies, no tensor map. TileLang places the q tile
     over the x tile in shared memory; a block barrier must then separate the last read of x from the first write of
     q (it is what makes the overlap safe for npt 32, which has no barrier of its own after the tile's reads)."""
-    from tkc.lower import lower
-    from tkc.render import render
-
-    specs = load_specs([TUNING / "sweep57.yaml"], TEMPLATES)
-    variant = next(v for v in expand(specs.kernel("per_channel_cast_and_transpose"))
-                   if v.param_dict["npt"] == npt and v.param_dict["q_store"] == "bulk")
-    lowered = lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"])
-    (launch,) = lowered.contract.launches
+    launch, source = _lower_candidate("sweep57.yaml", "per_channel_cast_and_transpose", tmp_path, npt=npt,
+                                      q_store="bulk")
     assert not any(a.kind == "tma" for a in launch.args)
-    source = lowered.cuda_source
     assert source.count("tkc_bulk_store((&(q[") == 1 and "cp.async.bulk.wait_group.read 0" in source
     body = source[source.index("__global__"):]
     last_x_read = body.rindex("x_shared)[")
@@ -1308,17 +1305,9 @@ def test_fifty_eighth_sweep_baseline_renders_the_shipped_lossless_cast(arch: str
 def test_fifty_eighth_sweep_bulk_rows_address_q_in_words(tmp_path: Path) -> None:
     """The bulk candidate's copies address q through its uint32 view in word units: TileLang names q's storage
     q_words, so an address taken as q[row, col] would come out as &q_words[byte index], four times too far."""
-    from tkc.lower import lower
-    from tkc.render import render
-
-    specs = load_specs([TUNING / "sweep58.yaml"], TEMPLATES)
-    variant = next(v for v in expand(specs.kernel("per_block_cast_lossless"))
-                   if v.param_dict["hidden"] == 7168 and v.param_dict["block_m"] == 1
-                   and v.param_dict["q_store"] == "bulk")
-    lowered = lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"])
-    (launch,) = lowered.contract.launches
+    launch, source = _lower_candidate("sweep58.yaml", "per_block_cast_lossless", tmp_path, hidden=7168, block_m=1,
+                                      q_store="bulk")
     assert not any(a.kind == "tma" for a in launch.args)
-    source = lowered.cuda_source
     (call,) = [line.strip() for line in source.splitlines() if "tkc_bulk_store((" in line]
     # 32 x 1024 tiles, 7 per row of tiles: row tile b / 7 starts 32 rows x 1792 words in, slice b % 7 256 words in.
     assert call.startswith("tkc_bulk_store((&(((uint*)q_words)[")

@@ -25,9 +25,9 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         x = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda")
         return lambda: quant.per_token_cast(x, fmt, npc)
 
-    def cast_back(fmt: str, npc: int) -> Callable[[], object]:
+    def cast_back(fmt: str, npc: int, out: str = "bf16") -> Callable[[], object]:
         pair = quant.per_token_cast(torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda"), fmt, npc)
-        return lambda: quant.per_token_cast_back(pair, "bf16", npc)
+        return lambda: quant.per_token_cast_back(pair, out, npc)
 
     def lossless(block: tuple[int, int]) -> Callable[[], object]:
         pair = quant.per_token_cast(torch.randn(TOKENS, HIDDEN, device="cuda"), "e2m1", 32, round_sf=True)
@@ -85,6 +85,8 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         "per_token_cast_e2m1": lambda: cast("e2m1", 32),
         "per_token_cast_back_e4m3": lambda: cast_back("e4m3", 128),
         "per_token_cast_back_e2m1": lambda: cast_back("e2m1", 32),
+        "per_token_cast_back_e4m3_fp32": lambda: cast_back("e4m3", 128, "fp32"),
+        "per_token_cast_back_e2m1_fp32": lambda: cast_back("e2m1", 32, "fp32"),
     }
 
 

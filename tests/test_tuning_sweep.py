@@ -1312,3 +1312,27 @@ def test_fifty_eighth_sweep_bulk_rows_address_q_in_words(tmp_path: Path) -> None
     # 32 x 1024 tiles, 7 per row of tiles: row tile b / 7 starts 32 rows x 1792 words in, slice b % 7 256 words in.
     assert call.startswith("tkc_bulk_store((&(((uint*)q_words)[")
     assert "(int64_t)57344" in call and "(int64_t)1792" in call and "(int64_t)256" in call and call.endswith(", 1024);")
+
+
+def test_fifty_ninth_sweep_has_the_shipped_setting_per_problem() -> None:
+    """sweep59.yaml: the cast backs e4m3 npc 128 -> fp32 and e2m1 npc 32 -> bf16 / fp32, 32 or 64 values per thread,
+    direct or bulk rows; each problem's baseline is what ships (bulk, but direct for e2m1 -> bf16)."""
+    found = _spec_variants("tkc_tuning59")
+    groups = sweep.problems(found)
+    assert len(groups) == 3 and all(len(g) == 4 for g in groups.values())
+    assert all(sum(v.is_baseline for v in g) == 1 for g in groups.values())
+    _assert_baselines_are_the_sweeps(found, "tkc_tuning59")
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_fifty_ninth_sweep_baseline_renders_the_shipped_cast_back(arch: str) -> None:
+    """32 values per thread and the shipped store form (sweep 59's baseline) render every shipped per_token_cast_back
+    variant byte for byte; 64 values per thread doubles the chunks per thread over the same tile code."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_token_cast_back")
+    for match in expand(kernel):
+        p = match.param_dict
+        store = "direct" if (p["fmt"], p["out_dtype"]) == ("e2m1", "bfloat16") else "bulk"
+        plain, knobbed = _renders(match, (("elems_per_thread", 32), ("store", store)), arch)
+        assert knobbed == plain, match.params
+        _, wide = _renders(match, (("elems_per_thread", 64), ("store", store)), arch)
+        assert "ELEMS_PER_THREAD = 32 " in plain and "ELEMS_PER_THREAD = 64 " in wide

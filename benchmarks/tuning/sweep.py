@@ -52,6 +52,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning56 --out "$OUT"   # per-channel codes: bulk (sweep56.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning57 --out "$OUT"   # transposed q rows: bulk (sweep57.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning58 --out "$OUT"   # lossless re-cast: bulk (sweep58.yaml)
+    python benchmarks/tuning/sweep.py --package tkc_tuning59 --out "$OUT"   # e2m1 cast backs: work per thread
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -346,6 +347,10 @@ SWEEPS["tkc_tuning56"] = Sweep("tkc_tuning56", "sweep56.yaml", {"per_channel_cas
 SWEEPS["tkc_tuning57"] = Sweep(
     "tkc_tuning57", "sweep57.yaml", {"per_channel_cast_and_transpose": {"q_store": "direct"}})
 SWEEPS["tkc_tuning58"] = Sweep("tkc_tuning58", "sweep58.yaml", {"per_block_cast_lossless": {"q_store": "direct"}})
+SWEEPS["tkc_tuning59"] = Sweep(
+    "tkc_tuning59", "sweep59.yaml", {"per_token_cast_back": {"elems_per_thread": 32, "store": "bulk"}},
+    (("per_token_cast_back", ("fmt", "out_dtype"), ("e2m1", "bfloat16"), {"store": "direct"}),),  # sweep 53
+)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -476,10 +476,12 @@ def test_lossless_case_runs_against_its_reference(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(sweep, "DEVICE", "cpu")
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # bench.py, for its byte count
     monkeypatch.setattr(sweep, "TOKENS", 200)  # a partial 128-row block
-    monkeypatch.setattr(sweep, "HIDDEN", 256)
+    monkeypatch.setattr(sweep, "HIDDEN", 512)  # the problem's hidden wins (sweep 58's H 2560 problem)
     problem = {"hidden": 256, "block_m": block[0], "block_k": block[1]}
     c = sweep.case("per_block_cast_lossless", problem)
     assert c.reference is not None
+    assert c.new_x()[0].shape == (200, 128) and c.check_x()[0].shape == (237, 128)
+    assert [t.shape[1] for t in c.outputs(c.make(c.new_x()))] == [256, 256 // block[1]]
 
     def launch(*args: Any) -> None:
         for out, ref in zip(c.outputs(args), c.reference(args[:2]), strict=True):
@@ -1319,20 +1321,23 @@ def test_fifty_ninth_sweep_has_the_shipped_setting_per_problem() -> None:
     direct or bulk rows; each problem's baseline is what ships (bulk, but direct for e2m1 -> bf16)."""
     found = _spec_variants("tkc_tuning59")
     groups = sweep.problems(found)
-    assert len(groups) == 3 and all(len(g) == 4 for g in groups.values())
+    assert sorted(len(g) for g in groups.values()) == [4, 8, 8]  # launch bounds for e2m1 only
     assert all(sum(v.is_baseline for v in g) == 1 for g in groups.values())
     _assert_baselines_are_the_sweeps(found, "tkc_tuning59")
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_fifty_ninth_sweep_baseline_renders_the_shipped_cast_back(arch: str) -> None:
-    """32 values per thread and the shipped store form (sweep 59's baseline) render every shipped per_token_cast_back
-    variant byte for byte; 64 values per thread doubles the chunks per thread over the same tile code."""
+    """32 values per thread, the shipped store form and no launch bound (sweep 59's baseline) render every shipped
+    per_token_cast_back variant byte for byte; 64 values per thread doubles the chunks per thread over the same tile
+    code, and a launch bound is one annotation."""
     kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_token_cast_back")
     for match in expand(kernel):
         p = match.param_dict
         store = "direct" if (p["fmt"], p["out_dtype"]) == ("e2m1", "bfloat16") else "bulk"
-        plain, knobbed = _renders(match, (("elems_per_thread", 32), ("store", store)), arch)
+        plain, knobbed = _renders(match, (("elems_per_thread", 32), ("store", store), ("min_blocks", 0)), arch)
         assert knobbed == plain, match.params
         _, wide = _renders(match, (("elems_per_thread", 64), ("store", store)), arch)
         assert "ELEMS_PER_THREAD = 32 " in plain and "ELEMS_PER_THREAD = 64 " in wide
+        _, bound = _renders(match, (("min_blocks", 16),), arch)
+        assert "annotate_min_blocks_per_sm" not in plain and "T.annotate_min_blocks_per_sm(16)" in bound

@@ -53,6 +53,8 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning57 --out "$OUT"   # transposed q rows: bulk (sweep57.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning58 --out "$OUT"   # lossless re-cast: bulk (sweep58.yaml)
     python benchmarks/tuning/sweep.py --package tkc_tuning59 --out "$OUT"   # e2m1 cast backs: work per thread
+    python benchmarks/tuning/sweep.py --package tkc_tuning60 --out "$OUT"   # cast backs: warps per SM
+    python benchmarks/tuning/sweep.py --package tkc_tuning61 --out "$OUT"   # cast backs: smaller tiles
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -348,9 +350,14 @@ SWEEPS["tkc_tuning57"] = Sweep(
     "tkc_tuning57", "sweep57.yaml", {"per_channel_cast_and_transpose": {"q_store": "direct"}})
 SWEEPS["tkc_tuning58"] = Sweep("tkc_tuning58", "sweep58.yaml", {"per_block_cast_lossless": {"q_store": "direct"}})
 SWEEPS["tkc_tuning59"] = Sweep(
-    "tkc_tuning59", "sweep59.yaml", {"per_token_cast_back": {"elems_per_thread": 32, "store": "bulk"}},
+    "tkc_tuning59", "sweep59.yaml", {"per_token_cast_back": {"elems_per_thread": 32, "store": "bulk", "min_blocks": 0}},
     (("per_token_cast_back", ("fmt", "out_dtype"), ("e2m1", "bfloat16"), {"store": "direct"}),),  # sweep 53
 )
+SWEEPS["tkc_tuning60"] = Sweep(
+    "tkc_tuning60", "sweep60.yaml", SWEEPS["tkc_tuning59"].baselines, SWEEPS["tkc_tuning59"].overrides)
+SWEEPS["tkc_tuning61"] = Sweep(
+    "tkc_tuning61", "sweep61.yaml", {"per_token_cast_back": {"elems_per_thread": 32, "threads": 128, "store": "bulk"}},
+    SWEEPS["tkc_tuning59"].overrides)
 DEFAULT_PACKAGE = "tkc_tuning"
 
 
@@ -818,7 +825,7 @@ def lossless_case(problem: dict[str, Any]) -> Case:
     (128, 128) blocks mix scales. Bytes counted: x, x_sf, q, sf."""
     cast = _reference("quant", "per_token_cast_ref")
     ref = _reference("quant_per_channel", "per_block_cast_lossless_ref")
-    block = (problem["block_m"], problem["block_k"])
+    block, hidden = (problem["block_m"], problem["block_k"]), problem.get("hidden", HIDDEN)
     if cast is None:
         raise SystemExit("per_block_cast_lossless needs tests/reference/quant.py to make its (x, sf) inputs")
 
@@ -826,19 +833,19 @@ def lossless_case(problem: dict[str, Any]) -> Case:
         return tuple(cast(x.float(), "e2m1", 32, True))
 
     def check_pair() -> Inputs:
-        q, sf = pair(check_matrix(TOKENS + 37, HIDDEN))  # a partial last row tile (sweep 35)
+        q, sf = pair(check_matrix(TOKENS + 37, hidden))  # a partial last row tile (sweep 35)
         gen = torch.Generator(device=DEVICE).manual_seed(2)
         shift = torch.randint(-40, 41, sf.shape, device=DEVICE, generator=gen).float()
         return q, sf * torch.exp2(shift)  # still powers of two (or 0, NaN, Inf)
 
     def outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = x.shape[0]
-        return (torch.empty(tokens, HIDDEN, device=DEVICE, dtype=torch.float8_e4m3fn),
-                torch.empty(-(-tokens // block[0]), HIDDEN // block[1], device=DEVICE, dtype=torch.float32))
+        return (torch.empty(tokens, hidden, device=DEVICE, dtype=torch.float8_e4m3fn),
+                torch.empty(-(-tokens // block[0]), hidden // block[1], device=DEVICE, dtype=torch.float32))
 
     return Case(
         make=lambda x: (x[0], x[1], *outputs(x[0])),
-        new_x=lambda: pair(torch.randn(TOKENS, HIDDEN, device=DEVICE)),
+        new_x=lambda: pair(torch.randn(TOKENS, hidden, device=DEVICE)),
         check_x=check_pair,
         outputs=lambda args: args[2:4],
         reference=(lambda x: tuple(ref(x[0], x[1], block))) if ref else None,

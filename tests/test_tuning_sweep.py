@@ -1231,113 +1231,34 @@ def test_forty_fifth_sweep_winner_renders_the_shipped_lossless_recast(arch: str)
     assert sorted(tiles).count((32, 1024)) == 4 and tiles.count((64, 512)) == 1 and tiles.count((128, 256)) == 10
 
 
-@pytest.mark.parametrize("arch", ["sm90", "sm100"])
-def test_fifty_sixth_sweep_baseline_renders_the_shipped_per_channel_cast(arch: str) -> None:
-    """q_store direct (sweep 56's baseline, the knob's default) renders every shipped per_channel_cast_fused variant
-    byte for byte; bulk stages the codes in shared memory and has lane 0 of each warp copy the warp's rows out."""
-    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_channel_cast_fused")
-    for match in expand(kernel):
-        plain, direct = _renders(match, (("q_store", "direct"),), arch)
-        assert direct == plain, match.params
-        _, bulk = _renders(match, (("q_store", "bulk"),), arch)
-        assert "bulk_store(" not in plain and "T.import_source(BULK_SOURCE)" in bulk
-        assert bulk.count("q_s[r * TILE_K + lane * CV + j] = q_local[j]") == plain.count(
-            "q[pid_m * TILE_M + r, k0 + lane * CV + j] = q_local[j]")
-        assert "q[pid_m * TILE_M + r, k0 + lane * CV + j]" not in bulk
-        assert bulk.count("bulk_store(T.address_of(q[pid_m * TILE_M + r, k0]), T.address_of(q_s[r * TILE_K]), TILE_K)") == 1
-
-
-@pytest.mark.slow
-def test_fifty_sixth_sweep_bulk_codes_lower_to_bulk_copies(tmp_path: Path) -> None:
-    """The bulk candidate lowers (sm_90a) to shared stores of the codes, the async-proxy fence, and lane 0's
-    cp.async.bulk of each 128-byte row; no tensor map, so the loader's dispatch path still takes it."""
-    launch, source = _lower_candidate("sweep56.yaml", "per_channel_cast_fused", tmp_path, in_dtype="float8_e4m3fn",
-                                      q_store="bulk")
-    assert not any(a.kind == "tma" for a in launch.args)
-    assert "cp.async.bulk.global.shared::cta.bulk_group" in source and "cp.async.bulk.wait_group.read 0" in source
-    assert "tkc_bulk_fence();" in source and "if ((((int)threadIdx.x) % 32) == 0)" in source
-    assert source.count("tkc_bulk_store((&(q[") == 1
-
-
-@pytest.mark.parametrize("arch", ["sm90", "sm100"])
-def test_fifty_seventh_sweep_baseline_renders_the_shipped_transpose_cast(arch: str) -> None:
-    """q_store direct (sweep 57's baseline, the knob's default) renders every shipped per_channel_cast_and_transpose
-    variant byte for byte; bulk writes the q tile to shared memory and copies its rows out from one lane per warp."""
-    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_channel_cast_and_transpose")
-    for match in expand(kernel):
-        plain, direct = _renders(match, (("q_store", "direct"),), arch)
-        assert direct == plain, match.params
-        _, bulk = _renders(match, (("q_store", "bulk"),), arch)
-        assert "q[h0 + c, t0 + seg * SEG + half * HALF + i] = q_local[i]" in plain
-        assert "q[h0 + c, t0 + seg * SEG + half * HALF + i]" not in bulk
-        assert "q_shared[c * q_pitch + seg * SEG + half * HALF + i] = q_local[i]" in bulk
-        assert "bulk_store(T.address_of(q[h0 + ch, t0]), T.address_of(q_shared[ch * q_pitch]), TILE_T)" in bulk
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("npt", [32, 128])
-def test_fifty_seventh_sweep_bulk_rows_lower_after_a_barrier(npt: int, tmp_path: Path) -> None:
-    """The bulk candidate lowers (sm_90a) to lane 0's 128-byte bulk copies, no tensor map. TileLang places the q tile
-    over the x tile in shared memory; a block barrier must then separate the last read of x from the first write of
-    q (it is what makes the overlap safe for npt 32, which has no barrier of its own after the tile's reads)."""
-    launch, source = _lower_candidate("sweep57.yaml", "per_channel_cast_and_transpose", tmp_path, npt=npt,
-                                      q_store="bulk")
-    assert not any(a.kind == "tma" for a in launch.args)
-    assert source.count("tkc_bulk_store((&(q[") == 1 and "cp.async.bulk.wait_group.read 0" in source
-    body = source[source.index("__global__"):]
-    last_x_read = body.rindex("x_shared)[")
-    first_q_write = body.index("q_shared)[")
-    assert last_x_read < first_q_write and "__syncthreads();" in body[last_x_read:first_q_write]
-
-
-@pytest.mark.parametrize("arch", ["sm90", "sm100"])
-def test_fifty_eighth_sweep_baseline_renders_the_shipped_lossless_cast(arch: str) -> None:
-    """q_store direct (sweep 58's baseline, the knob's default) renders every shipped per_block_cast_lossless variant
-    byte for byte; bulk stages the paired pieces in shared memory instead of storing them to q."""
-    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_block_cast_lossless")
-    for match in expand(kernel):
-        plain, direct = _renders(match, (("q_store", "direct"),), arch)
-        assert direct == plain, match.params
-        _, bulk = _renders(match, (("q_store", "bulk"),), arch)
-        assert "store_v4(" in plain and "store_v4(" not in bulk and "T.import_source(BULK_SOURCE)" in bulk
-        assert bulk.count("bulk_store(T.address_of(q_words[") == 1
-
-
-@pytest.mark.slow
-def test_fifty_eighth_sweep_bulk_rows_address_q_in_words(tmp_path: Path) -> None:
-    """The bulk candidate's copies address q through its uint32 view in word units: TileLang names q's storage
-    q_words, so an address taken as q[row, col] would come out as &q_words[byte index], four times too far."""
-    launch, source = _lower_candidate("sweep58.yaml", "per_block_cast_lossless", tmp_path, hidden=7168, block_m=1,
-                                      q_store="bulk")
-    assert not any(a.kind == "tma" for a in launch.args)
-    (call,) = [line.strip() for line in source.splitlines() if "tkc_bulk_store((" in line]
-    # 32 x 1024 tiles, 7 per row of tiles: row tile b / 7 starts 32 rows x 1792 words in, slice b % 7 256 words in.
-    assert call.startswith("tkc_bulk_store((&(((uint*)q_words)[")
-    assert "(int64_t)57344" in call and "(int64_t)1792" in call and "(int64_t)256" in call and call.endswith(", 1024);")
-
-
-def test_fifty_ninth_sweep_has_the_shipped_setting_per_problem() -> None:
+@pytest.mark.parametrize(("package", "sizes"), [
+    ("tkc_tuning59", [4, 8, 8]), ("tkc_tuning60", [6, 6, 6, 6]), ("tkc_tuning61", [10] * 5)])
+def test_cast_back_sweeps_59_to_61_have_the_shipped_setting_per_problem(package: str, sizes: list[int]) -> None:
     """sweep59.yaml: the cast backs e4m3 npc 128 -> fp32 and e2m1 npc 32 -> bf16 / fp32, 32 or 64 values per thread,
-    direct or bulk rows; each problem's baseline is what ships (bulk, but direct for e2m1 -> bf16)."""
-    found = _spec_variants("tkc_tuning59")
+    direct or bulk rows, launch bounds of 12 and 16 blocks for e2m1. sweep60.yaml: 16 or 32 values per thread, with
+    and without a bound of 16 blocks, e4m3 and e2m1 to bf16 and fp32. sweep61.yaml: 8 / 16 / 32 values and 128 / 256
+    threads, npc 0 too. Each problem's one baseline is what shipped before (bulk, but direct for e2m1 -> bf16)."""
+    found = _spec_variants(package)
     groups = sweep.problems(found)
-    assert sorted(len(g) for g in groups.values()) == [4, 8, 8]  # launch bounds for e2m1 only
+    assert sorted(len(g) for g in groups.values()) == sizes
     assert all(sum(v.is_baseline for v in g) == 1 for g in groups.values())
-    _assert_baselines_are_the_sweeps(found, "tkc_tuning59")
+    _assert_baselines_are_the_sweeps(found, package)
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
-def test_fifty_ninth_sweep_baseline_renders_the_shipped_cast_back(arch: str) -> None:
-    """32 values per thread, the shipped store form and no launch bound (sweep 59's baseline) render every shipped
-    per_token_cast_back variant byte for byte; 64 values per thread doubles the chunks per thread over the same tile
-    code, and a launch bound is one annotation."""
+def test_sixty_first_sweep_winner_renders_the_shipped_cast_back(arch: str) -> None:
+    """16 values per thread for fp32 out, 32 for bf16, 128 threads and the shipped store form (sweep 61's winner)
+    render every shipped per_token_cast_back variant byte for byte; fp32 out takes half the tile it took before."""
     kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("per_token_cast_back")
+    fp32 = 0
     for match in expand(kernel):
         p = match.param_dict
         store = "direct" if (p["fmt"], p["out_dtype"]) == ("e2m1", "bfloat16") else "bulk"
-        plain, knobbed = _renders(match, (("elems_per_thread", 32), ("store", store), ("min_blocks", 0)), arch)
+        values = 16 if p["out_dtype"] == "float32" else 32
+        fp32 += p["out_dtype"] == "float32"
+        plain, knobbed = _renders(match, (("elems_per_thread", values), ("threads", 128), ("store", store)), arch)
         assert knobbed == plain, match.params
-        _, wide = _renders(match, (("elems_per_thread", 64), ("store", store)), arch)
-        assert "ELEMS_PER_THREAD = 32 " in plain and "ELEMS_PER_THREAD = 64 " in wide
-        _, bound = _renders(match, (("min_blocks", 16),), arch)
-        assert "annotate_min_blocks_per_sm" not in plain and "T.annotate_min_blocks_per_sm(16)" in bound
+        assert f"ELEMS_PER_THREAD = {values} " in plain and "THREADS = 128\n" in plain
+        _, before = _renders(match, (("elems_per_thread", 32),), arch)
+        assert (before == plain) == (values == 32)
+    assert fp32 > 0

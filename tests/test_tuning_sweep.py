@@ -64,8 +64,8 @@ def _assert_baselines_are_the_sweeps(found: list[sweep.Variant], package: str) -
             assert dict(v.knobs) == tuning.baseline(v.kernel, dict(v.problem))
 
 
-def _spec_variants(package: str) -> list[sweep.Variant]:
-    """The variants of a tuning spec as sweep.py splits them (no launchers); sm90, production H only."""
+def _spec_variants(package: str, hiddens: tuple[int, ...] = (7168,)) -> list[sweep.Variant]:
+    """The variants of a tuning spec as sweep.py splits them (no launchers); sm90, production H (or ``hiddens``)."""
     tuning = sweep.SWEEPS[package]
     specs = load_specs([TUNING / tuning.spec], TEMPLATES)
     assert (specs.package.name, specs.package.version) == (package, "0.1.0")
@@ -73,7 +73,7 @@ def _spec_variants(package: str) -> list[sweep.Variant]:
     for kernel in specs.kernels:
         assert kernel.archs == ("sm90",)
         for v in expand(kernel):
-            assert v.param_dict.get("hidden", 7168) == 7168  # production shapes only
+            assert v.param_dict.get("hidden", 7168) in hiddens  # production shapes only
             found.append(sweep.split(tuning, kernel.name, v.id, v.params, lambda *args: None))
     return found
 
@@ -1262,3 +1262,28 @@ def test_sixty_first_sweep_winner_renders_the_shipped_cast_back(arch: str) -> No
         _, before = _renders(match, (("elems_per_thread", 32),), arch)
         assert (before == plain) == (values == 32)
     assert fp32 > 0
+
+
+def test_e5m6_cast_back_sweeps_62_and_64_have_the_shipped_setting_per_problem() -> None:
+    """sweep62.yaml: cast_back_e5m6 -> fp32 at H 7168 in 1, 2, 7 or 14 blocks per row; sweep64.yaml: H 4096, 6144
+    and 7168 in pieces that are whole 512-column slabs. Each problem's baseline is a block per row."""
+    for package, hiddens, sizes in (("tkc_tuning62", (7168,), [4]), ("tkc_tuning64", (4096, 6144, 7168), [3, 3, 4])):
+        found = _spec_variants(package, hiddens)
+        groups = sweep.problems(found)
+        assert sorted(len(g) for g in groups.values()) == sizes
+        assert all(sum(v.is_baseline for v in g) == 1 for g in groups.values())
+        _assert_baselines_are_the_sweeps(found, package)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_sixty_second_sweep_baseline_renders_the_shipped_e5m6_cast_back(arch: str) -> None:
+    """row_pieces 1 (the baseline of sweeps 62 and 64, the knob's default) renders every shipped cast_back_e5m6 byte for
+    byte; more pieces launch that many blocks per row, each decoding and copying out its own columns."""
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("cast_back_e5m6")
+    for match in expand(kernel):
+        plain, knobbed = _renders(match, (("row_pieces", 1),), arch)
+        assert knobbed == plain, match.params
+        if match.param_dict["out_dtype"] == "float32" and match.param_dict["hidden"] == 7168:
+            _, pieces = _renders(match, (("row_pieces", 7),), arch)
+            assert "T.Kernel(num_tokens * 7, threads=THREADS) as bid" in pieces
+            assert "T.tma_copy(out_shared[0:width], out[row, col0:col0 + width])" in pieces

@@ -1273,17 +1273,3 @@ def test_e5m6_cast_back_sweeps_62_and_64_have_the_shipped_setting_per_problem() 
         assert sorted(len(g) for g in groups.values()) == sizes
         assert all(sum(v.is_baseline for v in g) == 1 for g in groups.values())
         _assert_baselines_are_the_sweeps(found, package)
-
-
-@pytest.mark.parametrize("arch", ["sm90", "sm100"])
-def test_sixty_second_sweep_baseline_renders_the_shipped_e5m6_cast_back(arch: str) -> None:
-    """row_pieces 1 (the baseline of sweeps 62 and 64, the knob's default) renders every shipped cast_back_e5m6 byte for
-    byte; more pieces launch that many blocks per row, each decoding and copying out its own columns."""
-    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("cast_back_e5m6")
-    for match in expand(kernel):
-        plain, knobbed = _renders(match, (("row_pieces", 1),), arch)
-        assert knobbed == plain, match.params
-        if match.param_dict["out_dtype"] == "float32" and match.param_dict["hidden"] == 7168:
-            _, pieces = _renders(match, (("row_pieces", 7),), arch)
-            assert "T.Kernel(num_tokens * 7, threads=THREADS) as bid" in pieces
-            assert "T.tma_copy(out_shared[0:width], out[row, col0:col0 + width])" in pieces

@@ -58,6 +58,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning62 --out "$OUT"   # E5M6 cast back: rows in pieces
     python benchmarks/tuning/sweep.py --package tkc_tuning63 --out "$OUT"   # e2m1 cast: tile, warps per SM
     python benchmarks/tuning/sweep.py --package tkc_tuning64 --out "$OUT"   # E5M6 cast back: pieces, 3 widths
+    python benchmarks/tuning/sweep.py --package tkc_tuning65 --out "$OUT"   # e2m1 cast backs: PRMT decode
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -362,9 +363,10 @@ SWEEPS["tkc_tuning61"] = Sweep(
     "tkc_tuning61", "sweep61.yaml", {"per_token_cast_back": {"elems_per_thread": 32, "threads": 128, "store": "bulk"}},
     SWEEPS["tkc_tuning59"].overrides)
 SWEEPS["tkc_tuning62"] = Sweep("tkc_tuning62", "sweep62.yaml", {"cast_back_e5m6": {"row_pieces": 1}})
-SWEEPS["tkc_tuning64"] = Sweep("tkc_tuning64", "sweep64.yaml", {"cast_back_e5m6": {"row_pieces": 1}})
 SWEEPS["tkc_tuning63"] = Sweep(
     "tkc_tuning63", "sweep63.yaml", {"per_token_cast": {"elems_per_thread": 32, "chunk_vectors": 4, "min_blocks": 8}})
+SWEEPS["tkc_tuning64"] = Sweep("tkc_tuning64", "sweep64.yaml", {"cast_back_e5m6": {"row_pieces": 1}})
+SWEEPS["tkc_tuning65"] = Sweep("tkc_tuning65", "sweep65.yaml", {"per_token_cast_back": {"e2m1_decode": "bits"}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -1281,3 +1281,20 @@ def test_sixty_fifth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
     groups = sweep.problems(found)
     assert sorted(len(g) for g in groups.values()) == [2, 2, 2, 2]
     _assert_baselines_are_the_sweeps(found, "tkc_tuning65")
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_sixty_sixth_sweep_baseline_renders_the_shipped_e5m6_cast_back(arch: str) -> None:
+    """row_pieces 1 (sweep 66's baseline) renders every shipped cast_back_e5m6 byte for byte; 7 pieces of 2 rows
+    launch ceil(T / 2) * 7 blocks, each copying its two row pieces out under a test of the row."""
+    found = _spec_variants("tkc_tuning66", (4096, 6144, 7168))
+    assert sorted(len(g) for g in sweep.problems(found).values()) == [4, 4, 4]
+    _assert_baselines_are_the_sweeps(found, "tkc_tuning66")
+    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("cast_back_e5m6")
+    for match in expand(kernel):
+        plain, knobbed = _renders(match, (("row_pieces", 1),), arch)
+        assert knobbed == plain, match.params
+        if match.param_dict["out_dtype"] == "float32" and match.param_dict["hidden"] == 7168:
+            _, pieces = _renders(match, (("row_pieces", 7), ("piece_rows", 2)), arch)
+            assert "return cast_back_e5m6_f32_pieces(hidden, 7, 2)" in pieces
+            assert "if row0 + i < num_tokens:" in pieces

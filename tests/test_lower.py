@@ -207,6 +207,18 @@ def test_cast_back_rows_leave_by_format(arch: str, fmt: str, npc: int, out_dtype
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_e5m6_fp32_cast_back_copies_row_pieces_without_a_tensor_map(arch: str, tmp_path: Path) -> None:
+    """cast_back_e5m6 -> fp32 at H 7168 gives a block two rows of one 1024-column piece (sweep 66 on the H200:
+    1.02x): ceil(T / 2) x 7 blocks, an 8 KiB tile, and two 4096-byte bulk copies under row tests. Without the row
+    tests TileLang lowered the copy through a tensor map (sweeps 62 and 64), which the dispatch path does not take."""
+    launch, source = _lower_shipped("cast_back_e5m6", arch, tmp_path, hidden=7168, out_dtype="float32")
+    assert [eval(launch.grid[0], {}, {"num_tokens": t}) for t in (0, 1, 2, 5)] == [0, 7, 7, 21]
+    assert not any(a.kind == "tma" for a in launch.args)
+    assert launch.dynamic_smem == 8192 and source.count(", 4096);") == 1 and "tl::tma_store(" in source
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
 def test_e5m6_cast_back_rows_leave_as_bulk_copies(arch: str, out_dtype: str, tmp_path: Path) -> None:
     """cast_back_e5m6 writes each row through shared memory and one cp.async.bulk of the row's hidden elements

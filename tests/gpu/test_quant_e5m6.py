@@ -227,6 +227,22 @@ def test_cast_back_launcher_overwrites_poisoned_outputs(v: tuple[str, int], num_
     assert_same_output(out, ref)
 
 
+@pytest.mark.parametrize("num_tokens", [1, 3, 5])
+@pytest.mark.parametrize("v", BACK, ids=back_id)
+def test_cast_back_leaves_rows_past_the_end_alone(v: tuple[str, int], num_tokens: int) -> None:
+    # From H 4096 up an fp32 block decodes two rows of a piece; with an odd num_tokens the last block's second row
+    # lies past the end. out is the first num_tokens rows of a NaN-poisoned buffer one row longer: that row must
+    # stay NaN, and the rows before it must be the reference's.
+    out_dtype, hidden = v
+    q, sf = random_codes(num_tokens, hidden)
+    buffer = torch.full((num_tokens + 1, hidden), float("nan"), dtype=DTYPES[out_dtype], device="cuda")
+    runtime.get_kernel("cast_back_e5m6").select(out_dtype=out_dtype, hidden=hidden)(
+        q.view(torch.int32), sf.view(-1), buffer[:num_tokens])
+    torch.cuda.synchronize()
+    assert torch.isnan(buffer[num_tokens]).all()
+    assert_same_output(buffer[:num_tokens], cast_back_e5m6_ref(q, sf, DTYPES[out_dtype]))
+
+
 @pytest.mark.parametrize("out_dtype", ["bf16", "fp32", torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("v", [v for v in CAST if not v[2]] + [("bfloat16", 7168, True)], ids=cast_id)
 def test_round_trip(v: tuple[str, int, bool], out_dtype: str | torch.dtype) -> None:

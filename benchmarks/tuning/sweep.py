@@ -60,6 +60,7 @@ root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tes
     python benchmarks/tuning/sweep.py --package tkc_tuning64 --out "$OUT"   # E5M6 cast back: pieces, 3 widths
     python benchmarks/tuning/sweep.py --package tkc_tuning65 --out "$OUT"   # e2m1 cast backs: PRMT decode
     python benchmarks/tuning/sweep.py --package tkc_tuning66 --out "$OUT"   # E5M6 cast back: pieces, 1-D copies
+    python benchmarks/tuning/sweep.py --package tkc_tuning67 --out "$OUT"   # E5M6 cast back bf16: pieces
     python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
@@ -370,6 +371,8 @@ SWEEPS["tkc_tuning64"] = Sweep("tkc_tuning64", "sweep64.yaml", {"cast_back_e5m6"
 SWEEPS["tkc_tuning65"] = Sweep("tkc_tuning65", "sweep65.yaml", {"per_token_cast_back": {"e2m1_decode": "bits"}})
 SWEEPS["tkc_tuning66"] = Sweep(
     "tkc_tuning66", "sweep66.yaml", {"cast_back_e5m6": {"row_pieces": 1, "piece_rows": 1}})
+SWEEPS["tkc_tuning67"] = Sweep(
+    "tkc_tuning67", "sweep67.yaml", {"cast_back_e5m6": {"bf16_row_pieces": 1, "piece_rows": 1}})
 DEFAULT_PACKAGE = "tkc_tuning"
 
 

@@ -1231,14 +1231,23 @@ def test_forty_fifth_sweep_winner_renders_the_shipped_lossless_recast(arch: str)
     assert sorted(tiles).count((32, 1024)) == 4 and tiles.count((64, 512)) == 1 and tiles.count((128, 256)) == 10
 
 
-@pytest.mark.parametrize(("package", "sizes"), [
-    ("tkc_tuning59", [4, 8, 8]), ("tkc_tuning60", [6, 6, 6, 6]), ("tkc_tuning61", [10] * 5)])
-def test_cast_back_sweeps_59_to_61_have_the_shipped_setting_per_problem(package: str, sizes: list[int]) -> None:
+_E5M6_HIDDENS = (4096, 6144, 7168)
+
+
+@pytest.mark.parametrize(("package", "hiddens", "sizes"), [
+    ("tkc_tuning59", (7168,), [4, 8, 8]), ("tkc_tuning60", (7168,), [6, 6, 6, 6]), ("tkc_tuning61", (7168,), [10] * 5),
+    ("tkc_tuning62", (7168,), [4]), ("tkc_tuning64", _E5M6_HIDDENS, [3, 3, 4]), ("tkc_tuning65", (7168,), [2] * 4),
+    ("tkc_tuning66", _E5M6_HIDDENS, [4, 4, 4]), ("tkc_tuning67", _E5M6_HIDDENS, [3, 3, 3])])
+def test_sweeps_59_on_have_the_shipped_setting_per_problem(package: str, hiddens: tuple[int, ...],
+                                                          sizes: list[int]) -> None:
     """sweep59.yaml: the cast backs e4m3 npc 128 -> fp32 and e2m1 npc 32 -> bf16 / fp32, 32 or 64 values per thread,
     direct or bulk rows, launch bounds of 12 and 16 blocks for e2m1. sweep60.yaml: 16 or 32 values per thread, with
     and without a bound of 16 blocks, e4m3 and e2m1 to bf16 and fp32. sweep61.yaml: 8 / 16 / 32 values and 128 / 256
-    threads, npc 0 too. Each problem's one baseline is what shipped before (bulk, but direct for e2m1 -> bf16)."""
-    found = _spec_variants(package)
+    threads, npc 0 too. sweep62.yaml: cast_back_e5m6 -> fp32 at H 7168 in 1, 2, 7 or 14 blocks per row; sweep64.yaml:
+    H 4096, 6144 and 7168 in pieces that are whole 512-column slabs. sweep65.yaml: e2m1 npc 0 and 32, to bf16 and
+    fp32, the bit decode against the PRMT decode. sweep66.yaml: E5M6 -> fp32 in 1024-column pieces of 1, 2 or 4 rows;
+    sweep67.yaml: the same pieces for bf16 out. Each problem's one baseline is what shipped before the sweep."""
+    found = _spec_variants(package, hiddens)
     groups = sweep.problems(found)
     assert sorted(len(g) for g in groups.values()) == sizes
     assert all(sum(v.is_baseline for v in g) == 1 for g in groups.values())
@@ -1264,33 +1273,6 @@ def test_sixty_first_sweep_winner_renders_the_shipped_cast_back(arch: str) -> No
     assert fp32 > 0
 
 
-def test_e5m6_cast_back_sweeps_62_and_64_have_the_shipped_setting_per_problem() -> None:
-    """sweep62.yaml: cast_back_e5m6 -> fp32 at H 7168 in 1, 2, 7 or 14 blocks per row; sweep64.yaml: H 4096, 6144
-    and 7168 in pieces that are whole 512-column slabs. Each problem's baseline is a block per row."""
-    for package, hiddens, sizes in (("tkc_tuning62", (7168,), [4]), ("tkc_tuning64", (4096, 6144, 7168), [3, 3, 4])):
-        found = _spec_variants(package, hiddens)
-        groups = sweep.problems(found)
-        assert sorted(len(g) for g in groups.values()) == sizes
-        assert all(sum(v.is_baseline for v in g) == 1 for g in groups.values())
-        _assert_baselines_are_the_sweeps(found, package)
-
-
-def test_sixty_fifth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
-    """sweep65.yaml: e2m1 npc 0 and 32, to bf16 and fp32, the bit decode (shipped) against the PRMT decode."""
-    found = _spec_variants("tkc_tuning65")
-    groups = sweep.problems(found)
-    assert sorted(len(g) for g in groups.values()) == [2, 2, 2, 2]
-    _assert_baselines_are_the_sweeps(found, "tkc_tuning65")
-
-
-def test_sixty_sixth_sweep_spec_has_the_shipped_setting_per_problem() -> None:
-    """sweep66.yaml: cast_back_e5m6 -> fp32 at H 4096, 6144, 7168, a row per block against 1024-column pieces of 1, 2
-    or 4 rows; each problem's baseline is a row per block (what shipped before)."""
-    found = _spec_variants("tkc_tuning66", (4096, 6144, 7168))
-    assert sorted(len(g) for g in sweep.problems(found).values()) == [4, 4, 4]
-    _assert_baselines_are_the_sweeps(found, "tkc_tuning66")
-
-
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_sixty_sixth_sweep_winner_renders_the_shipped_e5m6_cast_back(arch: str) -> None:
     """1024-column pieces of 2 rows from H 4096 up for fp32 out, a block per row otherwise (sweep 66's winner, the
@@ -1313,9 +1295,6 @@ def test_sixty_sixth_sweep_winner_renders_the_shipped_e5m6_cast_back(arch: str) 
 def test_sixty_seventh_sweep_baseline_renders_the_shipped_e5m6_cast_back(arch: str) -> None:
     """bf16_row_pieces 1 (sweep 67's baseline, the knob's default) renders every shipped cast_back_e5m6 byte for byte;
     at H 7168 bf16, 7 pieces of 2 rows take the row-piece kernel."""
-    found = _spec_variants("tkc_tuning67", (4096, 6144, 7168))
-    assert sorted(len(g) for g in sweep.problems(found).values()) == [3, 3, 3]
-    _assert_baselines_are_the_sweeps(found, "tkc_tuning67")
     kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("cast_back_e5m6")
     for match in expand(kernel):
         plain, knobbed = _renders(match, (("bf16_row_pieces", 1),), arch)

@@ -13,16 +13,15 @@ from tkc.render import render
 from tkc.spec import expand, load_specs
 
 
-def _variant(kernel: str, **params: object):  # type: ignore[no-untyped-def]
-    spec = load_specs([SMALL_SPEC], TEMPLATES).kernel(kernel)
+def _variant(kernel: str, specs: Path = SMALL_SPEC, **params: object):  # type: ignore[no-untyped-def]
+    spec = load_specs([specs], TEMPLATES).kernel(kernel)
     return next(v for v in expand(spec) if all(v.param_dict[k] == p for k, p in params.items()))
 
 
 def _lower_shipped(kernel: str, arch: str, tmp_path: Path, **params: object):  # type: ignore[no-untyped-def]
     """The lowered variant of a shipped kernel (kernel_specs/) whose grid values include ``params``: its one launch
     and its CUDA source."""
-    spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel(kernel)
-    variant = next(v for v in expand(spec) if all(v.param_dict[k] == p for k, p in params.items()))
+    variant = _variant(kernel, REPO / "kernel_specs", **params)
     lowered = lower(render(variant, ARCHS[arch], TEMPLATES, tmp_path), ARCHS[arch])
     (launch,) = lowered.contract.launches
     return launch, lowered.cuda_source

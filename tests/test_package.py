@@ -83,6 +83,17 @@ def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, lis
         assert {v["params"]["fmt"] for v in ptc["variants"]} == {"e4m3", "e2m1"}
         for v in ptc["variants"]:
             assert any("num_tokens" in g for g in v["contract"]["launches"][0]["grid"])
+        # One line per variant (the file diffs per variant), holding what its cache entry recorded.
+        lines = wheel.read("tkc_small_kernels/manifest.json").decode().splitlines()
+        for v in variants:
+            (line,) = [line for line in lines if f'"id": "{v["id"]}"' in line]
+            assert json.loads(line.strip().rstrip(",")) == v
+    options, _ = small_build
+    metas = [json.loads(p.read_text()) for p in (options.build_dir / "cache").glob("*/*/meta.json")]
+    entries = {(m["variant"], m["arch"]): m for m in metas}
+    for v in variants:
+        meta = entries[(v["id"], arch)]
+        assert v["contract"] == meta["contract"] and v["resources"] == meta["resources"]
 
 
 def test_installed_wheel_imports_without_gpu_and_without_tilelang(

@@ -10,7 +10,6 @@ inputs give byte-identical wheels.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import os
 import shutil
@@ -145,30 +144,35 @@ def _kernel_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, 
 
 
 def _manifest(specs: SpecSet, arch: Arch, built: list[BuiltVariant], toolchain: dict[str, str]) -> str:
-    kernels: dict[str, dict[str, object]] = {}
+    """manifest.json: one line per variant (its keys sorted).
+
+    json's ``indent`` takes its pure-Python encoder, which with ``dataclasses.asdict`` was a
+    quarter of a no-change rebuild of the catalog; the C encoder writes each variant on its own
+    line instead (dataclasses through ``vars``, tuples as lists), so the file still diffs per variant.
+    """
+    kernels: list[str] = []
     for kernel in specs.kernels:
         mine = [b for b in built if b.variant.kernel == kernel]
         if not mine:
             continue
-        kernels[kernel.name] = {
-            "module": kernel.module, "spec": kernel.source, "template": kernel.template, "op": kernel.op,
-            "keys": list(kernel.grid_keys),
-            "variants": [{
-                "id": b.variant.id,
-                "params": dict(b.variant.params),
-                "cubin": f"cubins/{b.variant.id}.cubin",
-                "sha256": sha256_bytes(b.cubin),
-                "bytes": len(b.cubin),
-                "contract": dataclasses.asdict(b.contract),
-                "resources": {k: dataclasses.asdict(r) for k, r in sorted(b.resources.items())},
-            } for b in mine],
-        }
-    manifest = {
-        "package": specs.package.name, "version": local_version(specs.package.version, arch), "arch": arch.name,
-        "target": arch.target, "compute_capability": [arch.major, arch.minor], "toolchain": toolchain,
-        "kernels": kernels,
-    }
-    return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+        variants = ",\n".join("   " + json.dumps({
+            "id": b.variant.id,
+            "params": dict(b.variant.params),
+            "cubin": f"cubins/{b.variant.id}.cubin",
+            "sha256": sha256_bytes(b.cubin),
+            "bytes": len(b.cubin),
+            "contract": b.contract,
+            "resources": dict(sorted(b.resources.items())),
+        }, sort_keys=True, default=vars) for b in mine)
+        head = json.dumps({"module": kernel.module, "spec": kernel.source, "template": kernel.template,
+                           "op": kernel.op, "keys": list(kernel.grid_keys)})
+        kernels.append(f"  {json.dumps(kernel.name)}: {head[:-1]}, \"variants\": [\n{variants}\n  ]}}")
+    fields = {"package": specs.package.name, "version": local_version(specs.package.version, arch),
+              "arch": arch.name, "target": arch.target, "compute_capability": [arch.major, arch.minor],
+              "toolchain": toolchain}
+    lines = [f" {json.dumps(key)}: {json.dumps(value, sort_keys=True)}" for key, value in fields.items()]
+    lines.append(' "kernels": {\n' + ",\n".join(kernels) + "\n }")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templates: Path,

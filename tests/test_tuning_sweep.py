@@ -1289,16 +1289,3 @@ def test_sixty_sixth_sweep_winner_renders_the_shipped_e5m6_cast_back(arch: str) 
             split.append(p["hidden"])
             assert f"return cast_back_e5m6_f32_pieces(hidden, {pieces}, 2)" in plain
     assert split == [4096, 6144, 7168]
-
-
-@pytest.mark.parametrize("arch", ["sm90", "sm100"])
-def test_sixty_seventh_sweep_baseline_renders_the_shipped_e5m6_cast_back(arch: str) -> None:
-    """bf16_row_pieces 1 (sweep 67's baseline, the knob's default) renders every shipped cast_back_e5m6 byte for byte;
-    at H 7168 bf16, 7 pieces of 2 rows take the row-piece kernel."""
-    kernel = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel("cast_back_e5m6")
-    for match in expand(kernel):
-        plain, knobbed = _renders(match, (("bf16_row_pieces", 1),), arch)
-        assert knobbed == plain, match.params
-        if match.param_dict == {"out_dtype": "bfloat16", "hidden": 7168}:
-            _, pieces = _renders(match, (("bf16_row_pieces", 7), ("piece_rows", 2)), arch)
-            assert "return cast_back_e5m6_bf16_pieces(hidden, 7, 2)" in pieces

@@ -14,7 +14,9 @@ device-to-device copy measured in the same run. "% size copy" compares the op's 
 that of a copy moving the op's own bytes, timed the same way: at the benchmark shapes
 (100-200 MB) the copy itself runs about 10% short of the 1 GiB figure (launch latency and
 the last wave of blocks weigh more in a 40 µs call), so this column says how far an op is
-from what a copy of its size reaches.
+from what a copy of its size reaches. "% mix" compares it with a streaming kernel that reads
+and writes exactly the op's bytes (benchmarks/mix_ceiling.py, Triton): the ceiling of the op's
+own size and read:write mix (the more a stream writes, the lower its rate against a copy).
 
 Writes DIR/results.json, DIR/results.md and (with matplotlib) DIR/pct_copy.png, and prints the markdown
 table last.
@@ -65,10 +67,16 @@ class Row:
     # A device copy moving the op's bytes (half read, half written), timed as the op is: what the copy
     # itself reaches at this size, where launch latency and the last wave weigh more than at 1 GiB.
     size_copy_us: float | None = None
+    # mix_ceiling.py's kernel streaming the op's bytes read and written (None: no Triton).
+    mix_us: float | None = None
 
     @property
     def pct_size_copy(self) -> float | None:
         return 100 * self.size_copy_us / self.us if self.us and self.size_copy_us else None
+
+    @property
+    def pct_mix(self) -> float | None:
+        return 100 * self.mix_us / self.us if self.us and self.mix_us else None
 
     @property
     def vs_eager(self) -> float | None:
@@ -184,21 +192,41 @@ def size_copy_us(timer: Timer, nbytes: int) -> float:
     return timer.median_us(lambda x, y: y.copy_(x), rotating_inputs(make))
 
 
+@functools.cache
+def mix_ceiling_us(timer: Timer, read_bytes: int, written_bytes: int) -> float | None:
+    """Median time of mix_ceiling.py's kernel moving these bytes (checked once), or None without Triton."""
+    try:
+        import mix_ceiling  # benchmarks/mix_ceiling.py, next to this script
+    except ImportError:
+        return None
+    if mix_ceiling.triton is None:
+        return None
+    make, run = mix_ceiling.mix_case(read_bytes, written_bytes)
+    inputs = rotating_inputs(make)
+    run(*inputs[0])
+    mix_ceiling.check(read_bytes, written_bytes, *inputs[0])
+    return timer.median_us(run, inputs)
+
+
 def bench_case(timer: Timer, copy_gb_s: float, op: str, shape: str, make: Callable[[], Inputs],
                ours: Op | None, eager: Op | None, missing: str = "") -> Row:
     """One table row: our op, torch eager and torch.compile of the eager function on the same inputs."""
     notes = [missing] if missing else []
     inputs = rotating_inputs(make)
     us = try_time(timer, ours, inputs, notes, "ours")
-    gb_s = pct = same_size = None
+    gb_s = pct = same_size = mix = None
     if us is not None and ours is not None:
-        nbytes = tensor_bytes(inputs[0]) + tensor_bytes(ours(*inputs[0]))
-        gb_s = nbytes / us / 1e3
+        read, written = tensor_bytes(inputs[0]), tensor_bytes(ours(*inputs[0]))
+        gb_s = (read + written) / us / 1e3
         pct = 100 * gb_s / copy_gb_s
-        same_size = size_copy_us(timer, nbytes)
+        same_size = size_copy_us(timer, read + written)
+        try:
+            mix = mix_ceiling_us(timer, read, written)
+        except Exception as exc:  # a Triton failure costs the column, not the row
+            notes.append(f"mix n/a: {reason(exc)}")
     eager_us = try_time(timer, eager, inputs, notes, "eager")
     compiled_us = try_time(timer, compiled(eager) if eager else None, inputs, notes, "compiled")
-    return Row(op, shape, us, gb_s, pct, eager_us, compiled_us, "; ".join(notes), same_size)
+    return Row(op, shape, us, gb_s, pct, eager_us, compiled_us, "; ".join(notes), same_size, mix)
 
 
 def load_quant_reference() -> tuple[Op | None, str]:
@@ -345,15 +373,17 @@ def markdown(meta: dict[str, Any], rows: Sequence[Row]) -> str:
         f"(read + written); median of {meta['reps']} calls.",
         "",
         "\"% copy\" is against that 1 GiB copy; \"% size copy\" against a copy of the op's own bytes, timed the "
-        "same way (the copy's own speed at that size).",
+        "same way (the copy's own speed at that size); \"% mix\" against a kernel streaming exactly the op's bytes "
+        "read and written (benchmarks/mix_ceiling.py: the ceiling of the op's size and read:write mix).",
         "",
-        "| op | shape | µs | GB/s | % copy | % size copy | eager µs | compiled µs | vs eager | vs compiled | note |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| op | shape | µs | GB/s | % copy | % size copy | % mix | eager µs | compiled µs | vs eager | vs compiled "
+        "| note |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r.op} | {r.shape} | {fmt(r.us)} | {fmt(r.gb_s, 0)} | {fmt(r.pct_copy, 0, '%')} "
-            f"| {fmt(r.pct_size_copy, 0, '%')} "
+            f"| {fmt(r.pct_size_copy, 0, '%')} | {fmt(r.pct_mix, 0, '%')} "
             f"| {fmt(r.eager_us)} | {fmt(r.compiled_us)} | {fmt(r.vs_eager, 2, 'x')} "
             f"| {fmt(r.vs_compiled, 2, 'x')} | {r.note} |"
         )
@@ -401,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for section in (sections[name] for name in wanted):
         rows += section(timer, copy_gb_s, tk)
-        derived = ("pct_size_copy", "vs_eager", "vs_compiled")
+        derived = ("pct_size_copy", "pct_mix", "vs_eager", "vs_compiled")
         results = {"meta": meta, "rows": [asdict(r) | {k: getattr(r, k) for k in derived} for r in rows]}
         (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         table = markdown(meta, rows)

@@ -28,6 +28,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import COPY_BYTES, Settings, Timer, copy_bandwidth
 from ceilings import output_folder, publish
+from mix_ceiling import check, mix_case
 
 WORDS = COPY_BYTES // 4  # int32 elements of 1 GiB
 MIX_BLOCK = 2048  # int32 per program of mix_kernel: 64 bytes of each stream per thread
@@ -91,6 +92,17 @@ def measure(timer: Timer) -> list[tuple[str, float, float]]:
             us = timer.median_us(mix, sets)
             rows.append((f"mix {reads}:{writes} {hint_name(cache, evict)}", us, 4 * n * (reads + writes) / us / 1e3))
         del sets
+    # bench.py's "% mix" kernel (mix_ceiling.py: uneven shares, masked ends) at the same mixes and 1 GiB: it
+    # should meet the mix kernel above, or bench.py's ceiling column would flatter the ops.
+    for reads, writes in ((1, 1), (2, 1), (1, 2), (1, 8)):
+        read_bytes = COPY_BYTES * reads // (reads + writes)
+        make, run = mix_case(read_bytes, COPY_BYTES - read_bytes)
+        inputs = [make() for _ in range(2)]
+        run(*inputs[0])
+        check(read_bytes, COPY_BYTES - read_bytes, *inputs[0])
+        us = timer.median_us(run, inputs)
+        rows.append((f"mix_ceiling.py {reads}:{writes}", us, COPY_BYTES / us / 1e3))
+        del inputs
     return rows
 
 

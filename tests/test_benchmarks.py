@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 
@@ -76,3 +77,49 @@ def test_split_stores_finds_four_word_stores_of_one_vector() -> None:
     assert split_stores(sass(*(f"STG.E desc[UR6][R12.64+{off:#x}], R5" for off in (4, 8, 12, 16)))) == []  # unaligned
     # A row of 4-byte stores down a column (offsets 0x1c00 apart): by design, not a split vector.
     assert split_stores(sass(*(f"@!P4 STG.E desc[UR6][R26.64+{0x1c00 * i:#x}], R21" for i in range(4)))) == []
+
+
+def _mix_kernel_in_torch(x: torch.Tensor, read_bytes: int, written_bytes: int, program_bytes: int) -> torch.Tensor:
+    """mix_kernel's loops as written (program by program, step by step, with its masks), on the CPU."""
+    from mix_ceiling import BLOCK, shares
+
+    reads, writes, programs, per_read, per_write = shares(read_bytes, written_bytes, program_bytes)
+    lanes = torch.arange(BLOCK)
+    y = torch.full((writes,), -1, dtype=torch.int32)
+    for p in range(programs):
+        acc = torch.zeros(BLOCK, dtype=torch.int32)
+        for i in range(0, per_read, BLOCK):
+            offs = p * per_read + i + lanes
+            mask = (i + lanes < per_read) & (offs < reads)
+            acc += torch.where(mask, x[offs.clamp(max=reads - 1)], 0)
+        for j in range(0, per_write, BLOCK):
+            offs = p * per_write + j + lanes
+            mask = (j + lanes < per_write) & (offs < writes)
+            y[offs[mask]] = (acc + j)[mask]
+    return y
+
+
+@pytest.mark.parametrize(("read_bytes", "written_bytes"), [(3 << 20, 1 << 20), (1 << 20, 3_200_000), (5000, 13000),
+                                                           (16 << 20, 300_000)])
+def test_mix_ceiling_check_recomputes_the_kernel(read_bytes: int, written_bytes: int) -> None:
+    """bench.py's "% mix" ceiling streams an op's bytes; check() must accept exactly what the kernel's loops write
+    (uneven shares, ends inside a step) and reject a run that skipped a store or a load."""
+    import torch
+    from mix_ceiling import check, shares
+
+    program_bytes = 96 << 10  # several programs, each several steps, at test sizes
+    reads, writes, programs, per_read, _ = shares(read_bytes, written_bytes, program_bytes)
+    assert programs > 1 or read_bytes < 1 << 16
+    assert 4 * reads >= read_bytes and 4 * writes >= written_bytes and (reads - read_bytes / 4) < 64
+    x = torch.randint(0, 1 << 20, (reads,), dtype=torch.int32)
+    y = _mix_kernel_in_torch(x, read_bytes, written_bytes, program_bytes)
+    assert bool((y >= 0).all())  # every word written
+    check(read_bytes, written_bytes, x, y, program_bytes)
+    skipped_store = y.clone()
+    skipped_store[-1] = -1
+    with pytest.raises(AssertionError):
+        check(read_bytes, written_bytes, x, skipped_store, program_bytes)
+    skipped_load = x.clone()
+    skipped_load[per_read if programs > 1 else 0] += 1  # lane 0 of a program: a lane every program writes
+    with pytest.raises(AssertionError):
+        check(read_bytes, written_bytes, skipped_load, y, program_bytes)

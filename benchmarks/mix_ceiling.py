@@ -11,8 +11,10 @@ reads and writes at its own size; 100% or more means the op is at that ceiling.
 Program p of P sums, lane by lane, the int32 words [p * reads_per_program, (p + 1) * reads_per_program)
 of x in steps of BLOCK, then writes words [p * writes_per_program, ...) of y as that sum plus the step's
 offset. P is chosen so that a program moves about PROGRAM_BYTES; shares are whole 256-byte runs, and
-masks stop at the ends of x and y. ``check`` recomputes y in torch, so a mask that skipped loads or
-stores (and made the ceiling look fast) fails the run.
+masks stop at the ends of x and y, with one bound per phase so that Triton keeps 16-byte vectors (a
+mask of the step's lanes against the share's length made every store 4 bytes, and a 1:2 mix ran at
+68% of copy where store_ceilings.py's kernel runs at 90%). ``check`` recomputes y in torch, so a
+mask that skipped loads or stores (and made the ceiling look fast) fails the run.
 
 Needs Triton, which ships with torch's CUDA wheels; bench.py leaves the column n/a without it.
 """
@@ -21,18 +23,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-try:  # Triton ships with torch's CUDA wheels; shares() and check() need only torch (the CPU tests use them)
+try:  # Triton ships with torch's CUDA wheels; mix() and check() need only torch (the CPU tests use them)
     import triton
     import triton.language as tl
 except ImportError:
     triton = None
 
-BLOCK = 1024  # int32 words per step: 4 warps, 32 bytes per thread per load or store
+BLOCK = 2048  # int32 words per step: 4 warps, 64 bytes per thread per load or store (as store_ceilings' mixes)
 PROGRAM_BYTES = 24 << 10  # bytes read + written per program: an op's block moves 8-32 KiB
 RUN = 64  # words: each program's shares start on 256-byte boundaries (16-byte vectors throughout)
+# (block, program_bytes) forms that bench.py times for each op, keeping the fastest as the ceiling: which form
+# streams a mix best depends on the mix (store_ceilings.py reports each at 1 GiB).
+FORMS = ((BLOCK, PROGRAM_BYTES), (2048, 96 << 10), (4096, 64 << 10))
 
 
 if triton is not None:
@@ -42,56 +48,74 @@ if triton is not None:
         p = tl.program_id(0).to(tl.int64)
         lanes = tl.arange(0, BLOCK)
         acc = tl.zeros([BLOCK], dtype=tl.int32)
+        # One bound per phase (the end of the program's share, or of x / y): masks of 16-word runs that Triton
+        # can prove uniform, so loads and stores stay 16-byte vectors.
+        start = p * reads_per_program
+        end = tl.minimum(start + reads_per_program, reads)
         for i in range(0, reads_per_program, BLOCK):
-            offs = p * reads_per_program + i + lanes
-            acc += tl.load(x + offs, mask=(i + lanes < reads_per_program) & (offs < reads), other=0)
+            offs = start + i + lanes
+            acc += tl.load(x + offs, mask=offs < end, other=0)
+        start = p * writes_per_program
+        end = tl.minimum(start + writes_per_program, writes)
         for j in range(0, writes_per_program, BLOCK):
-            offs = p * writes_per_program + j + lanes
-            tl.store(y + offs, acc + j, mask=(j + lanes < writes_per_program) & (offs < writes))
+            offs = start + j + lanes
+            tl.store(y + offs, acc + j, mask=offs < end)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """One mix's launch, in int32 words: the buffers, the programs and each program's shares."""
+
+    reads: int
+    writes: int
+    programs: int
+    reads_per_program: int
+    writes_per_program: int
+    block: int
 
 
 def _words(nbytes: int) -> int:
     return max(RUN, math.ceil(nbytes / 4 / RUN) * RUN)
 
 
-def shares(read_bytes: int, written_bytes: int, program_bytes: int = PROGRAM_BYTES) -> tuple[int, int, int, int, int]:
-    """(reads, writes, programs, reads_per_program, writes_per_program), all in int32 words."""
+def mix(read_bytes: int, written_bytes: int, block: int = BLOCK, program_bytes: int = PROGRAM_BYTES) -> Mix:
+    """The launch that reads read_bytes and writes written_bytes (each rounded up to 256 bytes)."""
     reads, writes = _words(read_bytes), _words(written_bytes)
     programs = max(1, round(4 * (reads + writes) / program_bytes))
-    per_read = math.ceil(reads / programs / RUN) * RUN
-    per_write = math.ceil(writes / programs / RUN) * RUN
-    return reads, writes, programs, per_read, per_write
+    return Mix(reads=reads, writes=writes, programs=programs,
+               reads_per_program=math.ceil(reads / programs / RUN) * RUN,
+               writes_per_program=math.ceil(writes / programs / RUN) * RUN, block=block)
 
 
-def mix_case(read_bytes: int, written_bytes: int) -> tuple[Callable[[], tuple[torch.Tensor, torch.Tensor]],
-                                                             Callable[[torch.Tensor, torch.Tensor], None]]:
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+def mix_case(m: Mix) -> tuple[Callable[[], Pair], Callable[[torch.Tensor, torch.Tensor], None]]:
     """(make, run): make() gives a fresh (x, y) pair, run(x, y) streams x's bytes in and y's out."""
-    reads, writes, programs, per_read, per_write = shares(read_bytes, written_bytes)
 
-    def make() -> tuple[torch.Tensor, torch.Tensor]:
+    def make() -> Pair:
         # Values below 2^20: a program's sums stay far from int32 overflow, and every written word is >= 0.
-        return (torch.randint(0, 1 << 20, (reads,), dtype=torch.int32, device="cuda"),
-                torch.empty(writes, dtype=torch.int32, device="cuda"))
+        return (torch.randint(0, 1 << 20, (m.reads,), dtype=torch.int32, device="cuda"),
+                torch.empty(m.writes, dtype=torch.int32, device="cuda"))
 
     def run(x: torch.Tensor, y: torch.Tensor) -> None:
-        mix_kernel[(programs,)](x, y, reads, writes, per_read, per_write, BLOCK=BLOCK, num_warps=4)
+        mix_kernel[(m.programs,)](x, y, m.reads, m.writes, m.reads_per_program, m.writes_per_program, BLOCK=m.block,
+                                  num_warps=4)
 
     return make, run
 
 
-def check(read_bytes: int, written_bytes: int, x: torch.Tensor, y: torch.Tensor,
-          program_bytes: int = PROGRAM_BYTES) -> None:
+def check(m: Mix, x: torch.Tensor, y: torch.Tensor) -> None:
     """Raise AssertionError unless y is what mix_kernel computes from x (every load and store made)."""
-    reads, writes, programs, per_read, per_write = shares(read_bytes, written_bytes, program_bytes)
-    steps_read, steps_write = math.ceil(per_read / BLOCK), math.ceil(per_write / BLOCK)
-    shared = torch.zeros(programs * per_read, dtype=torch.int64, device=x.device)
-    shared[:reads] = x
-    padded = torch.zeros(programs, steps_read * BLOCK, dtype=torch.int64, device=x.device)
-    padded[:, :per_read] = shared.view(programs, per_read)
-    acc = padded.view(programs, steps_read, BLOCK).sum(1)
-    offsets = torch.arange(steps_write, device=x.device)[:, None] * BLOCK
-    expected = (acc[:, None, :] + offsets).view(programs, steps_write * BLOCK)[:, :per_write].reshape(-1)
-    assert torch.equal(y.long(), expected[:writes]), "mix_kernel skipped loads or stores"
+    steps_read, steps_write = math.ceil(m.reads_per_program / m.block), math.ceil(m.writes_per_program / m.block)
+    shares = torch.zeros(m.programs * m.reads_per_program, dtype=torch.int64, device=x.device)
+    shares[:m.reads] = x
+    padded = torch.zeros(m.programs, steps_read * m.block, dtype=torch.int64, device=x.device)
+    padded[:, :m.reads_per_program] = shares.view(m.programs, m.reads_per_program)
+    acc = padded.view(m.programs, steps_read, m.block).sum(1)
+    offsets = torch.arange(steps_write, device=x.device)[:, None] * m.block
+    expected = (acc[:, None, :] + offsets).view(m.programs, steps_write * m.block)[:, :m.writes_per_program]
+    assert torch.equal(y.long(), expected.reshape(-1)[:m.writes]), "mix_kernel skipped loads or stores"
 
 
-__all__ = ["check", "mix_case", "shares"]
+__all__ = ["Mix", "check", "mix", "mix_case"]

@@ -26,9 +26,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mix_ceiling
 from bench import COPY_BYTES, Settings, Timer, copy_bandwidth
 from ceilings import output_folder, publish
-from mix_ceiling import check, mix_case
 
 WORDS = COPY_BYTES // 4  # int32 elements of 1 GiB
 MIX_BLOCK = 2048  # int32 per program of mix_kernel: 64 bytes of each stream per thread
@@ -96,12 +96,16 @@ def measure(timer: Timer) -> list[tuple[str, float, float]]:
     # should meet the mix kernel above, or bench.py's ceiling column would flatter the ops.
     for reads, writes in ((1, 1), (2, 1), (1, 2), (1, 8)):
         read_bytes = COPY_BYTES * reads // (reads + writes)
-        make, run = mix_case(read_bytes, COPY_BYTES - read_bytes)
-        inputs = [make() for _ in range(2)]
-        run(*inputs[0])
-        check(read_bytes, COPY_BYTES - read_bytes, *inputs[0])
-        us = timer.median_us(run, inputs)
-        rows.append((f"mix_ceiling.py {reads}:{writes}", us, COPY_BYTES / us / 1e3))
+        inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for block, program_bytes in mix_ceiling.FORMS:
+            launch = mix_ceiling.mix(read_bytes, COPY_BYTES - read_bytes, block, program_bytes)
+            make, run = mix_ceiling.mix_case(launch)
+            inputs = inputs or [make() for _ in range(2)]
+            run(*inputs[0])
+            mix_ceiling.check(launch, *inputs[0])
+            us = timer.median_us(run, inputs)
+            rows.append((f"mix_ceiling.py {reads}:{writes}, block {block}, {program_bytes >> 10} KiB per program", us,
+                         COPY_BYTES / us / 1e3))
         del inputs
     return rows
 

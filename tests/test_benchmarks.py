@@ -12,6 +12,8 @@ from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from mix_ceiling import Mix, check, mix
+
 
 def test_plot_of_committed_results(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
@@ -79,23 +81,22 @@ def test_split_stores_finds_four_word_stores_of_one_vector() -> None:
     assert split_stores(sass(*(f"@!P4 STG.E desc[UR6][R26.64+{0x1c00 * i:#x}], R21" for i in range(4)))) == []
 
 
-def _mix_kernel_in_torch(x: torch.Tensor, read_bytes: int, written_bytes: int, program_bytes: int) -> torch.Tensor:
+def _mix_kernel_in_torch(x: torch.Tensor, m: Mix) -> torch.Tensor:
     """mix_kernel's loops as written (program by program, step by step, with its masks), on the CPU."""
-    from mix_ceiling import BLOCK, shares
-
-    reads, writes, programs, per_read, per_write = shares(read_bytes, written_bytes, program_bytes)
-    lanes = torch.arange(BLOCK)
-    y = torch.full((writes,), -1, dtype=torch.int32)
-    for p in range(programs):
-        acc = torch.zeros(BLOCK, dtype=torch.int32)
-        for i in range(0, per_read, BLOCK):
-            offs = p * per_read + i + lanes
-            mask = (i + lanes < per_read) & (offs < reads)
-            acc += torch.where(mask, x[offs.clamp(max=reads - 1)], 0)
-        for j in range(0, per_write, BLOCK):
-            offs = p * per_write + j + lanes
-            mask = (j + lanes < per_write) & (offs < writes)
-            y[offs[mask]] = (acc + j)[mask]
+    lanes = torch.arange(m.block)
+    y = torch.full((m.writes,), -1, dtype=torch.int32)
+    for p in range(m.programs):
+        acc = torch.zeros(m.block, dtype=torch.int32)
+        start = p * m.reads_per_program
+        end = min(start + m.reads_per_program, m.reads)
+        for i in range(0, m.reads_per_program, m.block):
+            offs = start + i + lanes
+            acc += torch.where(offs < end, x[offs.clamp(max=m.reads - 1)], 0)
+        start = p * m.writes_per_program
+        end = min(start + m.writes_per_program, m.writes)
+        for j in range(0, m.writes_per_program, m.block):
+            offs = start + j + lanes
+            y[offs[offs < end]] = (acc + j)[offs < end]
     return y
 
 
@@ -104,22 +105,18 @@ def _mix_kernel_in_torch(x: torch.Tensor, read_bytes: int, written_bytes: int, p
 def test_mix_ceiling_check_recomputes_the_kernel(read_bytes: int, written_bytes: int) -> None:
     """bench.py's "% mix" ceiling streams an op's bytes; check() must accept exactly what the kernel's loops write
     (uneven shares, ends inside a step) and reject a run that skipped a store or a load."""
-    import torch
-    from mix_ceiling import check, shares
-
-    program_bytes = 96 << 10  # several programs, each several steps, at test sizes
-    reads, writes, programs, per_read, _ = shares(read_bytes, written_bytes, program_bytes)
-    assert programs > 1 or read_bytes < 1 << 16
-    assert 4 * reads >= read_bytes and 4 * writes >= written_bytes and (reads - read_bytes / 4) < 64
-    x = torch.randint(0, 1 << 20, (reads,), dtype=torch.int32)
-    y = _mix_kernel_in_torch(x, read_bytes, written_bytes, program_bytes)
+    m = mix(read_bytes, written_bytes, program_bytes=96 << 10)  # several programs of several steps at test sizes
+    assert m.programs > 1 or read_bytes < 1 << 16
+    assert 4 * m.reads >= read_bytes and 4 * m.writes >= written_bytes and m.reads - read_bytes / 4 < 64
+    x = torch.randint(0, 1 << 20, (m.reads,), dtype=torch.int32)
+    y = _mix_kernel_in_torch(x, m)
     assert bool((y >= 0).all())  # every word written
-    check(read_bytes, written_bytes, x, y, program_bytes)
+    check(m, x, y)
     skipped_store = y.clone()
     skipped_store[-1] = -1
     with pytest.raises(AssertionError):
-        check(read_bytes, written_bytes, x, skipped_store, program_bytes)
+        check(m, x, skipped_store)
     skipped_load = x.clone()
-    skipped_load[per_read if programs > 1 else 0] += 1  # lane 0 of a program: a lane every program writes
+    skipped_load[m.reads_per_program if m.programs > 1 else 0] += 1  # lane 0 of a program: every program writes it
     with pytest.raises(AssertionError):
-        check(read_bytes, written_bytes, skipped_load, y, program_bytes)
+        check(m, skipped_load, y)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -36,6 +37,17 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
     def swiglu_per_channel() -> Callable[[], object]:
         x = torch.randn(TOKENS, 2 * HIDDEN, dtype=torch.bfloat16, device="cuda")
         return lambda: quant.swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", 128, round_sf=True)
+
+    def swiglu_per_token(npc: int) -> Callable[[], object]:
+        # bench.py's quant_swiglu rows: T 8192, top-2 of 8 experts in expert-major order, clamp 10.
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.reference.quant_swiglu import expert_major_routing
+
+        pos_to_expert, pos_to_token_topk, _ = expert_major_routing(TOKENS, 2)
+        weights = torch.rand(TOKENS, 2, device="cuda")
+        x = torch.randn(pos_to_expert.shape[0], 2 * HIDDEN, device="cuda").bfloat16()
+        return lambda: quant.swiglu_forward_and_per_token_cast(x, "e4m3", npc, pos_to_token_topk, weights,
+                                                               pos_to_expert, round_sf=True, swiglu_clamp_value=10.0)
 
     def block_cast(fmt: str, block: tuple[int, int]) -> Callable[[], object]:
         x = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda")
@@ -81,6 +93,7 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         "topk_gate": lambda: gates("topk"),
         "top2_sum_gate": lambda: gates("top2_sum"),
         "swiglu_forward_and_per_channel_cast_and_transpose_e": swiglu_per_channel,
+        "swiglu_forward_and_per_token_cast_e": lambda: swiglu_per_token(128),
         "per_token_cast_e4m3": lambda: cast("e4m3", 128),
         "per_token_cast_e2m1": lambda: cast("e2m1", 32),
         "per_token_cast_back_e4m3": lambda: cast_back("e4m3", 128),

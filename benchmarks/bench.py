@@ -202,16 +202,7 @@ def mix_ceiling_us(timer: Timer, read_bytes: int, written_bytes: int) -> float |
         return None
     if mix_ceiling.triton is None:
         return None
-    inputs: list[Inputs] = []
-    times = []
-    for block, program_bytes in mix_ceiling.FORMS:
-        launch = mix_ceiling.mix(read_bytes, written_bytes, block, program_bytes)
-        make, run = mix_ceiling.mix_case(launch)
-        inputs = inputs or rotating_inputs(make)  # the buffers' sizes do not depend on the form
-        run(*inputs[0])
-        mix_ceiling.check(launch, *inputs[0])
-        times.append(timer.median_us(run, inputs))
-    return min(times)
+    return min(us for _, us in mix_ceiling.timed_forms(read_bytes, written_bytes, rotating_inputs, timer.median_us))
 
 
 def bench_case(timer: Timer, copy_gb_s: float, op: str, shape: str, make: Callable[[], Inputs],

@@ -10,7 +10,8 @@ reads and writes at its own size; 100% or more means the op is at that ceiling.
 
 Program p of P sums, lane by lane, the int32 words [p * reads_per_program, (p + 1) * reads_per_program)
 of x in steps of BLOCK, then writes words [p * writes_per_program, ...) of y as that sum plus the step's
-offset. P is chosen so that a program moves about PROGRAM_BYTES; shares are whole 256-byte runs, and
+offset. P is chosen so that a program moves about program_bytes (FORMS lists the (BLOCK, program_bytes)
+pairs measured; the fastest is the ceiling); shares are whole 256-byte runs, and
 masks stop at the ends of x and y, with one bound per phase so that Triton keeps 16-byte vectors (a
 mask of the step's lanes against the share's length made every store 4 bytes, and a 1:2 mix ran at
 68% of copy where store_ceilings.py's kernel runs at 90%). ``check`` recomputes y in torch, so a
@@ -118,4 +119,23 @@ def check(m: Mix, x: torch.Tensor, y: torch.Tensor) -> None:
     assert torch.equal(y.long(), expected.reshape(-1)[:m.writes]), "mix_kernel skipped loads or stores"
 
 
-__all__ = ["Mix", "check", "mix", "mix_case"]
+def timed_forms(read_bytes: int, written_bytes: int, inputs_of: Callable[[Callable[[], Pair]], list[Pair]],
+                median_us: Callable[[Callable[..., None], list[Pair]], float]) -> list[tuple[Mix, float]]:
+    """Each of FORMS as a launch moving these bytes, checked once, with median_us(run, inputs) of it.
+
+    ``inputs_of(make)`` builds the (x, y) pairs to rotate through; one set serves every form (the
+    buffers' sizes do not depend on it).
+    """
+    inputs: list[Pair] = []
+    timed = []
+    for block, program_bytes in FORMS:
+        launch = mix(read_bytes, written_bytes, block, program_bytes)
+        make, run = mix_case(launch)
+        inputs = inputs or inputs_of(make)
+        run(*inputs[0])
+        check(launch, *inputs[0])
+        timed.append((launch, median_us(run, inputs)))
+    return timed
+
+
+__all__ = ["FORMS", "Mix", "check", "mix", "mix_case", "timed_forms"]

@@ -96,17 +96,11 @@ def measure(timer: Timer) -> list[tuple[str, float, float]]:
     # should meet the mix kernel above, or bench.py's ceiling column would flatter the ops.
     for reads, writes in ((1, 1), (2, 1), (1, 2), (1, 8)):
         read_bytes = COPY_BYTES * reads // (reads + writes)
-        inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for block, program_bytes in mix_ceiling.FORMS:
-            launch = mix_ceiling.mix(read_bytes, COPY_BYTES - read_bytes, block, program_bytes)
-            make, run = mix_ceiling.mix_case(launch)
-            inputs = inputs or [make() for _ in range(2)]
-            run(*inputs[0])
-            mix_ceiling.check(launch, *inputs[0])
-            us = timer.median_us(run, inputs)
-            rows.append((f"mix_ceiling.py {reads}:{writes}, block {block}, {program_bytes >> 10} KiB per program", us,
+        for launch, us in mix_ceiling.timed_forms(read_bytes, COPY_BYTES - read_bytes,
+                                                  lambda make: [make() for _ in range(2)], timer.median_us):
+            per_program = 4 * (launch.reads_per_program + launch.writes_per_program) >> 10
+            rows.append((f"mix_ceiling.py {reads}:{writes}, block {launch.block}, {per_program} KiB per program", us,
                          COPY_BYTES / us / 1e3))
-        del inputs
     return rows
 
 

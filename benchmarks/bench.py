@@ -196,10 +196,8 @@ def size_copy_us(timer: Timer, nbytes: int) -> float:
 def mix_ceiling_us(timer: Timer, read_bytes: int, written_bytes: int) -> float | None:
     """Median time of mix_ceiling.py's kernel moving these bytes, the fastest of its forms (each checked once);
     None without Triton."""
-    try:
-        import mix_ceiling  # benchmarks/mix_ceiling.py, next to this script
-    except ImportError:
-        return None
+    import mix_ceiling  # benchmarks/mix_ceiling.py, next to this script (it imports without Triton)
+
     if mix_ceiling.triton is None:
         return None
     return min(us for _, us in mix_ceiling.timed_forms(read_bytes, written_bytes, rotating_inputs, timer.median_us))

@@ -52,7 +52,7 @@ def get_kernel(name):
     return _Kernel(name)
 
 
-def custom_op(name, fake):
+def custom_op(name, fake, schema=None, mutates_args=()):
     return lambda fn: fn
 
 
@@ -149,7 +149,7 @@ def stub_package(root: Path, package: str, family: str,
     (base / family / "__init__.py").write_text("")
     (base / "_runtime.py").write_text(STUB_RUNTIME + f"\n\n# kernel -> grid keys, from the shipped specs\nKEYS = {grid_keys()!r}\n")
     (base / "_build_info.py").write_text(STUB_BUILD_INFO)
-    for shared in ("_args.py", "errors.py"):
+    for shared in ("_args.py", "_op.py", "errors.py"):
         shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)
     for op in ops:
         shutil.copy(REPO / "templates" / family / f"{op}.py", base / family / f"_{op}.py")

@@ -210,7 +210,7 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templat
         f"MAJOR = {arch.major}\nMINOR = {arch.minor}\nGPUS = {arch.gpus!r}\nALIGNMENT = {arch.alignment}\n"
         f"KERNELS = {tuple(k.name for k in kernels)!r}\n"
     )
-    for runtime_file in ("_runtime.py", "_args.py", "errors.py"):
+    for runtime_file in ("_runtime.py", "_op.py", "_args.py", "errors.py"):
         files[f"{name}/{runtime_file}"] = (_header(f"tkc/runtime/{runtime_file}", "the tkc runtime")
                                            + (RUNTIME_DIR / runtime_file).read_text())
     files[f"{name}/_kernels/__init__.py"] = '"""Generated launchers, one module per spec kernel."""\n'

@@ -896,17 +896,19 @@ class Kernel:
         return launcher
 
 
-def custom_op(name: str, fake: Callable[..., Any]) -> Callable[[Callable[..., Any]], Any]:
+def custom_op(name: str, fake: Callable[..., Any], schema: str | None = None,
+              mutates_args: Sequence[str] = ()) -> Callable[[Callable[..., Any]], Any]:
     """Register a function as the torch custom op ``<package>::<name>`` with ``fake`` as its meta kernel.
 
     ``torch.compile`` then treats the op as one opaque node (its ctypes launch would
-    otherwise break the graph) and infers output shapes from ``fake``. The public op
-    functions call it only while compiling; eager callers keep the direct path, which
-    skips the dispatcher's overhead.
+    otherwise break the graph) and infers output shapes from ``fake``. The ops (``_op.Op``)
+    call it only while compiling; eager callers keep the direct path, which skips the
+    dispatcher's overhead. ``schema``: the op's schema where the function's annotations do not
+    give it.
     """
 
     def register(fn: Callable[..., Any]) -> Any:
-        op = torch.library.custom_op(f"{info.PACKAGE}::{name}", fn, mutates_args=())
+        op = torch.library.custom_op(f"{info.PACKAGE}::{name}", fn, mutates_args=tuple(mutates_args), schema=schema)
         op.register_fake(fake)
         return op
 

@@ -1,0 +1,260 @@
+"""The op layer (tkc/runtime/_op.py) on the CPU: a toy op declared as the shipped ops are.
+
+The toy package holds the stub runtime of tests/op_stub.py with one change: ``custom_op``
+registers a real torch custom op, so ``torch.compile(fullgraph=True)`` traces the op as the
+installed wheel's ops are traced. The toy kernel is a Python function over CPU tensors that
+writes its outputs, so every path's result can be compared with the plain-torch answer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import shutil
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+from tests.op_stub import STUB_RUNTIME
+
+PACKAGE = "toy_op_pkg"
+
+REAL_CUSTOM_OP = f'''
+import torch
+
+
+def custom_op(name, fake, schema=None, mutates_args=()):
+    def register(fn):
+        op = torch.library.custom_op("{PACKAGE}::" + name, fn, mutates_args=tuple(mutates_args), schema=schema)
+        op.register_fake(fake)
+        return op
+    return register
+'''
+
+TOY_OPS = '''
+from __future__ import annotations
+
+import torch
+
+from .._args import matrix, positive_int
+from .._op import Plan, empty, launch, multiple, op, out, result, size, size_is
+from .._runtime import LAUNCHES
+
+__all__ = ["scale_rows", "row_sums", "negate_in_place", "scaled_or_nothing"]
+
+
+class _Kernel:
+    """Launchers over CPU tensors, recorded like the stub's: (name, grid values, arguments)."""
+
+    def variant(self, width):
+        def scale(x, y, factor):
+            LAUNCHES.append(("scale", {"width": width}, (x, y, factor)))
+            y.copy_(x * factor)
+
+        return scale
+
+
+def _sums(x, sums):
+    LAUNCHES.append(("sums", {}, (x, sums)))
+    sums.copy_(x.sum(dim=1))
+
+
+def _negate(x):
+    LAUNCHES.append(("negate", {}, (x,)))
+    x.neg_()
+
+
+_kernel = _Kernel()
+
+
+@op(outputs=("y",), inputs={"x": (1,)})
+def scale_rows(x: torch.Tensor, factor: int = 2) -> Plan:
+    """y = x * factor for a (rows, width) x whose width is a multiple of 4."""
+    x = matrix("x", x, "(rows, width)")
+    k = positive_int("factor", factor)
+    return launch(_kernel.variant(int(x.shape[1])), x, out(0), float(k),
+                  outputs=(empty(x.dtype, size(x, 0), x.shape[1]),), rules=(multiple("x", x, 1, 4),))
+
+
+@op(outputs=("sums", "y"), inputs={"x": (1,)})
+def row_sums(x: torch.Tensor) -> list[Plan]:
+    """(x.sum(1), x * 3): two launches into one set of outputs."""
+    x = matrix("x", x, "(rows, width)")
+    return [launch(_sums, x, out(0), outputs=(empty(x.dtype, size(x, 0)), empty(x.dtype, size(x, 0), x.shape[1])),
+                   rules=(size_is("y", out(1), 1, int(x.shape[1])),)),
+            launch(_kernel.variant(int(x.shape[1])), x, out(1), 3.0)]
+
+
+@op(out=False, mutates=True)
+def negate_in_place(x: torch.Tensor) -> Plan:
+    """x = -x, in place."""
+    return launch(_negate, matrix("x", x))
+
+
+@op(outputs=("y",), inputs={"x": (1,)})
+def scaled_or_nothing(x: torch.Tensor, skip: bool = False, *, out: torch.Tensor | None = None) -> Plan:
+    """A plan that takes out itself and, with skip, returns without a launch of its own."""
+    if skip:
+        return result(out)
+    return scale_rows.plan(x, 5)
+'''
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType]]:
+    root = tmp_path_factory.mktemp("toy_op")
+    base = root / PACKAGE
+    (base / "toy").mkdir(parents=True)
+    (base / "__init__.py").write_text("")
+    (base / "toy" / "__init__.py").write_text("")
+    (base / "_runtime.py").write_text(STUB_RUNTIME + "\nKEYS = {}\n" + REAL_CUSTOM_OP)
+    (base / "_build_info.py").write_text("ARCH = 'sm90'\nALIGNMENT = 16\n")
+    for shared in ("_args.py", "_op.py", "errors.py"):
+        shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)
+    (base / "toy" / "_ops.py").write_text(TOY_OPS)
+    sys.path.insert(0, str(root))
+    try:
+        yield importlib.import_module(f"{PACKAGE}.toy._ops"), importlib.import_module(f"{PACKAGE}._runtime")
+    finally:
+        sys.path.remove(str(root))
+        for name in [n for n in sys.modules if n == PACKAGE or n.startswith(f"{PACKAGE}.")]:
+            del sys.modules[name]
+
+
+@pytest.fixture(autouse=True)
+def _clear(toy: tuple[ModuleType, ModuleType]) -> None:
+    for record in (toy[1].LAUNCHES, toy[1].REMEMBERED, toy[1].DISPATCHED):
+        record.clear()
+
+
+def test_the_public_function_has_the_plan_signature_plus_out(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, _ = toy
+    assert str(inspect.signature(ops.scale_rows)) == "(x: 'torch.Tensor', factor: 'int' = 2, *, out=None)"
+    assert str(inspect.signature(ops.scaled_or_nothing)) == \
+        "(x: 'torch.Tensor', skip: 'bool' = False, *, out: 'torch.Tensor | None' = None)"
+    assert str(inspect.signature(ops.negate_in_place)) == "(x: 'torch.Tensor')"
+    assert ops.scale_rows.__doc__.startswith("y = x * factor")
+    assert ops.scale_rows.__name__ == "scale_rows"
+
+
+def test_an_allocating_call_launches_into_fresh_outputs_and_is_remembered(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, rt = toy
+    x = torch.randn(3, 8)
+    y = ops.scale_rows(x, 3)
+    assert torch.equal(y, x * 3)
+    ((name, values, args),) = rt.LAUNCHES
+    assert (name, values, args[0], args[1], args[2]) == ("scale", {"width": 8}, x, y, 3.0)
+    # dispatch() was asked first with (inputs, out, options), then the recipe was remembered for it.
+    ((fast, call),) = rt.DISPATCHED
+    assert call[0] is x and call[1] is None and call[2] == 3
+    ((remembered_fast, _, arguments, rules, remembered_call, outputs),) = rt.REMEMBERED
+    assert remembered_fast is fast and remembered_call[0] is x and remembered_call[2] == 3
+    assert [(a.kind, a.index) for a in arguments[:2]] == [("input", 0), ("out", 0)] and arguments[2] == 3.0
+    assert rules == (("size_multiple", 0, 1, 4),)
+    ((recipe,),) = [outputs]
+    assert recipe.dtype == torch.float32 and recipe.dims == ((0, 0, 1, 0, 1), 8)
+
+
+def test_out_is_written_in_place_and_returned(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, rt = toy
+    x = torch.randn(4, 8)
+    y = torch.full((4, 8), float("nan"))
+    assert ops.scale_rows(x, out=y) is y
+    assert torch.equal(y, x * 2)
+    (entry,) = rt.REMEMBERED
+    assert entry[4][1] is y and entry[5] is None  # an out= call: no allocation recipe
+    with pytest.raises(TypeError, match=r"^out: expected y as the op returns it \(a tensor\), got tuple"):
+        ops.scale_rows(x, out=(y,))
+
+
+def test_errors_name_the_argument_before_any_launch(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, rt = toy
+    with pytest.raises(ValueError, match=r"^x: dimension 1 \(size 6\) must be a multiple of 4"):
+        ops.scale_rows(torch.randn(2, 6))
+    with pytest.raises(ValueError, match=r"^factor: expected a positive int, got 0"):
+        ops.scale_rows(torch.randn(2, 8), 0)
+    with pytest.raises(TypeError, match=r"^x: expected a torch.Tensor"):
+        ops.scale_rows([1, 2])
+    assert rt.LAUNCHES == [] and rt.REMEMBERED == []
+
+
+def test_rules_on_outputs_name_the_output(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, rt = toy
+    x = torch.randn(2, 8)
+    sums, y = ops.row_sums(x)
+    assert torch.equal(sums, x.sum(1)) and torch.equal(y, x * 3)
+    assert [launch[0] for launch in rt.LAUNCHES] == ["sums", "scale"]
+    assert rt.REMEMBERED == []  # two launches: the Python path every time
+    rt.LAUNCHES.clear()
+    with pytest.raises(ValueError, match=r"^y: dimension 1 must be 8, got shape \(2, 4\)"):
+        ops.row_sums(x, out=(torch.empty(2), torch.empty(2, 4)))
+    assert rt.LAUNCHES == []
+
+
+def test_a_plan_of_tensors_it_made_is_not_remembered(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, rt = toy
+    x = torch.randn(8, 4).t()  # matrix() passes it on; the toy plan launches it as given
+    assert torch.equal(ops.scale_rows(x.contiguous()), x * 2)
+    assert len(rt.REMEMBERED) == 1
+    rt.REMEMBERED.clear()
+    # scaled_or_nothing returns scale_rows' plan for its own x: the same caller tensor, remembered
+    y = ops.scaled_or_nothing(x.contiguous())
+    assert torch.equal(y, x * 5) and len(rt.REMEMBERED) == 1
+    given = torch.zeros(1)
+    assert ops.scaled_or_nothing(x, True, out=given) is given
+
+
+def test_in_place_ops_write_their_input(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, _ = toy
+    x = torch.randn(2, 3)
+    expected = -x
+    assert ops.negate_in_place(x) is None
+    assert torch.equal(x, expected)
+
+
+def test_torch_compile_traces_one_custom_op_per_call_without_graph_breaks(
+        toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, rt = toy
+    torch._dynamo.reset()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scaled = ops.scale_rows(x, 3) + 1
+        sums, _ = ops.row_sums(x)
+        ops.scale_rows(x, out=y)
+        return scaled, sums
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    x = torch.randn(5, 8)
+    y = torch.zeros(5, 8)
+    scaled, sums = compiled(x, y)
+    assert torch.equal(scaled, x * 3 + 1) and torch.allclose(sums, x.sum(1)) and torch.equal(y, x * 2)
+    assert rt.REMEMBERED == []  # nothing is remembered while tracing
+    assert hasattr(torch.ops, PACKAGE) and hasattr(getattr(torch.ops, PACKAGE), "scale_rows")
+    x2 = torch.randn(7, 8)  # another row count: the same graph, sizes read at run time
+    scaled, sums = compiled(x2, torch.zeros(7, 8))
+    assert torch.equal(scaled, x2 * 3 + 1)
+
+
+def test_torch_compile_of_an_in_place_op(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, _ = toy
+    torch._dynamo.reset()
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        ops.negate_in_place(x)
+        return x * 2
+
+    x = torch.randn(3, 4)
+    expected = -x * 2
+    assert torch.equal(torch.compile(step, fullgraph=True, backend="aot_eager")(x), expected)
+    assert torch.equal(x, expected / 2)
+
+
+def test_errors_surface_while_tracing_too(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, _ = toy
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"x: dimension 1 \(size 6\) must be a multiple of 4"):
+        torch.compile(lambda x: ops.scale_rows(x), fullgraph=True, backend="aot_eager")(torch.randn(2, 6))

@@ -1,0 +1,504 @@
+"""The op layer: an op module declares what an op is; this module derives everything else once.
+
+Copied verbatim by tkc into every generated package, next to the loader. An op is a *plan*
+function with the op's public signature (TileKernels' names and arguments) that checks its
+non-tensor arguments, picks the variant and returns a ``Plan``: the launcher, its arguments
+in prim_func order (the caller's tensors, ``out(i)`` for the i-th output, scalars), how to
+allocate each output, and the rules it relies on beyond the launcher's contract. ``op(...)``
+turns it into the public function, which
+
+- takes a keyword-only ``out=`` (the tensors the call would return, written in place);
+- goes first, for a call signature it has seen, to ``_runtime.dispatch``: one C call that keys
+  the call, checks the contract and the plan's rules, allocates the outputs and launches;
+- otherwise runs the plan, checks the rules (naming the tensor), allocates or takes ``out``,
+  launches, and remembers the call's recipe for ``dispatch``: which launcher argument is which
+  input or output, which are constants, and each output's shape as sizes of the inputs;
+- while ``torch.compile`` traces, calls one torch custom op per op (``torch.ops.<package>.<op>``)
+  with the plan's tensors; its fake kernel allocates the outputs from the same recipe, so the
+  graph has no break, and ``out=`` becomes a copy into ``out``.
+
+A plan whose tensors are not the caller's (a ``.contiguous()`` copy, a dequantized pair) or
+whose outputs are allocated by a function still runs: it only is not remembered. Ops whose
+host logic is genuinely special return several plans (launched in order into one set of
+outputs) or a ``then`` epilogue of torch code, which runs eagerly and is traced when compiling.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import _runtime as rt
+from ._args import out_tensors
+from .errors import KernelArgumentError
+
+__all__ = ["Plan", "Result", "Size", "empty", "launch", "multiple", "op", "out", "result", "same_size", "size",
+           "size_is", "stride_multiple"]
+
+
+class Out:
+    """The i-th output of the op as a launcher argument, or ``view`` of it (the kernel's view of the output)."""
+
+    __slots__ = ("index", "view")
+
+    def __init__(self, index: int, view: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.index, self.view = index, view
+
+    def of(self, outputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        t = outputs[self.index]
+        return t if self.view is None else self.view(t)
+
+    def __repr__(self) -> str:
+        return f"out({self.index})"
+
+
+_OUTS = tuple(Out(i) for i in range(16))
+
+
+def out(index: int = 0, view: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Out:
+    """The plan's ``index``-th output (what the op returns, or the caller's ``out`` tensor), or the
+    kernel's ``view`` of it (a call with a view is not remembered by dispatch)."""
+    return _OUTS[index] if view is None else Out(index, view)
+
+
+class Size:
+    """An output dimension from a tensor of the call: (t.shape[dim] * times + plus) // per."""
+
+    __slots__ = ("dim", "per", "plus", "tensor", "times")
+
+    def __init__(self, tensor: torch.Tensor, dim: int, times: int = 1, plus: int = 0, per: int = 1) -> None:
+        self.tensor, self.dim, self.times, self.plus, self.per = tensor, dim, times, plus, per
+
+    def of(self, tensor: torch.Tensor) -> Any:
+        return (tensor.shape[self.dim] * self.times + self.plus) // self.per
+
+
+def size(tensor: torch.Tensor, dim: int, times: int = 1, plus: int = 0, per: int = 1) -> Size:
+    """A dimension read from ``tensor`` at every call: ``(tensor.shape[dim] * times + plus) // per``."""
+    return Size(tensor, dim, times, plus, per)
+
+
+class Empty:
+    """An output the op allocates uninitialised: torch.empty(dims, dtype) on the inputs' device."""
+
+    __slots__ = ("dims", "dtype")
+
+    def __init__(self, dtype: torch.dtype, dims: tuple[int | Size, ...]) -> None:
+        self.dtype, self.dims = dtype, dims
+
+
+def empty(dtype: torch.dtype, *dims: int | Size) -> Empty:
+    """An uninitialised output of ``dtype`` whose dimensions are constants or ``size(...)`` of a call tensor."""
+    return Empty(dtype, dims)
+
+
+class Rule:
+    """A condition on a launcher's tensor the contract does not state; the error names the tensor."""
+
+    __slots__ = ("dim", "kind", "name", "other", "other_dim", "tensor", "value")
+
+    def __init__(self, kind: int, name: str, tensor: Any, dim: int, value: int, other: Any = None,
+                 other_dim: int = 0) -> None:
+        self.kind, self.name, self.tensor, self.dim, self.value = kind, name, tensor, dim, value
+        self.other, self.other_dim = other, other_dim
+
+    def resolved(self, outputs: Sequence[torch.Tensor]) -> Rule:
+        """The rule over real tensors: an ``out(i)`` it names is the call's i-th output."""
+        tensor = self.tensor.of(outputs) if isinstance(self.tensor, Out) else self.tensor
+        other = self.other.of(outputs) if isinstance(self.other, Out) else self.other
+        return self if tensor is self.tensor and other is self.other else \
+            Rule(self.kind, self.name, tensor, self.dim, self.value, other, self.other_dim)
+
+    def holds(self) -> bool:
+        t, dim = self.tensor, self.dim
+        if self.kind == _MULTIPLE:
+            return t.shape[dim] % self.value == 0  # type: ignore[no-any-return]
+        if self.kind == _SIZE_IS:
+            return t.shape[dim] == self.value  # type: ignore[no-any-return]
+        if self.kind == _SAME_SIZE:
+            assert self.other is not None
+            return t.shape[dim] * self.value == self.other.shape[self.other_dim]  # type: ignore[no-any-return]
+        return t.shape[dim] <= 1 or t.numel() == 0 or (t.stride(dim) * t.element_size()) % self.value == 0
+
+    def error(self) -> KernelArgumentError:
+        t, dim, name = self.tensor, self.dim, self.name
+        if self.kind == _MULTIPLE:
+            return KernelArgumentError(
+                f"{name}: dimension {dim} (size {t.shape[dim]}) must be a multiple of {self.value}, got shape "
+                f"{tuple(t.shape)}; pad {name} to a multiple of {self.value}")
+        if self.kind == _SIZE_IS:
+            return KernelArgumentError(f"{name}: dimension {dim} must be {self.value}, got shape {tuple(t.shape)}")
+        if self.kind == _SAME_SIZE:
+            assert self.other is not None
+            times = f" times {self.value}" if self.value != 1 else ""
+            return KernelArgumentError(
+                f"{name}: dimension {dim} (size {t.shape[dim]}){times} must equal dimension {self.other_dim} of "
+                f"the tensor it goes with (size {self.other.shape[self.other_dim]}), got shape {tuple(t.shape)}")
+        return KernelArgumentError(
+            f"{name}: the stride of dimension {dim} ({t.stride(dim)} elements) must be a multiple of "
+            f"{self.value} bytes for the kernel's vector accesses; pass {name}.contiguous()")
+
+    def packed(self, arguments: Sequence[Any]) -> tuple[int, ...] | None:
+        """The rule for dispatch, over launcher argument positions; None where a tensor is not an argument."""
+        argument = _position(arguments, self.tensor)
+        if argument is None:
+            return None
+        if self.kind == _MULTIPLE:
+            return rt.size_multiple(argument, self.dim, self.value)
+        if self.kind == _SIZE_IS:
+            return rt.size_is(argument, self.dim, self.value)
+        if self.kind == _SAME_SIZE:
+            other = _position(arguments, self.other)
+            return None if other is None else rt.same_size(argument, self.dim, other, self.other_dim, self.value)
+        return rt.stride_bytes_multiple(argument, self.dim, self.value)
+
+
+def _position(arguments: Sequence[Any], tensor: Any) -> int | None:
+    return next((i for i, a in enumerate(arguments) if a is tensor), None)
+
+
+_MULTIPLE, _STRIDE, _SIZE_IS, _SAME_SIZE = 1, 2, 3, 4
+
+
+def multiple(name: str, tensor: torch.Tensor | Out, dim: int, value: int) -> Rule:
+    """``tensor.shape[dim] % value == 0`` (a tile multiple the kernel trusts)."""
+    return Rule(_MULTIPLE, name, tensor, dim, value)
+
+
+def stride_multiple(name: str, tensor: torch.Tensor | Out, dim: int, value: int) -> Rule:
+    """The byte stride of ``dim`` a multiple of ``value`` wherever the tensor steps over it."""
+    return Rule(_STRIDE, name, tensor, dim, value)
+
+
+def size_is(name: str, tensor: torch.Tensor | Out, dim: int, value: int) -> Rule:
+    """``tensor.shape[dim] == value`` (a size the contract leaves free that the kernel relies on)."""
+    return Rule(_SIZE_IS, name, tensor, dim, value)
+
+
+def same_size(name: str, tensor: torch.Tensor | Out, dim: int, other: torch.Tensor | Out, other_dim: int,
+              times: int = 1) -> Rule:
+    """``tensor.shape[dim] * times == other.shape[other_dim]`` (two sizes the contract does not tie)."""
+    return Rule(_SAME_SIZE, name, tensor, dim, times, other, other_dim)
+
+
+Alloc = Callable[..., Sequence[torch.Tensor]]
+
+
+class Plan:
+    """One launch of an op: launcher, its arguments in prim_func order, the outputs, the rules."""
+
+    __slots__ = ("args", "launcher", "outputs", "rules", "then")
+
+    def __init__(self, launcher: Callable[..., None], args: tuple[Any, ...],
+                 outputs: Sequence[Empty] | Alloc | None, rules: Sequence[Rule],
+                 then: Callable[..., Any] | None) -> None:
+        self.launcher, self.args, self.outputs, self.rules, self.then = launcher, args, outputs, rules, then
+
+
+def launch(launcher: Callable[..., None], *args: Any, outputs: Sequence[Empty] | Alloc | None = None,
+           rules: Sequence[Rule] = (), then: Callable[..., Any] | None = None) -> Plan:
+    """A plan: ``launcher(*args)`` with ``out(i)`` standing for the outputs.
+
+    ``outputs``: an ``empty(...)`` per output, or a function of the plan's tensor arguments (in
+    order) that returns them (a layout ``empty`` cannot say; such calls are not remembered by
+    dispatch); None for an op that writes only its inputs. ``then``: a function of the outputs
+    whose result the op returns instead (torch code, traced when compiling).
+    """
+    return Plan(launcher, args, outputs, rules, then)
+
+
+class Result:
+    """What an op returns without a launch of its own (a call routed to another op, an empty case)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def result(value: Any) -> Result:
+    """Return ``value`` from the op as it is: the plan launched nothing itself (e.g. it called another op)."""
+    return Result(value)
+
+
+def _tensors(plans: Sequence[Plan]) -> list[torch.Tensor]:
+    """The plans' tensor arguments in order, each once (by identity)."""
+    seen: dict[int, torch.Tensor] = {}
+    for plan in plans:
+        for a in plan.args:
+            if isinstance(a, torch.Tensor):
+                seen.setdefault(id(a), a)
+    return list(seen.values())
+
+
+def _allocate(outputs: Sequence[Empty] | Alloc | None, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    if outputs is None:
+        return []
+    if callable(outputs):
+        return list(outputs(*tensors))
+    device = tensors[0].device
+    return [torch.empty(tuple(d if isinstance(d, int) else d.of(d.tensor) for d in o.dims), dtype=o.dtype,
+                        device=device) for o in outputs]
+
+
+# The compile route: a plan seen while tracing becomes a template (launchers, argument slots,
+# output recipe over the custom op's tensor list) with an id; the graph calls the op's custom op
+# with its tensors and that id, and the custom op and its fake kernel rebuild the call from it.
+_templates: list[tuple[Any, ...]] = []
+_template_ids: dict[tuple[Any, ...], int] = {}
+
+
+@torch.compiler.assume_constant_result
+def _template_id(key: tuple[Any, ...]) -> int:
+    """The id of a template: torch.compile calls this for real while tracing and keeps the int."""
+    index = _template_ids.get(key)
+    if index is None:
+        index = _template_ids.setdefault(key, len(_templates))
+        if index == len(_templates):
+            _templates.append(key)
+    return index
+
+
+def _template(plans: Sequence[Plan], tensors: list[torch.Tensor]) -> int:
+    """The template id of ``plans``, whose tensor arguments are ``tensors``; the key holds no tensors."""
+    position = {id(t): i for i, t in enumerate(tensors)}
+    launches = []
+    for plan in plans:
+        slots = tuple(("t", position[id(a)], None) if isinstance(a, torch.Tensor) else ("o", a.index, a.view)
+                      if isinstance(a, Out) else ("c", a, None) for a in plan.args)
+        launches.append((plan.launcher, slots))
+    outputs = plans[0].outputs
+    recipe: Any
+    if outputs is None or callable(outputs):
+        recipe = outputs
+    else:
+        try:
+            recipe = tuple((o.dtype, tuple(d if isinstance(d, int) else (position[id(d.tensor)], d.dim, d.times,
+                                                                            d.plus, d.per) for d in o.dims))
+                           for o in outputs)
+        except KeyError:
+            raise TypeError("an output's size(...) must read a tensor the launcher takes") from None
+    return _template_id((tuple(launches), recipe))
+
+
+def _template_outputs(recipe: Any, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    if recipe is None:
+        return []
+    if callable(recipe):
+        return list(recipe(*tensors))
+    return [torch.empty(tuple(d if isinstance(d, int) else (tensors[d[0]].shape[d[1]] * d[2] + d[3]) // d[4]
+                              for d in dims), dtype=dtype, device=tensors[0].device) for dtype, dims in recipe]
+
+
+def _slot(slot: tuple[str, Any, Any], tensors: list[torch.Tensor], outputs: list[torch.Tensor]) -> Any:
+    kind, value, view = slot
+    if kind == "t":
+        return tensors[value]
+    if kind == "o":
+        return outputs[value] if view is None else view(outputs[value])
+    return value
+
+
+def _run_template(tensors: list[torch.Tensor], template: int) -> list[torch.Tensor]:
+    launches, recipe = _templates[template]
+    outputs = _template_outputs(recipe, tensors)
+    for launcher, slots in launches:
+        launcher(*(_slot(slot, tensors, outputs) for slot in slots))
+    return outputs
+
+
+def _fake_template(tensors: list[torch.Tensor], template: int) -> list[torch.Tensor]:
+    return _template_outputs(_templates[template][1], tensors)
+
+
+def _run_in_place(tensors: list[torch.Tensor], template: int) -> None:
+    _run_template(tensors, template)
+
+
+def _fake_in_place(tensors: list[torch.Tensor], template: int) -> None:
+    return None
+
+
+def _check_output_rules(plans: Sequence[Plan], outputs: Sequence[torch.Tensor]) -> None:
+    for plan in plans:
+        for rule in plan.rules:
+            if isinstance(rule.tensor, Out) or isinstance(rule.other, Out):
+                real = rule.resolved(outputs)
+                if not real.holds():
+                    raise real.error()
+
+
+class Op:
+    """One declared op: its plan function, outputs, keyed dimensions, and what is derived from them."""
+
+    def __init__(self, plan: Callable[..., Plan | Sequence[Plan]], name: str, outputs: tuple[str, ...],
+                 keyed: dict[str, Sequence[int]], mutates: bool) -> None:
+        self.plan, self.name, self.outputs, self.mutates = plan, name, outputs, mutates
+        self.signature = inspect.signature(plan)
+        self.inputs = tuple(keyed)  # the tensor parameters, in dispatch order
+        names = list(self.signature.parameters)
+        self._keywords = tuple(n for n, p in self.signature.parameters.items() if p.kind is p.KEYWORD_ONLY)
+        self._positional = len(names) - len(self._keywords)
+        self.fast = rt.fast_path(tuple(keyed.values()), len(outputs)) if outputs else None
+        # Registered now, not on first use: torch.compile cannot trace a registration. An in-place
+        # op returns nothing (torch cannot functionalize outputs beside a mutated tensor list).
+        if mutates:
+            self._custom = rt.custom_op(name, fake=_fake_in_place, mutates_args=("tensors",),
+                                        schema="(Tensor(a!)[] tensors, int template) -> ()")(_run_in_place)
+        else:
+            self._custom = rt.custom_op(name, fake=_fake_template, mutates_args=(),
+                                        schema="(Tensor[] tensors, int template) -> Tensor[]")(_run_template)
+
+    def call(self, args: tuple[Any, ...], given: Any) -> Any:
+        """The op's Python path: plan, rules, outputs, launch (or the custom op), remember."""
+        if self._keywords:
+            split = self._positional
+            planned = self.plan(*args[:split], **dict(zip(self._keywords, args[split:])))
+        else:
+            planned = self.plan(*args)
+        if isinstance(planned, Result):
+            return planned.value
+        plans: Sequence[Plan] = (planned,) if isinstance(planned, Plan) else planned
+        for plan in plans:  # rules on the inputs before anything is allocated
+            for rule in plan.rules:
+                if not isinstance(rule.tensor, Out) and not isinstance(rule.other, Out) and not rule.holds():
+                    raise rule.error()
+        if not plans:  # nothing to launch (the plan checked the call and found no work)
+            return None
+        then = plans[-1].then
+        if torch.compiler.is_compiling():
+            if given is not None:
+                _check_output_rules(plans, out_tensors(given, self.outputs))
+            outputs = self._compiled(plans)
+            if given is not None:
+                targets = out_tensors(given, self.outputs)
+                outputs = [t.copy_(o) for t, o in zip(targets, outputs, strict=True)]
+        else:
+            tensors = _tensors(plans)
+            outputs = list(out_tensors(given, self.outputs)) if given is not None else \
+                _allocate(plans[0].outputs, tensors)
+            _check_output_rules(plans, outputs)
+            for plan in plans:
+                plan.launcher(*(a.of(outputs) if isinstance(a, Out) else a for a in plan.args))
+            if len(plans) == 1 and then is None and self.fast is not None:
+                self._remember(plans[0], args, given, outputs)
+        if then is not None:
+            return then(*outputs)
+        if not outputs:
+            return None
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _compiled(self, plans: Sequence[Plan]) -> list[torch.Tensor]:
+        tensors = _tensors(plans)
+        return list(self._custom(tensors, _template(plans, tensors)) or ())
+
+    def _remember(self, plan: Plan, args: tuple[Any, ...], given: Any, outputs: list[torch.Tensor]) -> None:
+        """Let dispatch() take later calls of this signature straight to the launch."""
+        bound = dict(zip(self.signature.parameters, args))
+        inputs = [bound[name] for name in self.inputs]
+        position = {id(t): i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)}
+        arguments: list[object] = []
+        for a in plan.args:
+            if isinstance(a, Out):
+                if a.view is not None:
+                    return  # dispatch passes tensors through, it takes no views
+                arguments.append(rt.from_out(a.index))
+            elif isinstance(a, torch.Tensor):
+                if id(a) not in position:
+                    return  # a tensor the plan made: this call cannot be replayed from the caller's
+                arguments.append(rt.from_input(position[id(a)]))
+            else:
+                arguments.append(a)
+        rules = []
+        for rule in plan.rules:
+            packed = rule.packed(plan.args)
+            if packed is None:
+                return
+            rules.append(packed)
+        recipe = None
+        if given is None:
+            if plan.outputs is None or callable(plan.outputs):
+                return
+            recipe = []
+            for o, t in zip(plan.outputs, outputs):
+                dims: list[int | tuple[int, int, int, int, int]] = []
+                for d in o.dims:
+                    if isinstance(d, int):
+                        dims.append(d)
+                    elif id(d.tensor) in position:
+                        dims.append(rt.size_of(position[id(d.tensor)], d.dim, d.times, d.plus, d.per))
+                    else:
+                        return
+                recipe.append(rt.output(t.dtype, *dims))
+        options = [value for name, value in bound.items() if name not in self.inputs and name != "out"]
+        rt.remember(self.fast, plan.launcher, arguments, rules, *inputs, given, *options,  # type: ignore[arg-type]
+                    outputs=recipe)
+
+
+# The public function, spelled with the plan's own parameters so that a call costs one Python
+# frame and, for a signature seen before, one C call (what dataclasses do for __init__: the
+# source is built from the plan's parameter names only).
+_FAST_SOURCE = '''\
+def public({parameters}):
+    if not is_compiling():
+        done = dispatch(FAST, {inputs}out, {options})
+        if done is not None:
+            return done
+    return call(({arguments}), out)
+'''
+_SOURCE = '''\
+def public({parameters}):
+    return call(({arguments}), {given})
+'''
+
+
+def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None = None, name: str | None = None,
+       out: bool = True, mutates: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make a plan function the public op.
+
+    ``outputs``: the names of the tensors the op returns, in order (``out=`` takes them in that
+    order and errors name them). ``inputs``: the plan's tensor parameters, each with the
+    dimensions whose sizes choose the variant (the others vary at run time: the contract reads
+    them); a call whose inputs match a remembered one in dtype, rank and those sizes, and
+    whose other arguments have the same exact types and values, is replayed by dispatch.
+    ``out``: whether the op takes ``out=``. ``mutates``: the op writes its input tensors (an
+    in-place op; its custom op says so to torch.compile).
+    """
+
+    def declare(plan: Callable[..., Any]) -> Callable[..., Any]:
+        declared = Op(plan, name or plan.__name__, tuple(outputs), dict(inputs or {}), mutates)
+        parameters = list(declared.signature.parameters.values())
+        defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+        spelled, seen_keyword = [], False
+        for p in parameters:
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and not seen_keyword:
+                spelled.append("*")
+                seen_keyword = True
+            spelled.append(f"{p.name}=_defaults[{p.name!r}]" if p.name in defaults else p.name)
+        # A plan that takes out itself (to route it to another op) declares it; else the op adds it.
+        if out and "out" not in declared.signature.parameters:
+            spelled.extend([] if seen_keyword else ["*"])
+            spelled.append("out=None")
+        names = [p.name for p in parameters]
+        fast = declared.fast is not None and out and bool(declared.inputs)
+        source = (_FAST_SOURCE if fast else _SOURCE).format(
+            parameters=", ".join(spelled), inputs="".join(f"{n}, " for n in declared.inputs),
+            options=", ".join(n for n in names if n not in declared.inputs and n != "out"),
+            arguments="".join(f"{n}, " for n in names), given="out" if out else "None")
+        namespace: dict[str, Any] = {"_defaults": defaults, "dispatch": rt.dispatch, "FAST": declared.fast,
+                                     "is_compiling": torch.compiler.is_compiling, "call": declared.call}
+        exec(compile(source, f"<op {declared.name}>", "exec"), namespace)
+        public = namespace["public"]
+        public.__name__, public.__qualname__, public.__module__ = plan.__name__, plan.__qualname__, plan.__module__
+        public.__doc__, public.plan, public.op = plan.__doc__, plan, declared
+        shown = list(parameters)
+        if out and "out" not in declared.signature.parameters:
+            shown.append(inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None))
+        public.__signature__ = inspect.Signature(shown)
+        return public  # type: ignore[no-any-return]
+
+    return declare
+

@@ -1,7 +1,7 @@
 """The op layer (tkc/runtime/_op.py) on the CPU: a toy op declared as the shipped ops are.
 
-The toy package holds the stub runtime of tests/op_stub.py with one change: ``custom_op``
-registers a real torch custom op, so ``torch.compile(fullgraph=True)`` traces the op as the
+The toy package holds the stub runtime of tests/op_stub.py with one change: ``launch_op``
+defines a real torch op, so ``torch.compile(fullgraph=True)`` traces the op as the
 installed wheel's ops are traced. The toy kernel is a Python function over CPU tensors that
 writes its outputs, so every path's result can be compared with the plain-torch answer.
 """
@@ -23,16 +23,19 @@ from tests.op_stub import STUB_RUNTIME
 
 PACKAGE = "toy_op_pkg"
 
+# launch_op as the real runtime defines it (tkc/runtime/_runtime.py), under the toy package's name.
 REAL_CUSTOM_OP = f'''
 import torch
 
+_LIBRARY = torch.library.Library("{PACKAGE}", "FRAGMENT")
 
-def custom_op(name, fake, schema=None, mutates_args=()):
-    def register(fn):
-        op = torch.library.custom_op("{PACKAGE}::" + name, fn, mutates_args=tuple(mutates_args), schema=schema)
-        op.register_fake(fake)
-        return op
-    return register
+
+def launch_op(name, run, fake, mutates=False):
+    schema = "(Tensor(a!)[] tensors, int template) -> ()" if mutates else "(Tensor[] tensors, int template) -> Tensor[]"
+    _LIBRARY.define(name + schema)
+    _LIBRARY.impl(name, run, "CompositeExplicitAutograd")
+    torch.library.register_fake("{PACKAGE}::" + name, fake, lib=_LIBRARY)
+    return getattr(torch.ops.{PACKAGE}, name).default
 '''
 
 TOY_OPS = '''

@@ -346,11 +346,9 @@ class Op:
         # Registered now, not on first use: torch.compile cannot trace a registration. An in-place
         # op returns nothing (torch cannot functionalize outputs beside a mutated tensor list).
         if mutates:
-            self._custom = rt.custom_op(name, fake=_fake_in_place, mutates_args=("tensors",),
-                                        schema="(Tensor(a!)[] tensors, int template) -> ()")(_run_in_place)
+            self._custom = rt.launch_op(name, _run_in_place, _fake_in_place, mutates=True)
         else:
-            self._custom = rt.custom_op(name, fake=_fake_template, mutates_args=(),
-                                        schema="(Tensor[] tensors, int template) -> Tensor[]")(_run_template)
+            self._custom = rt.launch_op(name, _run_template, _fake_template)
 
     def call(self, args: tuple[Any, ...], given: Any) -> Any:
         """The op's Python path: plan, rules, outputs, launch (or the custom op), remember."""

@@ -63,7 +63,8 @@ def _misaligned(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("case", [
     "x dtype", "q dtype", "q rows", "q channels", "sf rows", "q 3-d", "q column-major", "x channel stride",
-    "x misaligned", "sf misaligned", "not a tensor", "sizes over the limit", "CUDA contract",
+    "x misaligned", "sf misaligned", "not a tensor", "sizes over the limit", "CUDA contract", "x negated view",
+    "sf negated view",
 ])
 def test_check_declines_what_the_python_checks_refuse(runtime: ModuleType, case: str) -> None:
     x, q, sf = token_tensors()
@@ -91,11 +92,25 @@ def test_check_declines_what_the_python_checks_refuse(runtime: ModuleType, case:
         args[2] = _misaligned(sf)
     elif case == "not a tensor":
         args[2] = sf.tolist()
+    elif case == "x negated view":  # DLPack exports the memory without the bit: the kernel would read -x as x
+        args[0] = torch._neg_view(x)
+    elif case == "sf negated view":
+        args[2] = torch._neg_view(sf)
     elif case == "sizes over the limit":
         contract = token_contract(runtime, limit=300)  # num_tokens must be < limit
     elif case == "CUDA contract":  # what the generated launchers hold: CPU tensors go to the Python checks
         contract = runtime.contract([(name, t.dtype, tuple(t.shape), None) for name, t in zip("xqs", (x, q, sf))])
     assert runtime.check(contract, *args) is None
+
+
+def test_python_checks_refuse_lazy_views_by_name(runtime: ModuleType) -> None:
+    x, _, _ = token_tensors()
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    with pytest.raises(errors.KernelArgumentError, match=r"^x: a lazily negated view .*pass x.resolve_neg\(\)"):
+        runtime.check_tensor("x", torch._neg_view(x), torch.bfloat16, (None, 2048), None)
+    imag = torch.randn(4, 8, dtype=torch.complex64).conj().imag  # a real view with the negative bit
+    with pytest.raises(errors.KernelArgumentError, match=r"^w: a lazily negated view"):
+        runtime.check_tensor("w", imag, torch.float32, (4, 8), None)
 
 
 def test_check_skips_strides_torch_never_steps_over(runtime: ModuleType) -> None:

@@ -90,7 +90,10 @@ def test_shipped_specs_are_valid() -> None:
         ("fmt: [e4m3, e2m1]", "fmt: [e4m3, e4m4]", "bad value 'e4m4'; valid choices: e4m3, e2m1, e5m6 (did you mean 'e4m3'?)"),
         ("in_dtype: [bfloat16, float32]", "in_dtype: [bfloat16, bfloat61]", "bad value 'bfloat61'"),
         ("archs: [sm90]", "archs: [sm91]", "kernels.per_token_cast.archs: bad value 'sm91'; valid choices: sm90, sm100"),
-        ("module: quant", "module: qaunt", "did you mean 'quant'?"),
+        ("module: quant", "module: 2quant", "bad value '2quant'; a module is the package's submodule users import"),
+        ("module: quant", "module: _runtime", "a Python identifier that does not start with '_'"),
+        ("module: quant", "module: errors", "is not 'cubins' or 'errors'"),
+        ("module: quant", "module: lambda", "bad value 'lambda'"),
         ("template: quant/per_token_cast.py.j2", "template: quant/missing.py.j2",
          "'quant/missing.py.j2' does not exist under"),
         ("op: quant/per_token_cast.py", "op: quant/per_token_cast.txt", "should end in .py"),
@@ -151,3 +154,11 @@ def test_no_spec_files(tmp_path: Path, templates: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(SpecError, match="no spec files found"):
         load_specs([tmp_path / "empty"], templates)
+
+
+def test_a_module_may_be_any_identifier(tmp_path: Path, templates: Path) -> None:
+    # tkc is a compiler, not a fixed catalog: a user's package names its own modules.
+    path = tmp_path / "k.yaml"
+    path.write_text(GOOD.replace("module: quant", "module: linalg"))
+    (kernel,) = load_specs([path], templates).kernels
+    assert kernel.module == "linalg"

@@ -152,6 +152,8 @@ def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
     first = tensors[0].name
     terms = [f"{p.name}.dtype is {torch_dtype(p.dtype)}" for p in tensors]
     terms += [f"{p.name}.is_cuda" for p in tensors]
+    # a lazily negated view (torch._neg_view, x.conj().imag) holds un-negated memory
+    terms += [f"not {p.name}.is_neg()" for p in tensors if not p.dtype.startswith(("int", "uint", "bool"))]
     terms += [f"{p.name}.get_device() == device" for p in tensors[1:]]
     terms += [f"{shape_of.get(p.name, p.name + '.shape')} == "
               f"{_shape_tuple([str(d) if isinstance(d, int) else d for d in p.shape])}" for p in tensors]

@@ -30,7 +30,8 @@ from tkc.errors import SpecError
 
 Value = str | int | bool | float
 
-MODULES = ("quant", "moe", "transpose", "engram", "mhc", "modeling")
+# Names the package root holds itself: a module may be any other Python identifier.
+RESERVED_MODULES = ("cubins", "errors")
 DTYPES = (
     "bfloat16",
     "float16",
@@ -259,9 +260,11 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, te
         if key not in entries and isinstance(node, yaml.MappingNode):
             problems.add(file, node, f"{where}.{key}", "missing required key")
     module = _string(entries, "module", file, where, problems)
-    if module is not None and module not in MODULES:
+    if module is not None and (not _identifier(module) or module.startswith("_") or module in RESERVED_MODULES):
         problems.add(file, entries["module"][1], f"{where}.module",
-                     f"bad value {module!r}; valid choices: {', '.join(MODULES)}{_did_you_mean(module, MODULES)}")
+                     f"bad value {module!r}; a module is the package's submodule users import ({module!r} would be "
+                     f"<package>.{module}): a Python identifier that does not start with '_' and is not "
+                     f"{' or '.join(repr(m) for m in RESERVED_MODULES)}, e.g. quant, moe or linalg")
     paths: dict[str, str | None] = {}
     for key, suffix in (("template", ".py.j2"), ("op", ".py")):
         value = _string(entries, key, file, where, problems)

@@ -473,6 +473,26 @@ typedef struct {
  * lacks (the error is left for the caller to clear). Only objects of exactly the exchange
  * API's type go through it (its producer must be the object's own); subclasses such as
  * nn.Parameter take _to_dlpack. */
+static PyObject *is_neg_name, *is_conj_name; /* "is_neg", "is_conj", interned once */
+
+/* 1 when a floating-point tensor is a lazily negated or conjugated view (torch._neg_view(x),
+ * x.conj().imag): DLPack exports the memory without the bit, so a kernel would read the values
+ * un-negated. Integer and boolean tensors never carry the bits. -1 on an error. */
+static int lazy_view(PyObject *object, const DLTensor *t) {
+    if (t->dtype.code == 0 || t->dtype.code == 1 || t->dtype.code == 6) return 0; /* kDLInt, kDLUInt, kDLBool */
+    if (is_neg_name == NULL && (is_neg_name = PyUnicode_InternFromString("is_neg")) == NULL) return -1;
+    if (is_conj_name == NULL && (is_conj_name = PyUnicode_InternFromString("is_conj")) == NULL) return -1;
+    PyObject *names[2] = {is_neg_name, is_conj_name};
+    for (int i = 0; i < (t->dtype.code == 5 ? 2 : 1); i++) { /* only complex tensors (kDLComplex) conjugate */
+        PyObject *bit = PyObject_CallMethodObjArgs(object, names[i], NULL);
+        if (bit == NULL) return -1;
+        int set = bit == Py_True;
+        Py_DECREF(bit);
+        if (set) return 1;
+    }
+    return 0;
+}
+
 static Py_ssize_t export_tensors(PyObject *const *objects, const Py_ssize_t *positions, Py_ssize_t n,
                                  Exported *exports, DLTensor **tensors) {
     Py_ssize_t held = 0;
@@ -481,14 +501,15 @@ static Py_ssize_t export_tensors(PyObject *const *objects, const Py_ssize_t *pos
         Exported *e = &exports[held];
         e->capsule = NULL;
         if (exchange != NULL && (PyObject *)Py_TYPE(object) == exchange_type) {
-            if (exchange->dltensor_from_py_object_no_sync(object, &e->view) != 0) break;
+            if (exchange->dltensor_from_py_object_no_sync(object, &e->view) != 0 || lazy_view(object, &e->view))
+                break;
             tensors[held] = &e->view;
             continue;
         }
         e->capsule = PyObject_CallFunctionObjArgs(to_dlpack, object, NULL);
         if (e->capsule == NULL) break;
         DLManagedTensor *managed = PyCapsule_GetPointer(e->capsule, "dltensor");
-        if (managed == NULL) {
+        if (managed == NULL || lazy_view(object, &managed->dl_tensor)) {
             Py_CLEAR(e->capsule);
             break;
         }

@@ -149,6 +149,10 @@ def check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Sequence[int | No
         raise KernelArgumentError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
         raise KernelArgumentError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if t.is_neg() or t.is_conj():
+        # The kernel reads and writes memory: a lazy view's bit would be lost (the values un-negated).
+        raise KernelArgumentError(f"{name}: a lazily {'negated' if t.is_neg() else 'conjugated'} view "
+                                  f"(torch._neg_view, .conj()); pass {name}.resolve_neg() / .resolve_conj()")
     if t.device.type != "cuda":
         raise _no_gpu(name, t)
     index = t.get_device()

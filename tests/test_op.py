@@ -47,7 +47,7 @@ from .._args import matrix, positive_int
 from .._op import Plan, empty, launch, multiple, op, out, result, size, size_is
 from .._runtime import LAUNCHES
 
-__all__ = ["scale_rows", "row_sums", "negate_in_place", "scaled_or_nothing"]
+__all__ = ["scale_rows", "row_sums", "negate_in_place", "scaled_or_nothing", "shifted"]
 
 
 class _Kernel:
@@ -90,6 +90,27 @@ def row_sums(x: torch.Tensor) -> list[Plan]:
     return [launch(_sums, x, out(0), outputs=(empty(x.dtype, size(x, 0)), empty(x.dtype, size(x, 0), x.shape[1])),
                    rules=(size_is("y", out(1), 1, int(x.shape[1])),)),
             launch(_kernel.variant(int(x.shape[1])), x, out(1), 3.0)]
+
+
+_PLACEHOLDERS = {}
+
+
+def _shift(x, bias, y):
+    LAUNCHES.append(("shift", {}, (x, bias, y)))
+    y.copy_(x + (bias if bias.numel() else 0))
+
+
+@op(outputs=("y",), inputs={"x": (1,), "bias": (0,)})
+def shifted(x: torch.Tensor, bias: torch.Tensor | None = None) -> Plan:
+    """y = x + bias; without bias the kernel takes an empty placeholder, made once per device."""
+    x = matrix("x", x, "(rows, width)")
+    made = []
+    if bias is None:
+        bias = _PLACEHOLDERS.get(x.device)
+        if bias is None:
+            bias = _PLACEHOLDERS[x.device] = torch.empty(0, device=x.device)
+        made.append(bias)
+    return launch(_shift, x, bias, out(0), outputs=(empty(x.dtype, size(x, 0), x.shape[1]),), constants=made)
 
 
 @op(out=False, mutates=True)
@@ -209,6 +230,20 @@ def test_a_plan_of_tensors_it_made_is_not_remembered(toy: tuple[ModuleType, Modu
     assert torch.equal(y, x * 5) and len(rt.REMEMBERED) == 1
     given = torch.zeros(1)
     assert ops.scaled_or_nothing(x, True, out=given) is given
+
+
+def test_placeholders_the_plan_declares_are_remembered_as_constants(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, rt = toy
+    x = torch.randn(2, 4)
+    assert torch.equal(ops.shifted(x), x)
+    ((_, _, arguments, _, call, _),) = rt.REMEMBERED
+    placeholder = arguments[1]
+    assert isinstance(placeholder, torch.Tensor) and placeholder.numel() == 0 and call[1] is None
+    rt.REMEMBERED.clear()
+    bias = torch.randn(4)
+    assert torch.equal(ops.shifted(x, bias), x + bias)
+    ((_, _, arguments, _, _, _),) = rt.REMEMBERED
+    assert (arguments[1].kind, arguments[1].index) == ("input", 1)  # the caller's bias, not a constant
 
 
 def test_in_place_ops_write_their_input(toy: tuple[ModuleType, ModuleType]) -> None:

@@ -190,24 +190,29 @@ Alloc = Callable[..., Sequence[torch.Tensor]]
 class Plan:
     """One launch of an op: launcher, its arguments in prim_func order, the outputs, the rules."""
 
-    __slots__ = ("args", "launcher", "outputs", "rules", "then")
+    __slots__ = ("args", "constants", "launcher", "outputs", "rules", "then")
 
     def __init__(self, launcher: Callable[..., None], args: tuple[Any, ...],
                  outputs: Sequence[Empty] | Alloc | None, rules: Sequence[Rule],
-                 then: Callable[..., Any] | None) -> None:
+                 then: Callable[..., Any] | None, constants: Sequence[torch.Tensor]) -> None:
         self.launcher, self.args, self.outputs, self.rules, self.then = launcher, args, outputs, rules, then
+        self.constants = constants
 
 
 def launch(launcher: Callable[..., None], *args: Any, outputs: Sequence[Empty] | Alloc | None = None,
-           rules: Sequence[Rule] = (), then: Callable[..., Any] | None = None) -> Plan:
+           rules: Sequence[Rule] = (), then: Callable[..., Any] | None = None,
+           constants: Sequence[torch.Tensor] = ()) -> Plan:
     """A plan: ``launcher(*args)`` with ``out(i)`` standing for the outputs.
 
     ``outputs``: an ``empty(...)`` per output, or a function of the plan's tensor arguments (in
     order) that returns them (a layout ``empty`` cannot say; such calls are not remembered by
     dispatch); None for an op that writes only its inputs. ``then``: a function of the outputs
-    whose result the op returns instead (torch code, traced when compiling).
+    whose result the op returns instead (torch code, traced when compiling). ``constants``:
+    tensors among ``args`` that the plan made and that the same call signature may reuse (a
+    placeholder for an optional input the kernel does not read, cached per device); dispatch
+    passes them as they are. Any other tensor the plan made keeps the call on the Python path.
     """
-    return Plan(launcher, args, outputs, rules, then)
+    return Plan(launcher, args, outputs, rules, then, constants)
 
 
 class Result:
@@ -405,9 +410,12 @@ class Op:
                     return  # dispatch passes tensors through, it takes no views
                 arguments.append(rt.from_out(a.index))
             elif isinstance(a, torch.Tensor):
-                if id(a) not in position:
+                if id(a) in position:
+                    arguments.append(rt.from_input(position[id(a)]))
+                elif any(a is c for c in plan.constants):
+                    arguments.append(a)
+                else:
                     return  # a tensor the plan made: this call cannot be replayed from the caller's
-                arguments.append(rt.from_input(position[id(a)]))
             else:
                 arguments.append(a)
         rules = []

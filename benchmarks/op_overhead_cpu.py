@@ -103,11 +103,17 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
     back_out = back.per_token_cast_back((q, sf), "bf16", 128)
     top2_args = (scores, bias, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid")
     top2_out = moe_top2.top2_sum_gate(*top2_args)
+    # The mapped form: one shared expert, each of the 257 logical experts on 2 physical ones (ep_rank 1 of 2).
+    top2_mapped = (scores, bias, 8, 4, 8, True, 1, 2.5, 1, 2, 0, 1, "sigmoid", None, None,
+                   torch.zeros(257, 2, dtype=torch.int32), torch.ones(257, dtype=torch.int32))
+    top2_mapped_out = moe_top2.top2_sum_gate(*top2_mapped)
     expand_out = moe_expand.expand_to_fused(xh, pos, p2e)
     topk_out = moe_gate.topk_gate(scores, 8)
     normalize_out = moe_norm.normalize_weight(w)
     transpose_y = m["transpose/batched_transpose"].batched_transpose(xt)
     reduce_out = moe_reduce.reduce_fused(xe, w, pos)
+    xeq, one = (torch.zeros(16, 256, dtype=torch.float8_e4m3fn), torch.ones(16)), torch.ones(1)
+    reduce_fp8_out = moe_reduce.reduce_fused(xeq, w, pos, "e4m3", one)
     block, channel, transpose = m["quant/per_block_cast"], m["quant/per_channel_cast"], \
         m["quant/per_channel_cast_and_transpose"]
     swiglu_fwd = m["quant/swiglu_forward_and_per_token_cast"]
@@ -118,6 +124,8 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
     xc = torch.randn(128, 256).bfloat16()
     channel_out = channel.per_channel_cast(xc, "e4m3", 128)
     transpose_out = transpose.per_channel_cast_and_transpose(xc, "e4m3", 128)
+    fused_args = (xq, "e4m3", 128, False, 128, p2e)  # an FP8 pair gathered into 16 rows
+    fused_out = channel.per_channel_cast_fused(*fused_args)
     xs = torch.randn(1, 2 * 7168).bfloat16()
     p2t, p2x = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
     fwd_args = (xs, "e4m3", 128, p2t, w, p2x)
@@ -142,6 +150,8 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
                                                                               out=block_out),
         "quant.per_block_cast_with_precomputed_sf e4m3/128x128": lambda: block.per_block_cast_with_precomputed_sf(
             x, "e4m3", (128, 128), block_out[1]),
+        "quant.per_block_cast_with_precomputed_sf e4m3/128x128 out=": lambda: (
+            block.per_block_cast_with_precomputed_sf(x, "e4m3", (128, 128), block_out[1], out=block_out[0])),
         "quant.per_channel_cast T=128 H=256": lambda: channel.per_channel_cast(xc, "e4m3", 128),
         "quant.per_channel_cast T=128 H=256 out=": lambda: channel.per_channel_cast(xc, "e4m3", 128,
                                                                                     out=channel_out),
@@ -149,6 +159,9 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
             xc, "e4m3", 128),
         "quant.per_channel_cast_and_transpose T=128 H=256 out=": lambda: transpose.per_channel_cast_and_transpose(
             xc, "e4m3", 128, out=transpose_out),
+        "quant.per_channel_cast_fused fp8 pair gather": lambda: channel.per_channel_cast_fused(*fused_args),
+        "quant.per_channel_cast_fused fp8 pair gather out=": lambda: channel.per_channel_cast_fused(
+            *fused_args, out=fused_out),
         "quant.swiglu_forward_and_per_token_cast weighted": lambda: swiglu_fwd.swiglu_forward_and_per_token_cast(
             *fwd_args),
         "quant.swiglu_forward_and_per_token_cast weighted out=": lambda: (
@@ -169,6 +182,8 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
         "moe.topk_gate E=256 K=8 out=": lambda: moe_gate.topk_gate(scores, 8, out=topk_out),
         "moe.top2_sum_gate E=256 K=8 8/4 groups": lambda: moe_top2.top2_sum_gate(*top2_args),
         "moe.top2_sum_gate E=256 K=8 8/4 groups out=": lambda: moe_top2.top2_sum_gate(*top2_args, out=top2_out),
+        "moe.top2_sum_gate E=256 K=8 mapped": lambda: moe_top2.top2_sum_gate(*top2_mapped),
+        "moe.top2_sum_gate E=256 K=8 mapped out=": lambda: moe_top2.top2_sum_gate(*top2_mapped, out=top2_mapped_out),
         "moe.normalize_weight K=8": lambda: moe_norm.normalize_weight(w),
         "moe.normalize_weight K=8 out=": lambda: moe_norm.normalize_weight(w, out=normalize_out),
         "moe.expand_to_fused H=256": lambda: moe_expand.expand_to_fused(xh, pos, p2e),
@@ -176,6 +191,11 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
         "moe.expand_to_fused_with_sf H=256": lambda: moe_expand.expand_to_fused_with_sf(xq, 128, pos, p2e),
         "moe.reduce_fused H=256": lambda: moe_reduce.reduce_fused(xe, w, pos),
         "moe.reduce_fused H=256 out=": lambda: moe_reduce.reduce_fused(xe, w, pos, out=reduce_out),
+        "moe.reduce_fused H=256 unweighted": lambda: moe_reduce.reduce_fused(xe, None, pos),
+        "moe.reduce_fused H=256 unweighted out=": lambda: moe_reduce.reduce_fused(xe, None, pos, out=reduce_out),
+        "moe.reduce_fused H=256 fp8 pair e4m3": lambda: moe_reduce.reduce_fused(xeq, w, pos, "e4m3", one),
+        "moe.reduce_fused H=256 fp8 pair e4m3 out=": lambda: moe_reduce.reduce_fused(xeq, w, pos, "e4m3", one,
+                                                                                   out=reduce_fp8_out),
         "moe.get_fused_mapping E=32 (no sync)": lambda: moe_map.get_fused_mapping(ids, 32, n, 128),
     }
 

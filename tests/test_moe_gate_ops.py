@@ -7,6 +7,7 @@ and the launch instead of running anything. No build and no GPU is needed.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -16,7 +17,8 @@ import torch
 
 from tests.op_stub import stub_package
 
-OPS = ("topk_gate", "topk_group", "gate_top2_sum", "normalize_weight", "mask_indices_by_tp", "unique_group_indices")
+OPS = ("topk_gate", "topk_group", "gate_top2_sum", "normalize_weight", "mask_indices_by_tp", "unique_group_indices",
+       "aux")
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
@@ -91,6 +93,34 @@ BAD: dict[str, tuple[str, Callable[[Any], Any], type[Exception], str]] = {
                       ValueError, "num_groups"),
     "unique 1-D": ("unique_group_indices", lambda m: m.inplace_unique_group_indices(f32(8).long(), 8), ValueError,
                    "group_indices"),
+    "group not tensor": ("topk_group", lambda m: m.topk_sum_and_topk_group_idx([[0.0]], 2, 4), TypeError, "scores"),
+    "group strided": ("topk_group", lambda m: m.topk_sum_and_topk_group_idx(f32(4, 32, 8).transpose(1, 2), 2, 4),
+                      ValueError, "scores"),
+    "gate mask": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(mask=f32(4))), NotImplementedError, "mask"),
+    "gate 1-D logits": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(logits=f32(256))), ValueError,
+                        "logits"),
+    "gate k float": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(num_topk=8.0)), TypeError, "num_topk"),
+    "gate map count rows": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(
+        to_physical_map=torch.zeros(256, 2, dtype=torch.int32), logical_count=torch.zeros(255, dtype=torch.int32))),
+        ValueError, "logical_count"),
+    "gate out one tensor": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(), out=f32(4, 8).long()),
+                            TypeError, "out"),
+    "gate out narrower": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(), out=(
+        f32(4, 4).long(), f32(4, 4))), ValueError, "topk_idx"),
+    "gate out wider": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(num_groups=0, num_topk_groups=0), out=(
+        f32(4, 9).long(), f32(4, 9))), ValueError, "topk_idx"),
+    "mask not tensor": ("mask_indices_by_tp", lambda m: m.mask_indices_by_tp([[0]], 256, 8, 0, 2), TypeError,
+                        "indices"),
+    "mask tp ranks": ("mask_indices_by_tp", lambda m: m.mask_indices_by_tp(f32(4, 8).long(), 256, 8, 0, 0),
+                      ValueError, "num_tp_ranks"),
+    "mask per_dp int32": ("mask_indices_by_tp", lambda m: m.mask_indices_by_tp(f32(4, 8).long(), 2**40, 1, 0, 4),
+                          ValueError, "n"),
+    "count dtype": ("aux", lambda m: m.group_count(f32(4, 8), 4), TypeError, "group_idx"),
+    "count 1-D": ("aux", lambda m: m.group_count(f32(8).long(), 4), ValueError, "group_idx"),
+    "count groups": ("aux", lambda m: m.group_count(f32(4, 8).long(), 1025), ValueError, "num_groups"),
+    "fi experts": ("aux", lambda m: m.aux_fi(f32(4, 8).long(), 0, 2), ValueError, "num_experts"),
+    "fi topk": ("aux", lambda m: m.aux_fi(f32(4, 8).long(), 4, True), ValueError, "num_aux_topk"),
+    "fi ids": ("aux", lambda m: m.aux_fi(f32(4, 8).int(), 4, 2), TypeError, "topk_idx"),
 }
 
 
@@ -127,3 +157,152 @@ def test_gate_with_map_and_shared_experts(ops: tuple[dict[str, ModuleType], Any]
     assert values["physical_map"] is True and idx.shape == weights.shape == (4, 10)
     assert args[2] is to_physical and args[3] is count
     assert args[6:] == (1.0, 1, (256 + 2) // 2, 0, 1)  # two extra experts count towards the EP split
+
+
+# --- top2_sum_gate through the op layer: the launch, and what dispatch() is given and remembers ---------
+
+MAPPED = dict(use_shared_as_routed=True, num_shared_experts=2, ep_rank=1, num_ep_ranks=2)
+
+
+def _maps() -> dict[str, torch.Tensor]:
+    return dict(to_physical_map=torch.zeros(258, 3, dtype=torch.int32), logical_count=torch.ones(258, dtype=torch.int32))
+
+
+def _spelled(fn: Callable[..., Any]) -> str:
+    """fn's signature without annotations: names, kinds and defaults."""
+    signature = inspect.signature(fn)
+    return str(signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+                                 return_annotation=signature.empty))
+
+
+def _records(runtime: Any) -> None:
+    for record in (runtime.LAUNCHES, runtime.REMEMBERED, runtime.DISPATCHED):
+        record.clear()
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_gate_calls_are_remembered_with_out_s_width(ops: tuple[dict[str, ModuleType], Any], mapped: bool,
+                                                    with_out: bool) -> None:
+    modules, runtime = ops
+    gate = modules["gate_top2_sum"]
+    args = gate_args(**MAPPED, **_maps()) if mapped else gate_args()
+    width = 10 if mapped else 8
+    out = (torch.empty(4, width, dtype=torch.int64), torch.empty(4, width)) if with_out else None
+    _records(runtime)
+    idx, weights = gate.top2_sum_gate(**args, out=out)
+    if with_out:
+        assert idx is out[0] and weights is out[1]
+    ((_, values, launched),) = runtime.LAUNCHES
+    assert values["physical_map"] is mapped
+    tensors = (args["logits"], args["bias"], *((args["to_physical_map"], args["logical_count"]) if mapped else ()))
+    assert all(a is t for a, t in zip(launched, tensors)) and launched[len(tensors)] is idx
+    # dispatch() is asked first with (logits, bias, to_physical_map, logical_count, out, the other arguments).
+    ((fast, call),) = runtime.DISPATCHED
+    assert fast[0] == (((1,), (), (0, 1), ()), 2)
+    assert call[:5] == (args["logits"], args["bias"], args.get("to_physical_map"), args.get("logical_count"), out)
+    assert call[5:] == (8, 4, 8, mapped, 2 if mapped else 0, 1.0, 1 if mapped else 0, 2 if mapped else 1, 0, 1,
+                        "sigmoid", None, None, None)
+    ((remembered_fast, launcher, arguments, rules, remembered_call, outputs),) = runtime.REMEMBERED
+    assert remembered_fast is fast and all(a is b for a, b in zip(remembered_call, call, strict=True))
+    assert launcher is gate._kernel.variant("sigmoid", 256, 8, 8, 4, mapped)
+    # The kernel reads the width from topk_idx and the contract leaves it free: dispatch() re-checks it.
+    assert rules == (("size_is", len(tensors), 1, width),)
+    assert [(a.kind, a.index) for a in arguments[:len(tensors) + 2]] == [
+        *(("input", i) for i in range(len(tensors))), ("out", 0), ("out", 1)]
+    assert arguments[len(tensors) + 2:] == (1.0, 1, 129, 0, 1) if mapped else (1.0, 0, 256, 0, 1)
+    if with_out:
+        assert outputs is None
+    else:  # an allocating call allocates (num_tokens, num_topk + S) from logits' rows
+        assert [(o.dtype, o.dims) for o in outputs] == [(torch.int64, ((0, 0, 1, 0, 1), width)),
+                                                       (torch.float32, ((0, 0, 1, 0, 1), width))]
+        assert idx.shape == weights.shape == (4, width)
+
+
+def test_gate_out_of_another_width_is_refused_on_every_call(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    gate = modules["gate_top2_sum"]
+    errors = __import__("moe_ops_pkg.errors", fromlist=["KernelArgumentError"])
+    gate.top2_sum_gate(**gate_args(), out=(torch.empty(4, 8, dtype=torch.int64), torch.empty(4, 8)))
+    _records(runtime)
+    for width in (4, 9, 4):  # narrower: the lanes would write past the rows; wider: more shared slots
+        expected = rf"^topk_idx: expected shape \(num_tokens, 8\) \(num_topk \+ num_shared_experts columns\), got shape \(4, {width}\)$"
+        with pytest.raises(errors.KernelArgumentError, match=expected):
+            gate.top2_sum_gate(**gate_args(), out=(torch.empty(4, width, dtype=torch.int64), torch.empty(4, width)))
+    assert runtime.LAUNCHES == [] and runtime.REMEMBERED == []
+
+
+def test_gate_keeps_its_signature(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    gate = ops[0]["gate_top2_sum"].top2_sum_gate
+    assert _spelled(gate) == (
+        "(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts, "
+        "routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask=None, "
+        "fix_routing_mask=None, to_physical_map=None, logical_count=None, unmapped_topk_idx=None, *, out=None)")
+    assert gate.__doc__.startswith("Route each token to num_topk experts")
+
+
+# --- the ops without out=: topk_sum_and_topk_group_idx, mask_indices_by_tp, group_count, aux_fi ----------
+
+PLAIN = {  # op module, name, argument names of the public op (TileKernels' signature: no out)
+    "topk_sum_and_topk_group_idx": ("topk_group", "(scores, num_topk_sum, num_topk_groups)"),
+    "mask_indices_by_tp": ("mask_indices_by_tp", "(indices, n, num_ep_ranks, tp_rank, num_tp_ranks)"),
+    "group_count": ("aux", "(group_idx, num_groups)"),
+    "aux_fi": ("aux", "(topk_idx, num_experts, num_aux_topk)"),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAIN))
+def test_ops_without_out_keep_their_signature(ops: tuple[dict[str, ModuleType], Any], name: str) -> None:
+    module, signature = PLAIN[name]
+    fn = getattr(ops[0][module], name)
+    assert _spelled(fn) == signature
+    with pytest.raises(TypeError, match="out"):
+        fn(torch.zeros(4, 8, 32), 2, 4, out=torch.empty(4, 4, dtype=torch.int64))
+
+
+def test_topk_group_launches_the_flat_scores(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    for tokens, n_sum in ((4, 2), (0, 1)):
+        _records(runtime)
+        scores = torch.rand(tokens, 8, 32)
+        group_idx = modules["topk_group"].topk_sum_and_topk_group_idx(scores, n_sum, 4)
+        ((name, values, (flat, launched_idx)),) = runtime.LAUNCHES
+        assert name == "topk_sum_and_topk_group_idx"
+        assert values == dict(num_groups=8, experts_per_group=32, num_topk_groups=4, num_topk_sum=n_sum)
+        assert flat.shape == (tokens, 256) and flat.data_ptr() == scores.data_ptr() and flat.is_contiguous()
+        assert launched_idx is group_idx and group_idx.shape == (tokens, 4) and group_idx.dtype == torch.int64
+        assert runtime.DISPATCHED == [] and runtime.REMEMBERED == []
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_mask_launches_the_rank_s_ranges(ops: tuple[dict[str, ModuleType], Any], dtype: torch.dtype) -> None:
+    modules, runtime = ops
+    _records(runtime)
+    indices = torch.zeros(5, 6, dtype=dtype)
+    masked = modules["mask_indices_by_tp"].mask_indices_by_tp(indices, 256, 8, 1, 2)
+    ((name, values, args),) = runtime.LAUNCHES
+    assert name == "mask_indices_by_tp" and values == dict(num_topk=6, dtype=str(dtype).removeprefix("torch."))
+    # indices, masked, per_gpu = 256 // 8, per_dp = per_gpu * num_tp_ranks, num_tp_ranks, tp_rank
+    assert args[0] is indices and args[1] is masked and args[2:] == (32, 64, 2, 1)
+    assert masked.shape == (5, 6) and masked.dtype == dtype and masked.is_contiguous()
+    assert runtime.DISPATCHED == [] and runtime.REMEMBERED == []
+
+
+def test_counts_launch_the_flat_ids(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    aux = modules["aux"]
+    ids = torch.arange(24).view(4, 6) % 5
+    for given in (ids, ids.t().contiguous().t()):  # a strided tensor is counted from a contiguous copy
+        _records(runtime)
+        counts = aux.group_count(given, 5)
+        ((name, values, (flat, launched)),) = runtime.LAUNCHES
+        assert (name, values) == ("moe_group_count", {"aux": False})
+        assert flat.shape == (24,) and torch.equal(flat, ids.view(-1)) and launched is counts
+        assert counts.shape == (5,) and counts.dtype == torch.int32
+    _records(runtime)
+    fi = aux.aux_fi(ids, 16, 3)
+    ((name, values, (flat, launched, denominator)),) = runtime.LAUNCHES
+    assert (name, values) == ("moe_aux_fi", {"aux": True}) and torch.equal(flat, ids.view(-1)) and launched is fi
+    assert type(denominator) is float and denominator == 4 * 3  # num_tokens * num_aux_topk
+    assert fi.shape == (16,) and fi.dtype == torch.float32
+    assert runtime.DISPATCHED == [] and runtime.REMEMBERED == []

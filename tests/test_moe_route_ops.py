@@ -1,23 +1,25 @@
-"""The moe routing op modules on a machine without a GPU: every argument error fires, naming the
-argument, before any launch (CPU tensors would otherwise end in NoGpuError at the launcher).
+"""The moe routing op modules on a machine without a GPU.
 
-Builds tests/data/specs/moe_route_small.yaml (sm90, 7 variants) once for the module.
+The ``slow`` tests build tests/data/specs/moe_route_small.yaml (sm90, 7 variants) once for the
+module and check that every argument error fires, naming the argument, before any launch (CPU
+tensors would otherwise end in NoGpuError at the launcher). The others import the op modules
+over the stub runtime of tests/op_stub.py and check what they launch (variant, arguments in
+kernel order, outputs) and what they hand dispatch() to remember.
 """
 
 from __future__ import annotations
 
 import importlib
-import itertools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
 
 from tests.conftest import REPO, TEMPLATES
-
-pytestmark = pytest.mark.slow
+from tests.op_stub import stub_package
 
 SPEC = REPO / "tests" / "data" / "specs" / "moe_route_small.yaml"
 
@@ -99,6 +101,7 @@ NAMES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_argument_errors_fire_before_any_launch(moe: ModuleType, name: str) -> None:
     call, exc, argument = _bad_calls(moe)[name]
@@ -106,6 +109,7 @@ def test_argument_errors_fire_before_any_launch(moe: ModuleType, name: str) -> N
         call()
 
 
+@pytest.mark.slow
 def test_good_arguments_reach_the_launcher(moe: ModuleType) -> None:
     # Valid calls pass every op check and stop at the launcher's first tensor (no GPU here).
     errors = importlib.import_module("tkc_moe_small.errors")
@@ -121,48 +125,309 @@ def test_good_arguments_reach_the_launcher(moe: ModuleType) -> None:
             call()
 
 
-def test_fused_mapping_outputs_are_aligned_disjoint_views_of_one_buffer(moe: ModuleType,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    # The direct path carves the outputs and the kernel's block-count table out of one
-    # allocation and launches one kernel: every view must start on the kernel's alignment and
-    # none may overlap another. The kernel writes the -1 of pos_to_* itself.
-    module = importlib.import_module("tkc_moe_small.moe._fused_mapping")
-    launches: list[tuple[object, ...]] = []
-    monkeypatch.setattr(module, "_launcher_of", lambda num_experts: lambda *args: launches.append(args))
-    for idx, size in ((IDX, 8), (IDX, 7), (torch.zeros((0, 3), dtype=torch.int64), 0)):
-        launches.clear()
-        out = moe.get_fused_mapping(idx, 4, size, 1, force_no_sync=True)
-        assert out[7] == [] and len(launches) == 1
-        (topk_idx, block_counts, tk2p, p2e, p2t, p2tk, start, end, count, alignment) = launches[0]
-        assert topk_idx is idx and alignment == 1
-        assert all(a is b for a, b in zip((p2e, p2t, p2tk, tk2p, start, end, count), out[:7], strict=True))
-        assert all(pos.shape == (size,) and pos.dtype == torch.int32 for pos in out[:3])
-        assert out[3].shape == idx.shape and all(t.shape == (4,) for t in out[4:7])
-        assert isinstance(block_counts, torch.Tensor) and block_counts.shape == (1, 4)  # a CPU tensor: one block
-        views = [*out[:7], block_counts]
-        assert all(v.data_ptr() % 16 == 0 for v in views)
-        spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * 4) for v in views if v.numel())
-        assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
-        assert len({v.untyped_storage().data_ptr() for v in views}) == 1  # one allocation
+# --- over the stub runtime: what each op launches and remembers ---------------------------------
 
 
-def test_fused_mapping_custom_op_body_allocates_every_output(moe: ModuleType,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    # The torch.compile path: a custom op's outputs may not alias each other or share storage.
-    module = importlib.import_module("tkc_moe_small.moe._fused_mapping")
-    launches: list[tuple[object, ...]] = []
-    monkeypatch.setattr(module, "_launcher_of", lambda num_experts: lambda *args: launches.append(args))
-    out = module._mapping(IDX, 4, 8, 1)
-    assert len(launches) == 1 and len(out) == 7
-    assert len({t.untyped_storage().data_ptr() for t in out}) == 7
-    assert launches[0][1].shape == (1, 4)
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
+    with stub_package(tmp_path_factory.mktemp("route_stub"), "route_stub_pkg", "moe",
+                      ("expand", "reduce", "fused_mapping")) as stubbed:
+        yield stubbed
 
 
-def test_fused_mapping_grid_fits_the_device(moe: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every block must be resident for the grid barrier: never more blocks than SMs, never an
-    # idle one, always one (T = 0 still writes the segments and the -1 fill).
-    module = importlib.import_module("tkc_moe_small.moe._fused_mapping")
-    monkeypatch.setattr(module, "sm_count", lambda device: 132)
+@pytest.fixture
+def ops(stub: tuple[dict[str, ModuleType], Any]) -> tuple[dict[str, ModuleType], Any]:
+    """The stub package with empty logs."""
+    runtime = stub[1]
+    runtime.LAUNCHES.clear()
+    runtime.REMEMBERED.clear()
+    runtime.DISPATCHED.clear()
+    return stub
+
+
+def _launch(runtime: Any) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
+    assert len(runtime.LAUNCHES) == 1, runtime.LAUNCHES
+    launched: tuple[str, dict[str, Any], tuple[Any, ...]] = runtime.LAUNCHES.pop()
+    return launched
+
+
+def _same(got: Sequence[object], want: Sequence[object]) -> bool:
+    return len(got) == len(want) and all(a is b for a, b in zip(got, want, strict=True))
+
+
+def _placeholder(t: object, shape: tuple[int, ...]) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and tuple(t.shape) == shape
+
+
+def test_expand_launches_the_callers_tensors_and_remembers_the_call(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    expand = modules["expand"].expand_to_fused
+    got = expand(X, POS, P2E)
+    name, values, args = _launch(runtime)
+    assert (name, values) == ("moe_expand", dict(hidden=2048, dtype="bfloat16", with_sf=False, sf_layout="row_major"))
+    assert _same(args, (X, POS, P2E, got)) and got.shape == (4, 2048) and got.dtype == torch.bfloat16
+    (fast, _, arguments, rules, call, outputs), = runtime.REMEMBERED
+    assert fast[0] == (((1,), (), ()), 1) and rules == () and _same(call, (X, POS, P2E, None))
+    assert [(a.kind, a.index) for a in arguments] == [("input", 0), ("input", 1), ("input", 2), ("out", 0)]
+    assert [o.dims for o in outputs] == [((2, 0, 1, 0, 1), 2048)]  # pos_to_expert's length rows, hidden wide
+    assert len(runtime.DISPATCHED) == 1 and _same(runtime.DISPATCHED[0][1], call)
+    given = torch.empty(4, 2048, dtype=torch.bfloat16)
+    assert expand(X, POS, P2E, out=given) is given
+    assert _launch(runtime)[2][3] is given and runtime.REMEMBERED[-1][4][3] is given
+
+
+def test_expand_launches_a_contiguous_copy_of_a_strided_mapping_unremembered(
+        ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    strided = torch.tensor([[0, 9, 1], [-1, 9, 2]], dtype=torch.int32)[:, ::2]
+    modules["expand"].expand_to_fused(X, strided, P2E)
+    args = _launch(runtime)[2]
+    assert args[1] is not strided and args[1].is_contiguous() and torch.equal(args[1], POS)
+    assert runtime.REMEMBERED == []  # a tensor the op made cannot be replayed from the caller's
+
+
+@pytest.mark.parametrize("rows", [4, 3, 0])
+@pytest.mark.parametrize("col_major", [False, True])
+def test_expand_with_sf_layouts(ops: tuple[dict[str, ModuleType], Any], rows: int, col_major: bool) -> None:
+    modules, runtime = ops
+    data, x_sf = torch.zeros(2, 2048, dtype=torch.float8_e4m3fn), torch.ones(2, 16)
+    p2e = P2E[:rows]
+    pos = POS if rows else torch.full((2, 2), -1, dtype=torch.int32)
+    out, out_sf = modules["expand"].expand_to_fused_with_sf((data, x_sf), 128, pos, p2e, col_major)
+    _, values, args = _launch(runtime)
+    assert values == dict(hidden=2048, dtype="float8_e4m3fn", with_sf=True,
+                          sf_layout="col_major" if col_major else "row_major")
+    assert _same(args[:5], (data, x_sf, pos, p2e, out))
+    assert out.shape == (rows, 2048) and out.dtype == torch.float8_e4m3fn
+    assert out_sf.shape == (rows, 16) and out_sf.dtype == torch.float32
+    if not col_major:
+        assert args[5] is out_sf and out_sf.is_contiguous()
+    else:  # returned (N, G) column-major, positions padded to 4; the kernel writes (G, align(N, 4)) row-major
+        padded = (rows + 3) // 4 * 4
+        assert out_sf.stride() == (1, padded) or rows <= 1
+        assert args[5].shape == (16, padded) and args[5].stride() == (padded, 1)
+        assert args[5].data_ptr() == out_sf.data_ptr()
+        assert out_sf.untyped_storage().nbytes() == 16 * padded * 4
+    assert runtime.REMEMBERED == []  # no out=: dispatch() never sees this op
+
+
+def test_reduce_launches_every_form_with_placeholders_the_call_carries(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    reduce = modules["reduce"].reduce_fused
+    fp8 = XE.to(torch.float8_e4m3fn)
+    x_sf, sf = torch.ones(4), torch.ones(1)
+    w0, w1, scales = ("same_size", 2, 0, 3, 0, 1), ("same_size", 2, 1, 3, 1, 1), ("same_size", 1, 0, 0, 0, 1)
+    cases = [  # call, grid values, (x, x_sf, weights, sf) launched (None: a placeholder), options, rules
+        (lambda: reduce(XE, W, POS), ("bfloat16", "bfloat16", True), (XE, None, W, None), ("", False, True, False),
+         [w0, w1]),
+        (lambda: reduce(XE, None, POS), ("bfloat16", "bfloat16", False), (XE, None, None, None),
+         ("", False, False, False), []),
+        (lambda: reduce((fp8, x_sf), W, POS, "e4m3", sf), ("float8_e4m3fn", "float8_e4m3fn", True),
+         (fp8, x_sf, W, sf), ("e4m3", True, True, True), [scales, ("size_is", 5, 0, 1), w0, w1]),
+        (lambda: reduce([fp8, x_sf], W, POS), ("float8_e4m3fn", "bfloat16", True), (fp8, x_sf, W, None),
+         ("", True, True, False), [scales, w0, w1]),
+    ]
+    seen: dict[int, torch.Tensor] = {}
+    for call, (in_dtype, out_dtype, weighted), tensors, options, rules in cases:
+        got = call()
+        name, values, args = _launch(runtime)
+        assert (name, values) == ("moe_reduce", dict(hidden=2048, in_dtype=in_dtype, out_dtype=out_dtype,
+                                                     with_weights=weighted))
+        assert got.shape == (2, 2048) and str(got.dtype) == f"torch.{out_dtype}" and args[4] is got
+        assert args[3] is POS
+        for arg, given, shape in zip((args[0], args[1], args[2], args[5]), tensors, ((), (0,), (0, 0), (0,))):
+            assert arg is given if given is not None else _placeholder(arg, shape)
+        # The very tensors launched are the remembered call's inputs: a replay passes the same placeholders.
+        (fast, _, arguments, remembered_rules, remembered, outputs), = runtime.REMEMBERED
+        runtime.REMEMBERED.clear()
+        assert fast[0] == (((1,), (), (), (), ()), 1)  # hidden: every other size is the contract's or a rule's
+        assert _same(remembered[:6], (args[0], args[1], args[2], args[3], args[5], None))
+        assert remembered[6:] == options and list(remembered_rules) == rules
+        assert [(a.kind, a.index) for a in arguments] == [("input", i) for i in range(4)] + [("out", 0), ("input", 4)]
+        assert [o.dims for o in outputs] == [((3, 0, 1, 0, 1), 2048)]  # token_topk_to_pos's rows
+        for slot, given in zip((1, 2, 5), tensors[1:]):
+            if given is None:  # one placeholder per parameter and device, never one per call
+                assert seen.setdefault(slot, args[slot]) is args[slot]
+    assert len({id(t) for t in seen.values()}) == 3  # distinct: a replay takes its inputs by position
+    assert len(runtime.DISPATCHED) == len(cases)
+
+
+def test_reduce_with_one_tensor_as_x_sf_and_sf_is_not_remembered(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    # Remembered, a later call with two tensors there would replay with one of them in both places.
+    modules, runtime = ops
+    scale = torch.ones(1)
+    pos = torch.tensor([[0, -1]], dtype=torch.int32)
+    modules["reduce"].reduce_fused((XE[:1].to(torch.float8_e4m3fn), scale), W[:1], pos, "e4m3", scale)
+    args = _launch(runtime)[2]
+    assert args[1] is scale and args[5] is not scale and args[5].data_ptr() == scale.data_ptr()
+    assert runtime.REMEMBERED == []
+
+
+def test_reduce_without_an_output_scale_launches_a_fresh_one_unremembered(
+        ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    modules["reduce"].reduce_fused((XE.to(torch.float8_e4m3fn), torch.ones(4)), W, POS, fp8_format="e4m3")
+    sf = _launch(runtime)[2][5]
+    assert sf.shape == (1,) and sf.dtype == torch.float32 and sf.item() == 1.0
+    assert runtime.REMEMBERED == []
+
+
+def test_reduce_launches_contiguous_copies_of_strided_weights_and_mapping(
+        ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    strided = torch.tensor([[0, 9, 1], [-1, 9, 2]], dtype=torch.int32)[:, ::2]
+    weights = torch.ones(2, 4)[:, ::2]
+    modules["reduce"].reduce_fused(XE, weights, strided)
+    args = _launch(runtime)[2]
+    assert torch.equal(args[2], weights) and args[2].is_contiguous() and args[2] is not weights
+    assert torch.equal(args[3], POS) and args[3].is_contiguous()
+    assert runtime.REMEMBERED == []
+
+
+REDUCE_ERRORS = [  # call, error, message start
+    (lambda r: r(XE, W[:, :1], POS), ValueError, r"topk_weights: expected shape \(2, 2\) \(that of token_topk_to_pos\)"),
+    (lambda r: r(XE, torch.ones(3, 2), POS), ValueError, r"topk_weights: expected shape \(2, 2\)"),
+    (lambda r: r((XE.to(torch.float8_e4m3fn), torch.ones(3)), W, POS), ValueError,
+     r"x_sf: expected a float32 tensor of shape \(4,\)"),
+    (lambda r: r((XE.to(torch.float8_e4m3fn), torch.ones(4)), W, POS, "e4m3", torch.ones(2)), ValueError,
+     r"sf: expected a float32 tensor of shape \(1,\)"),
+    (lambda r: r(XE, W, POS, sf=torch.ones(1)), ValueError, r"sf: an output scale needs fp8_format='e4m3'"),
+    (lambda r: r((XE, torch.ones(4)), W, POS), NotImplementedError, r"x: per-row scales with torch.bfloat16"),
+    (lambda r: r(XE.to(torch.float8_e4m3fn), W, POS), ValueError, r"x: float8_e4m3fn data needs its per-row scales"),
+    (lambda r: r((XE, torch.ones(4), None), W, POS), TypeError, r"x: expected a tensor or a \(data, x_sf\) pair"),
+    (lambda r: r(XE[:, :300], W, POS), ValueError, r"x: hidden \(300\) must be a multiple of 256"),
+    (lambda r: r(XE, W, POS, "e5m2"), ValueError, r"fp8_format: expected one of"),
+    (lambda r: r(XE, W, POS[0]), ValueError, r"token_topk_to_pos: expected a 2-D tensor"),
+    (lambda r: r(XE[0], W, POS), ValueError, r"x: expected a 2-D tensor"),
+    (lambda r: r(XE, W, POS, out=[X]), TypeError, r"out: expected out as the op returns it"),
+]
+
+
+@pytest.mark.parametrize("index", range(len(REDUCE_ERRORS)))
+def test_reduce_names_a_bad_argument_before_any_launch(ops: tuple[dict[str, ModuleType], Any], index: int) -> None:
+    modules, runtime = ops
+    call, error, message = REDUCE_ERRORS[index]
+    with pytest.raises(error, match=f"^{message}"):
+        call(modules["reduce"].reduce_fused)
+    assert runtime.LAUNCHES == [] and runtime.REMEMBERED == []
+
+
+def _rules_hold(rules: Sequence[tuple[Any, ...]], args: Sequence[torch.Tensor]) -> bool:
+    """The remembered rules as dispatch() checks them on a replay, over the launcher's arguments."""
+    for kind, argument, dim, *rest in rules:
+        size = args[argument].shape[dim]
+        if kind == "same_size" and size * rest[2] != args[rest[0]].shape[rest[1]]:
+            return False
+        if kind == "size_is" and size != rest[0]:
+            return False
+    return True
+
+
+def test_reduce_rules_refuse_on_a_replay_what_the_plan_refuses(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    # A replay skips the plan: the remembered rules must refuse every size the plan refuses that
+    # the contract leaves free (x_sf's length, the weights' shape, sf's length).
+    modules, runtime = ops
+    fp8 = XE.to(torch.float8_e4m3fn)
+    modules["reduce"].reduce_fused((fp8, torch.ones(4)), W, POS, "e4m3", torch.ones(1))
+    (_, _, _, rules, _, _), = runtime.REMEMBERED
+    launched = _launch(runtime)[2]
+    assert _rules_hold(rules, launched)
+    for index, bad in ((1, torch.ones(3)), (1, torch.ones(5)), (2, torch.ones(3, 2)), (2, torch.ones(2, 1)),
+                       (5, torch.ones(2))):
+        args = list(launched)
+        args[index] = bad
+        assert not _rules_hold(rules, args), (index, bad.shape)
+
+
+def test_autograd_forms_launch_the_other_op_backwards(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    reduce = modules["reduce"]
+    x = X.clone().requires_grad_()
+    y = reduce.expand_to_fused_autograd(x, POS, P2E)
+    y.backward(torch.ones_like(y))
+    (_, forward, _), (name, backward, args) = runtime.LAUNCHES
+    assert forward["with_sf"] is False and name == "moe_reduce" and backward["with_weights"] is False
+    assert args[0].shape == (4, 2048) and args[3] is POS and x.grad is not None and x.grad.shape == X.shape
+    runtime.LAUNCHES.clear()
+    xe, w = XE.clone().requires_grad_(), W.clone().requires_grad_()
+    out = reduce.reduce_fused_autograd(xe, w, POS, P2E)
+    out.backward(torch.ones_like(out))
+    (_, forward, _), (name, backward, args) = runtime.LAUNCHES
+    assert forward["with_weights"] is True and name == "moe_expand" and _same(args[1:3], (POS, P2E))
+    assert xe.grad is not None and xe.grad.shape == XE.shape and w.grad is not None and w.grad.shape == W.shape
+
+
+def test_while_compiling_the_ops_launch_through_their_custom_ops_and_remember_nothing(
+        ops: tuple[dict[str, ModuleType], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, runtime = ops
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    fused = torch.empty(4, 2048, dtype=torch.bfloat16)
+    assert modules["expand"].expand_to_fused(X, POS, P2E, out=fused) is fused
+    assert _launch(runtime)[0] == "moe_expand"
+    modules["reduce"].reduce_fused((XE.to(torch.float8_e4m3fn), torch.ones(4)), W, POS, fp8_format="e4m3")
+    assert _launch(runtime)[1]["out_dtype"] == "float8_e4m3fn"
+    _, out_sf = modules["expand"].expand_to_fused_with_sf((X.to(torch.float8_e4m3fn), torch.ones(2, 16)), 128, POS,
+                                                          P2E, True)
+    assert out_sf.stride() == (1, 4) and _launch(runtime)[2][5].stride() == (4, 1)
+    mapping = modules["fused_mapping"].get_fused_mapping(IDX, 4, 8, 1)
+    assert mapping[7] == [] and len({t.untyped_storage().data_ptr() for t in mapping[:7]}) == 7
+    assert _launch(runtime)[0] == "moe_fused_mapping"
+    with pytest.raises(ValueError, match="^num_expanded_tokens: under torch.compile"):
+        modules["fused_mapping"].get_fused_mapping(IDX, 4, 0, 1)
+    assert runtime.LAUNCHES == [] and runtime.REMEMBERED == []
+
+
+def test_fused_mapping_launches_into_outputs_of_their_own(ops: tuple[dict[str, ModuleType], Any],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel's arguments in order, the block-count table sized by num_blocks (the grid), and
+    # every output a tensor of its own (what the torch.compile custom op returns too).
+    modules, runtime = ops
+    module = modules["fused_mapping"]
+    monkeypatch.setattr(module, "num_blocks", lambda entries, device: 7)
+    strided = torch.zeros(3, 4, dtype=torch.int64)[:, ::2]
+    for idx, size in ((IDX, 8), (IDX, 7), (strided, 16), (torch.zeros((0, 3), dtype=torch.int64), 5)):
+        out = module.get_fused_mapping(idx, 32, size, 4, force_no_sync=True)
+        name, values, args = _launch(runtime)
+        assert (name, values) == ("moe_fused_mapping", {"num_experts": 32}) and args[9] == 4
+        assert args[0] is idx if idx.is_contiguous() else torch.equal(args[0], idx) and args[0].is_contiguous()
+        assert _same((args[3], args[4], args[5], args[2], args[6], args[7], args[8]), out[:7]) and out[7] == []
+        assert all(t.shape == (size,) for t in out[:3]) and out[3].shape == idx.shape
+        assert all(t.shape == (32,) for t in out[4:7]) and args[1].shape == (7, 32)
+        assert all(t.dtype == torch.int32 and t.is_contiguous() for t in (*out[:7], args[1]))
+        assert len({t.untyped_storage().data_ptr() for t in (*out[:7], args[1]) if t.numel()}) == \
+            len([t for t in (*out[:7], args[1]) if t.numel()])
+    assert runtime.REMEMBERED == [] and runtime.DISPATCHED == []
+
+
+def test_fused_mapping_sizes_the_buffer_and_trims_it_to_the_counts(ops: tuple[dict[str, ModuleType], Any],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, _ = ops
+    module = modules["fused_mapping"]
+    launched: list[tuple[Any, ...]] = []
+
+    class Counting:  # a kernel that writes segments of 4 and 8 rows for experts 0 and 2
+        def variant(self, num_experts: int) -> Callable[..., None]:
+            def run(*args: Any) -> None:
+                launched.append(args)
+                args[8].copy_(torch.tensor([4, 0, 8, 0], dtype=torch.int32))
+                args[3].copy_(torch.arange(args[3].numel(), dtype=torch.int32))
+            return run
+
+    monkeypatch.setattr(module, "_kernel", Counting())
+    idx = torch.zeros(5, 2, dtype=torch.int64)
+    bound = module.upper_bound(5, 2, 4, 4)
+    out = module.get_fused_mapping(idx, 4, 0, 4)
+    assert out[7] == [4, 0, 8, 0] and all(t.shape == (12,) for t in out[:3])
+    assert launched[-1][3].shape == (bound,) and out[0].data_ptr() == launched[-1][3].data_ptr()
+    assert torch.equal(out[0], torch.arange(12, dtype=torch.int32))
+    forced = module.get_fused_mapping(idx, 4, 0, 4, force_no_sync=True)
+    assert forced[7] == [] and all(t.shape == (bound,) for t in forced[:3])
+
+
+def test_fused_mapping_grid_fits_the_device(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    # Every block must be resident for the grid barrier: never more blocks than SMs (the stub's
+    # sm_count: 132), never an idle one, always one (T = 0 still writes the segments and the -1 fill).
+    module = ops[0]["fused_mapping"]
     chunk = module.CHUNK
     assert module.num_blocks(0, 0) == 1 and module.num_blocks(10**6, -1) == 1
     for entries in (1, chunk, chunk + 1, 64 * chunk, 132 * chunk, 132 * chunk + 1, 133 * chunk, 10**7):

@@ -260,7 +260,7 @@ def test_torch_compile_traces_one_custom_op_per_call_without_graph_breaks(
     torch._dynamo.reset()
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scaled = ops.scale_rows(x, 3) + 1
+        scaled = ops.scale_rows(x, 3) + ops.scale_rows(x - 1, 1) + 2  # an intermediate tensor as input
         sums, _ = ops.row_sums(x)
         ops.scale_rows(x, out=y)
         return scaled, sums
@@ -269,12 +269,12 @@ def test_torch_compile_traces_one_custom_op_per_call_without_graph_breaks(
     x = torch.randn(5, 8)
     y = torch.zeros(5, 8)
     scaled, sums = compiled(x, y)
-    assert torch.equal(scaled, x * 3 + 1) and torch.allclose(sums, x.sum(1)) and torch.equal(y, x * 2)
+    assert torch.equal(scaled, x * 3 + (x - 1) + 2) and torch.allclose(sums, x.sum(1)) and torch.equal(y, x * 2)
     assert rt.REMEMBERED == []  # nothing is remembered while tracing
     assert hasattr(torch.ops, PACKAGE) and hasattr(getattr(torch.ops, PACKAGE), "scale_rows")
     x2 = torch.randn(7, 8)  # another row count: the same graph, sizes read at run time
     scaled, sums = compiled(x2, torch.zeros(7, 8))
-    assert torch.equal(scaled, x2 * 3 + 1)
+    assert torch.equal(scaled, x2 * 3 + (x2 - 1) + 2)
 
 
 def test_torch_compile_of_an_in_place_op(toy: tuple[ModuleType, ModuleType]) -> None:

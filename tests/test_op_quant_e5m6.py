@@ -221,3 +221,48 @@ def test_compiling_copies_the_result_into_out(ops: tuple[ModuleType, ModuleType,
     assert all(a is not t for a in calls[-1][2] for t in out)
     y = poisoned(torch.empty(5, 2048))
     assert module.cast_back_e5m6(out, "fp32", out=y) is y and marked(y) and calls[-1][2][2] is not y
+
+
+# --- the op layer ----------------------------------------------------------------------------
+
+
+def test_word_and_token_views_keep_the_calls_off_dispatch(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
+    """The kernels take views of the tensors the ops take and return (q's words, sf's tokens), which
+    dispatch() cannot replay: every call runs its plan, so its checks, and nothing is remembered."""
+    module, _, _ = ops
+    runtime = importlib.import_module("e5m6_stub_pkg._runtime")
+    runtime.REMEMBERED.clear()
+    runtime.DISPATCHED.clear()
+    x = torch.randn(5, 2048, dtype=torch.bfloat16)
+    for _ in range(2):
+        for col_major in (False, True):
+            out = module.per_token_cast_e5m6(x, use_tma_aligned_col_major_sf=col_major)
+            assert module.per_token_cast_e5m6(x, use_tma_aligned_col_major_sf=col_major, out=out)[0] is out[0]
+            module.cast_back_e5m6(out, "bf16", out=module.cast_back_e5m6(out, "bf16"))
+    assert runtime.REMEMBERED == [] and runtime.DISPATCHED == []
+    with pytest.raises(ValueError, match=r"^x: hidden \(2044\)"):  # a third call is checked as the first
+        module.per_token_cast_e5m6(torch.randn(5, 2044))
+
+
+def test_compiling_reuses_one_template_per_variant(ops: tuple[ModuleType, ModuleType, list[Any]],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """While torch.compile traces, the outputs come from the same recipes as eagerly (sf column-major
+    over padded storage), a repeated call is the same template, and the checks that read addresses
+    run at launch, on the real tensors (dynamo cannot trace them)."""
+    module, errors, calls = ops
+    templates = importlib.import_module("e5m6_stub_pkg._op")._templates
+    x = torch.randn(6, 2048, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for _ in range(2):
+        before = len(templates)
+        q, sf = module.per_token_cast_e5m6(x, use_tma_aligned_col_major_sf=True)
+        assert q.shape == (6, 3072) and sf.shape == (6, 1) and sf.stride() == (1, 8)
+        assert module.cast_back_e5m6((q[1:], sf[1:]), "fp32").shape == (5, 2048)
+        sf_arg = calls[-1][2][1]  # scales one token into their storage: copied to an aligned start
+        assert sf_arg.data_ptr() % 32 == 0 and sf_arg.data_ptr() != sf[1:].data_ptr()
+    assert len(templates) == before
+    flat = torch.zeros(2 * 3072 + 2, dtype=torch.uint8)
+    calls.clear()
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[0\] \(q\): expected to start on a 4-byte word"):
+        module.cast_back_e5m6((flat[2:].view(2, 3072), torch.ones(2, 1)), "bf16")
+    assert calls == []

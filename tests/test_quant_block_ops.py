@@ -1,50 +1,89 @@
-"""CPU tests of the per-block cast op module (templates/quant/per_block_cast.py) on a stub runtime.
+"""CPU tests of the block cast and cast-back op modules (templates/quant/per_block_cast.py,
+per_token_cast_back.py, per_block_cast_lossless.py) on a stub runtime.
 
-The module is loaded into a throw-away package whose ``_runtime`` records variant selections and
-launches instead of loading cubins (tests/op_stub.py), so what the op hands the kernel (the
-variant, fresh outputs or the caller's ``out``) and the errors it raises itself show without a
-GPU. The GPU tests (tests/gpu/test_per_block_cast.py, test_out.py) check the kernel's numbers.
+The modules are loaded into a throw-away package whose ``_runtime`` records variant selections,
+launches, what the ops remember for the C dispatch and the calls they hand it, instead of loading
+cubins (tests/op_stub.py), so what the op hands the kernel (the variant, fresh outputs or the
+caller's ``out``), what a later call of its signature would replay and the errors it raises
+itself show without a GPU. The GPU tests (tests/gpu/test_per_block_cast.py, test_out.py) check
+the kernels' numbers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-from tests.op_stub import WritingKernel, marked, poisoned, stub_package
+from tests.op_stub import CheckingKernel, WritingKernel, marked, poisoned, stub_package
+
+PACKAGE = "block_ops_stub"
+MODULES = ("per_block_cast", "per_token_cast_back", "per_block_cast_lossless")
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, Any]]:
-    """(the per_block_cast op module, the stub _runtime)."""
-    with stub_package(tmp_path_factory.mktemp("block"), "block_ops_stub", "quant", ("per_block_cast",)) as stubbed:
-        modules, runtime = stubbed
-        yield modules["per_block_cast"], runtime
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
+    """(the op modules by file stem, the stub _runtime)."""
+    with stub_package(tmp_path_factory.mktemp("block"), PACKAGE, "quant", MODULES) as stubbed:
+        yield stubbed
 
 
 @pytest.fixture()
-def op(stub: tuple[ModuleType, Any]) -> ModuleType:
-    stub[1].LAUNCHES.clear()
+def ops(stub: tuple[dict[str, ModuleType], Any]) -> dict[str, ModuleType]:
+    for log in (stub[1].LAUNCHES, stub[1].REMEMBERED, stub[1].DISPATCHED):
+        log.clear()
     return stub[0]
 
 
-def _launches(stub: tuple[ModuleType, Any]) -> list[Any]:
+@pytest.fixture()
+def op(ops: dict[str, ModuleType]) -> ModuleType:
+    return ops["per_block_cast"]
+
+
+@pytest.fixture()
+def back(ops: dict[str, ModuleType]) -> ModuleType:
+    return ops["per_token_cast_back"]
+
+
+def _launches(stub: tuple[dict[str, ModuleType], Any]) -> list[Any]:
     launches: list[Any] = stub[1].LAUNCHES
     return launches
+
+
+def _errors(stub: tuple[dict[str, ModuleType], Any]) -> Any:
+    return importlib.import_module(f"{PACKAGE}.errors")
 
 
 def _x(rows: int = 33, hidden: int = 2048) -> torch.Tensor:
     return torch.randn(rows, hidden).bfloat16()
 
 
+def _recipe(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A remembered entry as plain values: (launcher arguments, the call, the allocated outputs)."""
+    _, _, arguments, rules, call, outputs = entry
+    assert rules == ()  # every size the ops rely on is the contract's
+    sources = tuple((a.kind, a.index) if type(a).__name__ == "Source" else a for a in arguments)
+    allocated = None if outputs is None else tuple((o.dtype, o.dims) for o in outputs)
+    return sources, call, allocated
+
+
+def _same_call(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Calls element by element: tensors by identity, the rest by type and value (as dispatch keys them)."""
+    return len(a) == len(b) and all(x is y if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor)
+                                    else (type(x) is type(y) and x == y) for x, y in zip(a, b))
+
+
+# --- per_block_cast ---------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(("fmt", "block", "q_width", "sf_shape"), [
     ("e4m3", (128, 128), 2048, (1, 16)), ("e2m1", (32, 32), 1024, (2, 64))])
-def test_cast_selects_and_allocates(op: ModuleType, stub: tuple[ModuleType, Any], fmt: str, block: tuple[int, int],
-                                    q_width: int, sf_shape: tuple[int, int]) -> None:
+def test_cast_selects_and_allocates(op: ModuleType, stub: tuple[dict[str, ModuleType], Any], fmt: str,
+                                    block: tuple[int, int], q_width: int, sf_shape: tuple[int, int]) -> None:
     x = _x()
     q, sf = op.per_block_cast(x, fmt, block, round_sf=True)
     assert q.shape == (33, q_width) and sf.shape == sf_shape and sf.dtype == torch.float32
@@ -55,7 +94,8 @@ def test_cast_selects_and_allocates(op: ModuleType, stub: tuple[ModuleType, Any]
 
 
 @pytest.mark.parametrize("num_tokens", [0, 1, 33])
-def test_out_is_launched_into_and_returned(op: ModuleType, stub: tuple[ModuleType, Any], num_tokens: int) -> None:
+def test_out_is_launched_into_and_returned(op: ModuleType, stub: tuple[dict[str, ModuleType], Any],
+                                           num_tokens: int) -> None:
     x = _x(num_tokens)
     out = op.per_block_cast(x, "e2m1", (32, 128))  # what a caller keeps: an earlier call's pair
     result = op.per_block_cast(x, "e2m1", (32, 128), out=list(out))  # a list is taken as the tuple
@@ -67,24 +107,28 @@ def test_out_is_launched_into_and_returned(op: ModuleType, stub: tuple[ModuleTyp
     assert values["precomputed_sf"] is True and args[1] is q and args[2] is out[1]
 
 
-def test_out_of_the_wrong_kind_names_out_before_any_launch(op: ModuleType, stub: tuple[ModuleType, Any]) -> None:
+def test_out_of_the_wrong_kind_names_out_before_any_launch(op: ModuleType,
+                                                           stub: tuple[dict[str, ModuleType], Any]) -> None:
     x = _x()
     q, sf = op.per_block_cast(x, "e4m3", (128, 128))
-    _launches(stub).clear()
+    for log in (stub[1].LAUNCHES, stub[1].REMEMBERED):
+        log.clear()
     with pytest.raises(TypeError, match=r"^out: expected \(q, sf\) as the op returns it"):
         op.per_block_cast(x, "e4m3", (128, 128), out=q)
     with pytest.raises(TypeError, match=r"^out: expected \(q, sf\)"):
         op.per_block_cast(x, "e4m3", (128, 128), out=(q, sf, sf))
     with pytest.raises(TypeError, match=r"^out: expected q as the op returns it \(a tensor\), got tuple"):
         op.per_block_cast_with_precomputed_sf(x, "e4m3", (128, 128), sf, out=(q,))
-    assert _launches(stub) == []
+    assert _launches(stub) == [] and stub[1].REMEMBERED == []
 
 
-def test_compiling_copies_the_result_into_out(op: ModuleType, stub: tuple[ModuleType, Any],
+def test_compiling_copies_the_result_into_out(op: ModuleType, back: ModuleType,
+                                              stub: tuple[dict[str, ModuleType], Any],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # While torch.compile traces, the custom op (the stub's is the function itself) computes into
     # fresh tensors and the op copies them into out: the graph holds no in-place launch.
     monkeypatch.setattr(op, "_kernel", WritingKernel(op._kernel, (1, 2)))
+    monkeypatch.setattr(back, "_kernel", WritingKernel(back._kernel, (2,)))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     x = _x()
     out = tuple(poisoned(t) for t in op.per_block_cast(x, "e4m3", (32, 32)))
@@ -94,3 +138,312 @@ def test_compiling_copies_the_result_into_out(op: ModuleType, stub: tuple[Module
     q = poisoned(torch.empty_like(out[0]))
     assert op.per_block_cast_with_precomputed_sf(x, "e4m3", (32, 32), out[1], out=q) is q and marked(q)
     assert _launches(stub)[-1][2][1] is not q
+    y = poisoned(torch.empty(33, 2048, dtype=torch.bfloat16))
+    assert back.per_token_cast_back((q, torch.ones(33, 16)), "bf16", 128, out=y) is y and marked(y)
+    assert _launches(stub)[-1][2][2] is not y
+    assert stub[1].REMEMBERED == []  # nothing a traced call could depend on
+
+
+@pytest.mark.parametrize("with_out", [False, True], ids=["allocating", "out="])
+@pytest.mark.parametrize(("fmt", "block", "q_dtype", "q_width"), [
+    ("e4m3", (128, 128), torch.float8_e4m3fn, 2048), ("e2m1", (32, 128), torch.int8, 1024)])
+def test_cast_remembers_its_call_for_dispatch(op: ModuleType, stub: tuple[dict[str, ModuleType], Any], fmt: str,
+                                              block: tuple[int, int], q_dtype: torch.dtype, q_width: int,
+                                              with_out: bool) -> None:
+    x = _x()
+    out = op.per_block_cast(x, fmt, block) if with_out else None
+    for log in (stub[1].REMEMBERED, stub[1].DISPATCHED):
+        log.clear()
+    result = op.per_block_cast(x, fmt, block, out=out)
+    call = (x, out, fmt, block, False, False, False)
+    ((fast, called),) = stub[1].DISPATCHED  # asked first, with the call it remembers
+    assert fast[0] == (((1,),), 2) and _same_call(called, call)
+    ((arguments, remembered, allocated),) = [_recipe(e) for e in stub[1].REMEMBERED]
+    assert arguments == (("input", 0), ("out", 0), ("out", 1)) and _same_call(remembered, call)
+    if not with_out:  # what dispatch() would allocate: q of T rows, sf of ceil(T / block_m) rows
+        assert allocated == ((q_dtype, ((0, 0, 1, 0, 1), q_width)),
+                             (torch.float32, ((0, 0, 1, block[0] - 1, block[0]), 2048 // block[1])))
+        assert [(t.dtype, tuple(t.shape)) for t in result] == [(q_dtype, (33, q_width)),
+                                                                (torch.float32, (-(-33 // block[0]), 16))]
+
+
+def test_precomputed_sf_is_remembered_as_an_input(op: ModuleType, stub: tuple[dict[str, ModuleType], Any]) -> None:
+    x = _x()
+    sf = op.per_block_cast_with_sf_only(x, "e4m3", (32, 128))
+    assert sf.shape == (2, 16) and _launches(stub)[-1][1]["precomputed_sf"] is False  # the full cast, q dropped
+    stub[1].REMEMBERED.clear()
+    q = op.per_block_cast_with_precomputed_sf(x, "e4m3", (32, 128), sf, round_sf=True)
+    (_, values, args) = _launches(stub)[-1]
+    assert values["precomputed_sf"] is True and values["round_sf"] is False  # round_sf has no effect here
+    assert args[0] is x and args[1] is q and args[2] is sf
+    ((arguments, call, allocated),) = [_recipe(e) for e in stub[1].REMEMBERED]
+    assert arguments == (("input", 0), ("out", 0), ("input", 1))
+    assert _same_call(call, (x, sf, None, "e4m3", (32, 128), False, True, False))
+    assert allocated == ((torch.float8_e4m3fn, ((0, 0, 1, 0, 1), 2048)),)
+
+
+def test_options_are_keyed_as_given(op: ModuleType, stub: tuple[dict[str, ModuleType], Any]) -> None:
+    # round_sf=1 is round_sf=True to the checks (the same variant) but another signature to dispatch.
+    x = _x()
+    op.per_block_cast(x, "e4m3", (128, 128), round_sf=1)
+    assert _launches(stub)[-1][1]["round_sf"] is True
+    ((_, call, _),) = [_recipe(e) for e in stub[1].REMEMBERED]
+    assert type(call[5]) is int and call[5] == 1
+
+
+BAD_CASTS: list[tuple[str, Callable[[ModuleType], Any], type[Exception], str]] = [
+    ("block float", lambda m: m.per_block_cast(_x(), "e4m3", (128.0, 128)), TypeError, "block_size"),
+    ("block bool", lambda m: m.per_block_cast(_x(), "e4m3", (True, 128)), TypeError, "block_size"),
+    ("block single", lambda m: m.per_block_cast(_x(), "e4m3", 128), TypeError, "block_size"),
+    ("block zero", lambda m: m.per_block_cast(_x(), "e4m3", (0, 128)), ValueError, "block_size"),
+    ("block_k divides", lambda m: m.per_block_cast(_x(hidden=2112), "e4m3", (128, 128)), ValueError, "block_size"),
+    ("fmt", lambda m: m.per_block_cast(_x(), "e5m2", (128, 128)), ValueError, "fmt"),
+    ("hidden 64", lambda m: m.per_block_cast(_x(hidden=2080), "e4m3", (32, 32)), ValueError, "x"),
+    ("x rank", lambda m: m.per_block_cast(torch.ones(2048), "e4m3", (128, 128)), ValueError, "x"),
+    ("x pair", lambda m: m.per_block_cast((_x(), _x()), "e4m3", (128, 128)), NotImplementedError, "x"),
+    ("col major", lambda m: m.per_block_cast(_x(), "e4m3", (128, 128), True), NotImplementedError,
+     "use_tma_aligned_col_major_sf"),
+    ("ue8m0", lambda m: m.per_block_cast(_x(), "e4m3", (128, 128), use_packed_ue8m0=True), NotImplementedError,
+     "use_packed_ue8m0"),
+    ("sf only fmt", lambda m: m.per_block_cast_with_sf_only(_x(), "e3m4", (128, 128)), ValueError, "fmt"),
+    ("given sf", lambda m: m.per_block_cast_with_precomputed_sf(_x(), "e4m3", (128, 128), None), TypeError, "sf"),
+    ("given block", lambda m: m.per_block_cast_with_precomputed_sf(_x(), "e4m3", (128.0, 128), torch.ones(1, 16)),
+     TypeError, "block_size"),
+]
+
+
+@pytest.mark.parametrize(("name", "call", "error", "argument"), BAD_CASTS, ids=[c[0] for c in BAD_CASTS])
+def test_bad_options_are_named_before_any_launch(op: ModuleType, stub: tuple[dict[str, ModuleType], Any], name: str,
+                                                 call: Callable[[ModuleType], Any], error: type[Exception],
+                                                 argument: str) -> None:
+    op.per_block_cast(_x(), "e4m3", (128, 128))  # the signature the bad calls resemble, seen before
+    for log in (stub[1].LAUNCHES, stub[1].REMEMBERED):
+        log.clear()
+    with pytest.raises(error, match=rf"^{argument}: "):
+        call(op)
+    assert _launches(stub) == [] and stub[1].REMEMBERED == []
+
+
+def test_a_refused_launch_is_not_remembered(op: ModuleType, stub: tuple[dict[str, ModuleType], Any],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = CheckingKernel(op._kernel, ("x", "q", "sf"))
+    monkeypatch.setattr(op, "_kernel", kernel)
+    strided = _x(4, 4096)[:, ::2]
+    with pytest.raises(_errors(stub).KernelArgumentError, match=r"^x: expected a contiguous tensor"):
+        op.per_block_cast(strided, "e4m3", (128, 128))
+    assert kernel.refused == 1 and stub[1].REMEMBERED == []
+
+
+# --- per_token_cast_back ----------------------------------------------------------------------
+
+
+def test_cast_back_exports_what_the_other_modules_import(back: ModuleType) -> None:
+    assert set(back.__all__) == {"cast_back", "per_token_cast_back"}
+    from block_ops_stub.quant._per_token_cast_back import cast_back, per_token_cast_back  # per_token_cast's import
+
+    assert callable(cast_back) and callable(per_token_cast_back)
+
+
+def _q(fmt: str, rows: int = 5, hidden: int = 2048) -> torch.Tensor:
+    if fmt == "e4m3":
+        return torch.zeros(rows, hidden, dtype=torch.float8_e4m3fn)
+    return torch.zeros(rows, hidden // 2, dtype=torch.int8)
+
+
+@pytest.mark.parametrize("with_out", [False, True], ids=["allocating", "out="])
+@pytest.mark.parametrize(("fmt", "npc", "out_fmt", "values"), [
+    ("e4m3", 128, "bf16", dict(fmt="e4m3", npc=128, out_dtype="bfloat16", hidden=2048, sf_layout="row_major")),
+    ("e2m1", 32, torch.float32, dict(fmt="e2m1", npc=32, out_dtype="float32")),
+    ("e4m3", 2048, "fp32", dict(npc=0, out_dtype="float32")),  # one scale per row: grid npc 0
+])
+def test_cast_back_selects_launches_and_remembers(back: ModuleType, stub: tuple[dict[str, ModuleType], Any],
+                                                  fmt: str, npc: int, out_fmt: Any, values: dict[str, Any],
+                                                  with_out: bool) -> None:
+    q, sf = _q(fmt), torch.ones(5, 2048 // npc)
+    dtype = torch.bfloat16 if out_fmt == "bf16" else torch.float32
+    out = torch.empty(5, 2048, dtype=dtype) if with_out else None
+    result = back.per_token_cast_back((q, sf), out_fmt, npc, out=out)
+    assert result.shape == (5, 2048) and result.dtype == dtype and (out is None or result is out)
+    ((name, selected, args),) = _launches(stub)
+    assert name == "per_token_cast_back" and values.items() <= selected.items()
+    assert args[0] is q and args[1] is sf and args[2] is result
+    call = (q, sf, out, out_fmt, npc, None)  # the pair unpacked, as dispatch() keys it
+    ((fast, called),) = stub[1].DISPATCHED
+    assert fast[0] == (((1,), ()), 1) and _same_call(called, call)
+    ((arguments, remembered, allocated),) = [_recipe(e) for e in stub[1].REMEMBERED]
+    assert arguments == (("input", 0), ("input", 1), ("out", 0)) and _same_call(remembered, call)
+    if out is None:
+        assert allocated == ((dtype, ((0, 0, 1, 0, 1), 2048)),)
+
+
+def test_cast_back_takes_a_list_pair_and_fp4x2_codes(back: ModuleType, stub: tuple[dict[str, ModuleType], Any]) -> None:
+    q, sf = _q("e2m1"), torch.ones(5, 64)
+    back.per_token_cast_back([q, sf], "bf16", 32)
+    assert _launches(stub)[-1][2][0] is q and len(stub[1].REMEMBERED) == 1
+    fp4x2 = getattr(torch, "float4_e2m1fn_x2", None)
+    if fp4x2 is None:
+        pytest.skip("this torch has no float4_e2m1fn_x2")
+    stub[1].REMEMBERED.clear()
+    back.per_token_cast_back((q.view(fp4x2), sf), "bf16", 32)
+    (_, values, args) = _launches(stub)[-1]
+    assert values["fmt"] == "e2m1" and args[0].dtype == torch.int8 and args[0].data_ptr() == q.data_ptr()
+    assert stub[1].REMEMBERED == []  # the launcher reads a view of the codes: dispatch() cannot replay it
+
+
+def test_cast_back_reads_column_major_and_ue8m0_scales_from_their_storage(
+        back: ModuleType, stub: tuple[dict[str, ModuleType], Any]) -> None:
+    q = _q("e4m3")
+    storage = torch.rand(16, 8)  # what per_token_cast allocates: (groups, align(T, 4)), viewed (T, groups)
+    back.per_token_cast_back((q, storage.t()[:5]), "bf16", 128)
+    (_, values, args) = _launches(stub)[-1]
+    assert values["sf_layout"] == "col_major" and args[1].shape == (16, 8) and args[1].data_ptr() == storage.data_ptr()
+    short = torch.rand(16, 9).t()[1:6]  # column-major, but its storage ends before the last column's padding
+    back.per_token_cast_back((q, short), "bf16", 128)
+    (_, values, args) = _launches(stub)[-1]
+    assert values["sf_layout"] == "col_major" and args[1].shape == (16, 5) and torch.equal(args[1], short.t())
+    words = torch.randint(0, 2**30, (5, 4), dtype=torch.int32)  # UE8M0: 16 exponents of a token in 4 words
+    back.per_token_cast_back((q, words), "bf16", 128)
+    (_, values, args) = _launches(stub)[-1]
+    assert values["sf_layout"] == "ue8m0" and args[1].dtype == torch.uint8 and args[1].shape == (4, 5, 4)
+    assert torch.equal(args[1].view(torch.int32).view(4, 5).t(), words)
+    # The launches went through the storage view: what the stub recorded as remembered is no launcher
+    # dispatch() could replay (the real remember() stores only launchers with a plan).
+    kernels = list(back._kernel.variants.values())
+    assert all(entry[1] not in kernels and getattr(entry[1], "planned", None) is None
+               for entry in stub[1].REMEMBERED)
+
+
+def test_cast_back_traces_whole_with_column_major_scales(back: ModuleType, stub: tuple[dict[str, ModuleType], Any],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch.compile(fullgraph=True) traces the op's plan, which must not touch sf's storage (a graph
+    # break); the storage view is made inside the custom op, on real tensors. The stub registers no
+    # torch op, so the test does (a fragment of its own), and its launchers are plain functions.
+    launched: list[Any] = []
+
+    def variant(*values: Any) -> Any:  # a launcher per variant, made once (not while tracing)
+        launcher = _plain_launchers.get(values)
+        if launcher is None:
+            launcher = _plain_launchers[values] = _plain_launcher(launched, values)
+        return launcher
+
+    monkeypatch.setattr(back._kernel, "variant", variant)
+    op_module = importlib.import_module(f"{PACKAGE}._op")
+    library = torch.library.Library(f"{PACKAGE}_traced", "FRAGMENT")
+    library.define("per_token_cast_back(Tensor[] tensors, int template) -> Tensor[]")
+    library.impl("per_token_cast_back", op_module._run_template, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{PACKAGE}_traced::per_token_cast_back", op_module._fake_template, lib=library)
+    monkeypatch.setattr(back._per_token_cast_back.op, "_custom",
+                        getattr(torch.ops, f"{PACKAGE}_traced").per_token_cast_back.default)
+    q, storage = _q("e4m3"), torch.rand(16, 8)
+    back.per_token_cast_back((q, storage.t()[:5]), "bf16", 128)  # the variant, looked up eagerly first
+    launched.clear()
+    traced = torch.compile(lambda q, sf: back.per_token_cast_back((q, sf), "bf16", 128) * 2, fullgraph=True,
+                           backend="eager")
+    y = traced(q, storage.t()[:5])
+    assert y.shape == (5, 2048) and y.dtype == torch.bfloat16
+    ((values, args),) = launched
+    assert values[-1] == "col_major" and args[1].shape == (16, 8) and args[1].data_ptr() == storage.data_ptr()
+
+
+_plain_launchers: dict[tuple[Any, ...], Callable[..., None]] = {}
+
+
+def _plain_launcher(log: list[Any], values: tuple[Any, ...]) -> Callable[..., None]:
+    """A launcher torch.compile can hold as a constant (no closure cells), recording into log."""
+    namespace = {"LOG": log, "VALUES": values}
+    exec("def launch(*args):\n    LOG.append((VALUES, args))", namespace)  # a fixed test source
+    launcher: Callable[..., None] = namespace["launch"]  # type: ignore[assignment]
+    return launcher
+
+
+BAD_BACKS: list[tuple[str, Callable[[ModuleType], Any], type[Exception], str]] = [
+    ("fmt", lambda m: m.per_token_cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16x", 128), ValueError, "fmt"),
+    ("npc float", lambda m: m.per_token_cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", 128.0), TypeError,
+     "num_per_channels"),
+    ("npc zero", lambda m: m.per_token_cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", 0), ValueError,
+     "num_per_channels"),
+    ("npc divides", lambda m: m.per_token_cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", 96), ValueError,
+     "num_per_channels"),
+    ("special", lambda m: m.per_token_cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", 128, "e5m7"), ValueError,
+     "x_special_fmt"),
+    ("e5m6 not built", lambda m: m.per_token_cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", 128, "e5m6"),
+     NotImplementedError, "x_special_fmt"),
+    ("x tensor", lambda m: m.per_token_cast_back(_q("e4m3"), "bf16", 128), TypeError, "x"),
+    ("x triple", lambda m: m.per_token_cast_back((_q("e4m3"),) * 3, "bf16", 128), TypeError, "x"),
+    ("q dtype", lambda m: m.per_token_cast_back((_x(5), torch.ones(5, 16)), "bf16", 128), Exception, r"x\[0\] \(q\)"),
+    ("q rank", lambda m: m.per_token_cast_back((torch.zeros(2048, dtype=torch.float8_e4m3fn), torch.ones(5, 16)),
+                                               "bf16", 128), ValueError, r"x\[0\] \(q\)"),
+    ("sf shape", lambda m: m.per_token_cast_back((_q("e4m3"), torch.ones(5, 15)), "bf16", 128), Exception,
+     r"x\[1\] \(sf\)"),
+    ("ue8m0 shape", lambda m: m.per_token_cast_back((_q("e4m3"), torch.ones(5, 16, dtype=torch.int32)), "bf16", 128),
+     Exception, r"x\[1\] \(sf\)"),
+    ("out kind", lambda m: m.per_token_cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", 128,
+                                                 out=[torch.empty(5, 2048)]), TypeError, "out"),
+    ("block pair", lambda m: m.cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", 128), TypeError, "x_block_size"),
+    ("block size", lambda m: m.cast_back((_q("e4m3"), torch.ones(1, 32)), "bf16", (64, 64)), NotImplementedError,
+     "x_block_size"),
+    ("block scales", lambda m: m.cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", (128, 128)), Exception,
+     r"x\[1\] \(sf\)"),
+]
+
+
+@pytest.mark.parametrize(("name", "call", "error", "argument"), BAD_BACKS, ids=[c[0] for c in BAD_BACKS])
+def test_cast_back_names_bad_arguments_before_any_launch(back: ModuleType, stub: tuple[dict[str, ModuleType], Any],
+                                                         name: str, call: Callable[[ModuleType], Any],
+                                                         error: type[Exception], argument: str) -> None:
+    back.per_token_cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", 128)  # a signature seen before
+    for log in (stub[1].LAUNCHES, stub[1].REMEMBERED):
+        log.clear()
+    with pytest.raises(error, match=rf"^{argument}: "):
+        call(back)
+    assert _launches(stub) == [] and stub[1].REMEMBERED == []
+
+
+def test_cast_back_a_refused_launch_is_not_remembered(back: ModuleType, stub: tuple[dict[str, ModuleType], Any],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = CheckingKernel(back._kernel, ("q", "sf", "out"))
+    monkeypatch.setattr(back, "_kernel", kernel)
+    with pytest.raises(_errors(stub).KernelArgumentError, match=r"^out: expected a contiguous tensor"):
+        back.per_token_cast_back((_q("e4m3"), torch.ones(5, 16)), "bf16", 128,
+                                 out=torch.empty(2048, 5, dtype=torch.bfloat16).t())
+    assert kernel.refused == 1 and stub[1].REMEMBERED == []
+
+
+@pytest.mark.parametrize(("fmt", "block", "npc"), [("e4m3", (128, 128), 128), ("e4m3", (32, 32), 32),
+                                                    ("e2m1", (32, 128), 32)])
+def test_cast_back_spreads_block_scales_over_tokens(back: ModuleType, stub: tuple[dict[str, ModuleType], Any],
+                                                    fmt: str, block: tuple[int, int], npc: int) -> None:
+    q = _q(fmt, rows=40)
+    scales = torch.rand(-(-40 // block[0]), 2048 // block[1])
+    back.cast_back((q, scales.t().contiguous().t()), "bf16", block)  # column-major block scales are read too
+    (_, values, args) = _launches(stub)[-1]
+    assert values["npc"] == npc and values["sf_layout"] == "row_major"  # FP4 128-wide blocks: four 32-groups
+    expected = scales.repeat_interleave(block[0], 0)[:40].repeat_interleave(block[1] // npc, 1)
+    assert args[0] is q and torch.equal(args[1], expected)
+    # What is remembered is the per_token_cast_back call of the spread scales (its signature's recipe).
+    ((arguments, call, _),) = [_recipe(e) for e in stub[1].REMEMBERED]
+    assert arguments == (("input", 0), ("input", 1), ("out", 0)) and call[0] is q and call[1] is args[1]
+    stub[1].REMEMBERED.clear()
+    sf = torch.ones(40, 2048 // npc)  # per-token blocks (1, npc): per_token_cast_back as it is
+    back.cast_back((q, sf), "bf16", (1, npc))
+    assert _launches(stub)[-1][2][:2] == (q, sf)
+    ((_, call, _),) = [_recipe(e) for e in stub[1].REMEMBERED]
+    assert _same_call(call, (q, sf, None, "bf16", npc, None))
+
+
+# --- per_block_cast_lossless ------------------------------------------------------------------
+
+
+def test_lossless_launches_in_prim_func_order_and_keeps_its_python_path(
+        ops: dict[str, ModuleType], stub: tuple[dict[str, ModuleType], Any]) -> None:
+    lossless = ops["per_block_cast_lossless"]
+    data, x_sf = torch.zeros(33, 128, dtype=torch.int8), torch.ones(33, 8)
+    q, sf = lossless.per_block_cast_lossless((data, x_sf), "e4m3", (1, 32), (128, 128))
+    assert q.shape == (33, 256) and q.dtype == torch.float8_e4m3fn and sf.shape == (1, 2)
+    ((_, values, args),) = _launches(stub)
+    assert values == {"hidden": 256, "block_m": 128, "block_k": 128}
+    assert [a is b for a, b in zip(args, (data, x_sf, q, sf), strict=True)] == [True] * 4
+    again = lossless.per_block_cast_lossless((data, x_sf), "e4m3", (1, 32), (128, 128), out=(q, sf))
+    assert again[0] is q and again[1] is sf
+    # x is a (data, sf) pair, which dispatch() does not key: neither call is handed to it or remembered.
+    assert stub[1].DISPATCHED == [] and stub[1].REMEMBERED == []

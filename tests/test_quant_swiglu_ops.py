@@ -42,14 +42,10 @@ def _launches(runtime: ModuleType) -> list[Any]:
 
 @pytest.fixture()
 def quant(stub: tuple[ModuleType, ModuleType]) -> Any:
-    """The ops with no launch logged and no call signature cached: each test starts on the full checks.
-
-    (A cached signature leaves the tensors to the launcher, which the stub's does not check;
-    tests/test_op_cache_ops.py covers the cached calls.)
-    """
-    stub[1].LAUNCHES.clear()
-    for module in stub[0].modules.values():
-        module._CALLS.clear()
+    """The ops with no launch, remembered call or dispatch logged. (The stub's dispatch() always
+    declines, so every call runs the op's plan: its full checks.)"""
+    for log in (stub[1].LAUNCHES, stub[1].REMEMBERED, stub[1].DISPATCHED):
+        log.clear()
     return stub[0]
 
 
@@ -315,3 +311,99 @@ def test_compiling_copies_the_result_into_out(quant: Any, stub: tuple[ModuleType
     result = call(quant, out=out)
     assert all(r is o and marked(o) for r, o in zip(_flat(result), _flat(out), strict=True))
     assert all(a is not t for a in _launches(stub[1])[-1][2] for t in _flat(out))
+
+
+# --- what dispatch() is handed ----------------------------------------------------------------
+
+
+def _resolve(entry: tuple[Any, ...], result: Any) -> list[Any]:
+    """A remembered entry's launcher arguments, resolved against its call (inputs) and result (outputs)."""
+    fast, _, arguments, _, call, _ = entry
+    inputs = len(fast[0][0])
+    outputs = call[inputs] if call[inputs] is not None else result
+    return [call[a.index] if type(a).__name__ == "Source" and a.kind == "input" else
+            outputs[a.index] if type(a).__name__ == "Source" else a for a in arguments]
+
+
+def _rule_holds(rule: tuple[Any, ...], args: list[Any]) -> bool:
+    """A packed rule over launcher arguments, as _launch.c's rules_hold() reads it."""
+    kind, a, i, *rest = rule
+    if kind == "same_size":
+        b, j, times = rest
+        return bool(args[b].shape[j] == args[a].shape[i] * times)
+    assert kind == "size_multiple"
+    return bool(args[a].shape[i] % rest[0] == 0)
+
+
+def test_forward_remembers_the_position_lengths_as_rules(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:
+    # The positions' lengths are sizes of their own in the contract: a replayed call must check
+    # them against x's rows (launcher argument 0) as the plan does.
+    args = _fwd_args()
+    for out in (None, quant.swiglu_forward_and_per_token_cast(**args)):
+        stub[1].REMEMBERED.clear()
+        result = quant.swiglu_forward_and_per_token_cast(**args, out=out)
+        ((fast, _, _, rules, call, allocated),) = stub[1].REMEMBERED
+        assert fast[0] == (((1,), (), (), ()), 2)  # keyed by x's width; the positions and weights by dtype and rank
+        assert call[0] is args["x"] and call[4] is out and call[5:7] == ("e4m3", 128)
+        assert rules == (("same_size", 3, 0, 0, 0, 1), ("same_size", 5, 0, 0, 0, 1))
+        launched = _launches(stub[1])[-1][2]
+        resolved = _resolve(stub[1].REMEMBERED[0], result)
+        assert all(r is t if isinstance(t, torch.Tensor) else r == t for r, t in zip(resolved, launched, strict=True))
+        assert all(_rule_holds(rule, resolved) for rule in rules)
+        short = [*resolved[:5], resolved[5][:3]]
+        assert not _rule_holds(rules[1], short)  # a shorter pos_to_expert would be refused on replay
+        assert (allocated is None) == (out is not None)
+        if out is None:
+            assert [(o.dtype, o.dims) for o in allocated] == [(torch.float8_e4m3fn, ((0, 0, 1, 0, 1), 2048)),
+                                                              (torch.float32, ((0, 0, 1, 0, 1), 16))]
+    assert [call[0] is args["x"] for _, call in stub[1].DISPATCHED] == [True] * 3  # out= made by the second
+
+
+def test_forward_with_a_placeholder_launches_but_is_not_remembered(quant: Any,
+                                                                   stub: tuple[ModuleType, ModuleType]) -> None:
+    # The stand-in for an absent optional tensor is not the caller's: the op layer replays only
+    # those, so such a call keeps the Python path (it still launches the variant without it).
+    quant.swiglu_forward_and_per_token_cast(_x(), "e4m3", 128, pos_to_expert=torch.zeros(4, dtype=torch.int32))
+    assert _launches(stub[1])[-1][1]["with_pos_to_expert"] is True and stub[1].REMEMBERED == []
+
+
+@pytest.mark.parametrize(("npt", "without_transpose"), [(32, False), (128, True)])
+def test_per_channel_remembers_its_rules_and_outputs(quant: Any, stub: tuple[ModuleType, ModuleType], npt: int,
+                                                     without_transpose: bool) -> None:
+    x = _x(256)
+    for out in (None, quant.swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", npt, False,
+                                                                               without_transpose)):
+        stub[1].REMEMBERED.clear()
+        result = quant.swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", npt, False, without_transpose,
+                                                                         out=out)
+        ((_, _, _, rules, call, allocated),) = stub[1].REMEMBERED
+        # num_tokens a multiple of 128, and sf (argument 2) with num_tokens / npt rows
+        assert rules == (("size_multiple", 0, 0, 128), ("same_size", 2, 0, 0, 0, npt))
+        resolved = _resolve(stub[1].REMEMBERED[0], result)
+        assert all(r is t if isinstance(t, torch.Tensor) else r == t
+                   for r, t in zip(resolved, _launches(stub[1])[-1][2], strict=True))
+        assert all(_rule_holds(rule, resolved) for rule in rules)
+        assert not _rule_holds(rules[1], [*resolved[:2], resolved[2][:1]])
+        if out is None:
+            shapes = [tuple(d if isinstance(d, int) else call[d[0]].shape[d[1]] * d[2] // d[4] for d in o.dims)
+                      for o in allocated]
+            assert shapes == [tuple(t.shape) for t in result]
+
+
+def test_per_channel_out_sf_rows_are_named_before_any_launch(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:
+    # The grid has one row of blocks per row of sf, which the launcher cannot tie to x's rows.
+    errors = __import__(quant.modules["swiglu_backward_and_per_token_cast"].__name__.split(".")[0] + ".errors",
+                        fromlist=["KernelArgumentError"])
+    q, sf = quant.swiglu_forward_and_per_channel_cast_and_transpose(_x(256), "e4m3", 32)
+    _launches(stub[1]).clear()
+    with pytest.raises(errors.KernelArgumentError, match=r"^sf: expected 8 rows"):
+        quant.swiglu_forward_and_per_channel_cast_and_transpose(_x(256), "e4m3", 32, out=(q, sf[:4]))
+    assert _launches(stub[1]) == []
+
+
+def test_backward_is_not_dispatched_nor_remembered(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:
+    # Without rows the op zeroes weight_grad itself, which a replayed call could not: every
+    # call takes the Python path, as the allocating and the out= call do here.
+    result = quant.swiglu_backward_and_per_token_cast(**_bwd_args())
+    quant.swiglu_backward_and_per_token_cast(**_bwd_args(), out=result)
+    assert len(_launches(stub[1])) == 2 and stub[1].REMEMBERED == [] and stub[1].DISPATCHED == []

@@ -3,7 +3,9 @@
 Argument errors fire in the op's own checks, before any launch. The forms' Python paths (output
 allocation, scale layouts handed to the kernel, the mode argument, per-row variant keys,
 re-quantization, per-block cast back) run against fake launchers that compute with the
-reference, so the GPU tests only have the kernels left to find wrong.
+reference, so the GPU tests only have the kernels left to find wrong. On the stub runtime
+(tests/op_stub.py): which calls the op layer remembers for dispatch() and how they resolve
+to the launch they stand for, and the compile route's outputs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import TEMPLATES
-from tests.op_stub import grid_keys
+from tests.op_stub import WritingKernel, grid_keys, marked, poisoned, stub_package
 from tests.reference.quant import dequant, per_token_cast_ref, precomputed_sf_cast_ref, ue8m0_unpack
 from tests.reference.quant_cast_back import per_block_cast_back_ref, per_token_cast_back_ref
 from tkc.build import ArchSummary, BuildOptions
@@ -236,7 +238,7 @@ def test_out_is_written_in_place_and_returned(ops: tuple[ModuleType, ModuleType]
     expected = cast.per_token_cast(x, fmt, npc, round_sf=round_sf, **flags)
     # out as an earlier call returned it (col_major / ue8m0: a view of padded storage), poisoned
     out = tuple(_poisoned(t) for t in cast.per_token_cast(torch.randn_like(x), fmt, npc, round_sf=round_sf, **flags))
-    for _ in range(2):  # the first call fills the variant cache, the second takes the cached path
+    for _ in range(2):  # a second call of the signature behaves as the first
         result = cast.per_token_cast(x, fmt, npc, round_sf=round_sf, **flags, out=out)
         assert result[0] is out[0] and result[1] is out[1]
         _same(out[0], expected[0])
@@ -255,7 +257,7 @@ def test_out_errors_name_the_argument(ops: tuple[ModuleType, ModuleType]) -> Non
     cast, _ = ops
     x = torch.randn(9, 2560).bfloat16()
     q, sf = cast.per_token_cast(x, "e4m3", 128)
-    for _ in range(2):  # uncached, then cached
+    for _ in range(2):  # a second call of the signature behaves as the first
         with pytest.raises(TypeError, match=r"^out: expected \(q, sf\)"):
             cast.per_token_cast(x, "e4m3", 128, out=q)
     q, sf = cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True)
@@ -267,3 +269,163 @@ def test_out_errors_name_the_argument(ops: tuple[ModuleType, ModuleType]) -> Non
         cast.per_token_cast(x, "e5m6", 2560, out=(q, sf))
     with pytest.raises(ValueError, match=r"^out: a quantized \(data, sf\) pair"):
         cast.per_token_cast((q, sf), "e4m3", 128, x_block_size=(1, 32), out=(q, sf))
+
+
+# --- the op layer, on the stub runtime ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stubbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
+    ops = ("per_token_cast", "per_token_cast_back", "e5m6")
+    with stub_package(tmp_path_factory.mktemp("token_stub"), "token_stub_pkg", "quant", ops) as stubbed:
+        yield stubbed
+
+
+def _logged(runtime: Any, call: Callable[[], Any]) -> Any:
+    for log in (runtime.LAUNCHES, runtime.REMEMBERED, runtime.DISPATCHED):
+        log.clear()
+    return call()
+
+
+def _row_major_calls(cast: ModuleType, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    q, sf = cast.per_token_cast(x, "e4m3", 128)
+    q4, sf4 = cast.per_token_cast(x, "e2m1", 32, round_sf=True)
+    return {
+        "cast": lambda: cast.per_token_cast(x, "e4m3", 128),
+        "cast out=": lambda: cast.per_token_cast(x, "e4m3", 128, out=(q, sf)),
+        "cast e2m1 round_sf out=": lambda: cast.per_token_cast(x, "e2m1", 32, None, False, True, out=(q4, sf4)),
+        "per row": lambda: cast.per_token_cast(x, "e4m3", 2048),
+        "precomputed": lambda: cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, sf),
+        "precomputed out=": lambda: cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, sf, out=q),
+    }
+
+
+@pytest.mark.parametrize("name", ["cast", "cast out=", "cast e2m1 round_sf out=", "per row", "precomputed",
+                                  "precomputed out="])
+def test_row_major_calls_are_remembered_as_launched(stubbed: tuple[dict[str, ModuleType], Any], name: str) -> None:
+    """dispatch() is asked first, then the recipe remembered resolves, against the very call, to the launch."""
+    modules, runtime = stubbed
+    cast = modules["per_token_cast"]
+    x = torch.randn(5, 2048 + 64).bfloat16()[:, :2048]  # strided rows: the stride is a rule, not a key
+    result = _logged(runtime, _row_major_calls(cast, x)[name])
+    ((_, launch_values, launched),) = runtime.LAUNCHES
+    ((fast, _, arguments, rules, call, allocated),) = runtime.REMEMBERED
+    ((dispatched_fast, dispatched),) = runtime.DISPATCHED
+    assert dispatched_fast is fast and len(dispatched) == len(call) and all(a is b for a, b in zip(dispatched, call))
+    (inputs, outputs), _ = fast
+    assert inputs == (((1,),) if name.startswith("cast") or name == "per row" else ((1,), ()))  # x keyed by hidden
+    assert call[0] is x and rules == (("stride_bytes_multiple", 0, 0, 16),)  # x's row stride, re-checked
+    out = call[len(inputs)]
+    if out is None:  # dispatch() allocates as the op did: T rows, the variant's widths
+        out = result
+        for recipe, tensor in zip(allocated, (out,) if outputs == 1 else out, strict=True):
+            dims = tuple(d if isinstance(d, int) else call[d[0]].shape[d[1]] * d[2] // d[4] for d in recipe.dims)
+            assert (recipe.dtype, dims) == (tensor.dtype, tuple(tensor.shape)) and tensor.is_contiguous()
+    else:
+        assert result is out or all(r is o for r, o in zip(result, out, strict=True))
+    resolved = [a if type(a).__name__ != "Source" else call[a.index] if a.kind == "input" else
+                (out if outputs == 1 else out[a.index]) for a in arguments]
+    assert len(resolved) == len(launched) and all(
+        r is a if isinstance(a, torch.Tensor) else (type(r), r) == (type(a), a) for r, a in zip(resolved, launched))
+    assert launched[3] == (2 if name.startswith("precomputed") else 0)  # the mode: cast, or given scales
+    assert launch_values["npc"] == (0 if name == "per row" else launch_values["npc"])
+
+
+def test_calls_dispatch_cannot_replay_still_run(stubbed: tuple[dict[str, ModuleType], Any]) -> None:
+    """Column-major scales (views of a padded storage), scales only (q is dropped), a dequantized pair,
+    fmt 'e5m6' and given column-major scales launch as before but are not remembered."""
+    modules, runtime = stubbed
+    cast = modules["per_token_cast"]
+    x = torch.randn(5, 2048).bfloat16()
+    col = cast.per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True)
+    ue8m0 = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    words = cast.per_token_cast(x, "e4m3", 128, **ue8m0)
+    calls = {
+        "col_major": (lambda: cast.per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True), 1),
+        "col_major out=": (lambda: cast.per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True, out=col), 1),
+        "ue8m0 out=": (lambda: cast.per_token_cast(x, "e4m3", 128, **ue8m0, out=words), 1),
+        "sf_only": (lambda: cast.per_token_cast_with_sf_only(x, "e4m3", 128), 1),
+        "pair": (lambda: cast.per_token_cast(col, "e2m1", 32, x_block_size=(1, 128)), 2),
+        "e5m6": (lambda: cast.per_token_cast(x, "e5m6", 2048), 1),
+        "given col_major": (lambda: cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, col[1],
+                                                                           use_tma_aligned_col_major_sf=True), 1),
+    }
+    mine = [f.op.fast for f in (cast.per_token_cast, cast.per_token_cast_with_sf_only,
+                                cast.per_token_cast_with_precomputed_sf)]
+    for name, (call, launches) in calls.items():
+        result = _logged(runtime, call)  # (the pair's cast back, an op of its own, may remember its call)
+        assert len(runtime.LAUNCHES) == launches and not [e for e in runtime.REMEMBERED if any(e[0] is f for f in mine)], name
+        if name.endswith("out="):
+            assert all(r is o for r, o in zip(result, col if name.startswith("col") else words, strict=True))
+    # The kernel writes the column-major scales through their storage: (G, align(T, 4)), or its bytes for UE8M0.
+    _logged(runtime, calls["col_major out="][0])
+    assert runtime.LAUNCHES[0][2][2].shape == (16, 8) and runtime.LAUNCHES[0][2][2].data_ptr() == col[1].data_ptr()
+    _logged(runtime, calls["ue8m0 out="][0])
+    assert runtime.LAUNCHES[0][2][2].shape == (4, 8, 4) and runtime.LAUNCHES[0][2][2].dtype == torch.uint8
+    assert runtime.LAUNCHES[0][2][2].data_ptr() == words[1].data_ptr()
+    assert _logged(runtime, calls["sf_only"][0]).shape == (5, 16) and runtime.LAUNCHES[0][2][3] == 1
+    assert runtime.LAUNCHES[-1][0] == "per_token_cast" and _logged(runtime, calls["e5m6"][0])[0].dtype == torch.uint8
+    assert runtime.LAUNCHES[0][0] == "per_token_cast_e5m6"
+
+
+def test_option_errors_fire_before_any_launch_or_memory(stubbed: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = stubbed
+    cast = modules["per_token_cast"]
+    errors = importlib.import_module("token_stub_pkg.errors")
+    x = torch.randn(5, 2048).bfloat16()
+    q, sf = cast.per_token_cast(x, "e4m3", 128)
+    col = cast.per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True)
+    strided = torch.zeros(5, 2049, dtype=torch.bfloat16)[:, :2048]
+    for call, error, match in [
+        (lambda: cast.per_token_cast(strided, "e4m3", 128), errors.KernelArgumentError, r"^x: the row stride \(2049 "),
+        (lambda: cast.per_token_cast(x, "e4m3", 128.0), TypeError, r"^num_per_channels: expected an int"),
+        (lambda: cast.per_token_cast(x, "e4m3", 128, use_packed_ue8m0=True), ValueError, r"^use_packed_ue8m0: "),
+        (lambda: cast.per_token_cast(x, "e4m3", 128, round_sf=True, use_tma_aligned_col_major_sf=True,
+                                     use_packed_ue8m0=False, out=(q, sf)), errors.KernelArgumentError,
+         r"^sf: expected the column-major layout"),
+        (lambda: cast.per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True, out=(col[0], col[1][:, :8])),
+         errors.KernelArgumentError, r"^sf: expected torch.float32 of shape \(5, 16\)"),
+        (lambda: cast.per_token_cast(x, "e4m3", 128, out=q), TypeError, r"^out: expected \(q, sf\)"),
+        (lambda: cast.per_token_cast(col, "e4m3", 128, x_block_size=(1, 128), out=col), ValueError,
+         r"^out: a quantized \(data, sf\) pair"),
+        (lambda: cast.per_token_cast(x, "e5m6", 2048, x_block_size=(1, 2048)), ValueError, r"^x_block_size: fmt"),
+        (lambda: cast.per_token_cast(x, "e3m2", 128), ValueError, r"^fmt: "),
+        (lambda: cast.per_token_cast_with_sf_only(x, "e5m6", 2048), ValueError, r"^fmt: "),
+        (lambda: cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, sf[:, :8]), errors.KernelArgumentError,
+         r"^sf: expected torch.float32 of shape \(5, 16\)"),
+        (lambda: cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, [sf]), TypeError, r"^sf: "),
+    ]:
+        with pytest.raises(error, match=match):
+            _logged(runtime, call)
+        assert runtime.LAUNCHES == [] and runtime.REMEMBERED == [], match
+
+
+def test_compiling_allocates_from_the_same_recipes(stubbed: tuple[dict[str, ModuleType], Any],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """While torch.compile traces, each form is one call of its torch op (the stub's is the function
+    itself) whose outputs have the eager layouts; a repeated call reuses its template, and out= is
+    a copy into out."""
+    modules, runtime = stubbed
+    cast = modules["per_token_cast"]
+    templates = importlib.import_module("token_stub_pkg._op")._templates
+    x = torch.randn(9, 2048).bfloat16()
+    flags = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    eager = (cast.per_token_cast(x, "e4m3", 128), cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True),
+             cast.per_token_cast(x, "e4m3", 128, **flags))
+    runtime.REMEMBERED.clear()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for _ in range(2):
+        before = len(templates)
+        traced = (cast.per_token_cast(x, "e4m3", 128),
+                  cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True),
+                  cast.per_token_cast(x, "e4m3", 128, **flags))
+        for a, b in zip(traced, eager, strict=True):
+            assert [(t.dtype, t.shape, t.stride()) for t in a] == [(t.dtype, t.shape, t.stride()) for t in b]
+        assert cast.per_token_cast_with_sf_only(x, "e4m3", 128, **flags).stride() == (1, 12)
+        assert cast.per_token_cast_with_precomputed_sf(x, "e4m3", 128, eager[2][1], **flags).shape == (9, 2048)
+    assert len(templates) == before and runtime.REMEMBERED == []
+    monkeypatch.setattr(cast, "_kernel", WritingKernel(cast._kernel, (1, 2)))
+    out = tuple(poisoned(t) for t in eager[1])
+    result = cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True, out=out)
+    assert result[0] is out[0] and result[1] is out[1] and marked(out[0]) and marked(out[1])
+    assert all(a is not t for a in runtime.LAUNCHES[-1][2] for t in out)  # launched into the op's own outputs

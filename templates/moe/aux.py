@@ -8,10 +8,13 @@ on ids >= num_groups; this build drops them).
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .._args import matrix, positive_int
-from .._runtime import custom_op, get_kernel
+from .._op import Plan, empty, launch, op, out
+from .._runtime import get_kernel
 
 __all__ = ["aux_fi", "group_count"]
 
@@ -22,10 +25,11 @@ _aux = get_kernel("moe_aux_fi")
 
 
 def _ids(name: str, t: object) -> torch.Tensor:
+    """The ids as the kernels' flat (num_entries,) view (of a contiguous copy where t is not contiguous)."""
     t = matrix(name, t, "(num_tokens, num_topk)")
     if t.dtype != torch.int64:
         raise TypeError(f"{name}: expected dtype torch.int64, got {t.dtype}")
-    return t.contiguous()
+    return t.contiguous().view(-1)
 
 
 def _groups(name: str, value: object) -> int:
@@ -35,51 +39,27 @@ def _groups(name: str, value: object) -> int:
     return number
 
 
-def _group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
-    out = torch.empty((num_groups,), dtype=torch.int32, device=group_idx.device)
-    _count.select(aux=False)(group_idx.view(-1), out)
-    return out
-
-
-def _fake_group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
-    return group_idx.new_empty((num_groups,), dtype=torch.int32)
-
-
-_group_count_op = custom_op("moe_group_count", fake=_fake_group_count)(_group_count)
-
-
-def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
+# Neither takes out= (TileKernels' signatures), and both launch with a flat view of the ids: no
+# dispatch() entries.
+@op(outputs=("counts",), out=False)
+def group_count(group_idx: torch.Tensor, num_groups: int) -> Plan:
     """int32 (num_groups,): how many entries of group_idx (int64 (num_tokens, num_topk)) hold each id."""
-    group_idx = _ids("group_idx", group_idx)
+    flat = _ids("group_idx", group_idx)
     num_groups = _groups("num_groups", num_groups)
-    if torch.compiler.is_compiling():
-        return _group_count_op(group_idx, num_groups)
-    return _group_count(group_idx, num_groups)
+    return launch(_count.variant(False), flat, out(0), outputs=(empty(torch.int32, num_groups),))
 
 
-def _aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
-    out = torch.empty((num_experts,), dtype=torch.float32, device=topk_idx.device)
-    # The kernel divides by float(num_tokens * num_aux_topk), as TileKernels does; the ctypes
-    # float slot rounds the exact product to the same fp32 value.
-    _aux.select(aux=True)(topk_idx.view(-1), out, float(topk_idx.shape[0] * num_aux_topk))
-    return out
-
-
-def _fake_aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
-    return topk_idx.new_empty((num_experts,), dtype=torch.float32)
-
-
-_aux_fi_op = custom_op("moe_aux_fi", fake=_fake_aux_fi)(_aux_fi)
-
-
-def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
+@op(outputs=("fi",), out=False)
+def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> Plan:
     """float32 (num_experts,): f_i = count_i * num_experts / (num_tokens * num_aux_topk), 0 where count_i = 0.
 
     count_i is the number of entries of topk_idx (int64 (num_tokens, num_topk)) equal to i.
     """
-    topk_idx = _ids("topk_idx", topk_idx)
+    flat = _ids("topk_idx", topk_idx)
     num_experts = _groups("num_experts", num_experts)
     num_aux_topk = positive_int("num_aux_topk", num_aux_topk)
-    if torch.compiler.is_compiling():
-        return _aux_fi_op(topk_idx, num_experts, num_aux_topk)
-    return _aux_fi(topk_idx, num_experts, num_aux_topk)
+    # The kernel divides by float(num_tokens * num_aux_topk), as TileKernels does; the ctypes
+    # float slot rounds the exact product to the same fp32 value. A constant of the launch: while
+    # torch.compile traces, it specializes on num_tokens.
+    denominator = float(operator.index(topk_idx.shape[0]) * num_aux_topk)
+    return launch(_aux.variant(True), flat, out(0), denominator, outputs=(empty(torch.float32, num_experts),))

@@ -17,26 +17,20 @@ tests/reference/moe_route.py bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .._args import matrix, positive_int
-from .._build_info import ALIGNMENT
-from .._runtime import custom_op, get_kernel, sm_count
+from .._op import Plan, empty, launch, op, out, size
+from .._runtime import get_kernel, sm_count
 
 __all__ = ["get_fused_mapping"]
 
 CHUNK = 2048  # flattened entries per chunk of the kernel (its CHUNK): the unit a block owns
 
 _kernel = get_kernel("moe_fused_mapping")
-_STEP = ALIGNMENT // 4  # int32 elements from one aligned view start to the next
 # The kernel's int32 indices run up to a grid's worth past the data (blocks own whole chunks,
 # the -1 fill is grid-stride): 2**24 of headroom covers grids of up to 8192 blocks.
 _INT32_LIMIT = 2**31 - 2**24
-
-Mapping = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-
 
 def upper_bound(num_tokens: int, num_topk: int, num_experts: int, alignment: int) -> int:
     """The largest fused size any routing of (num_tokens, num_topk) ids can need."""
@@ -60,64 +54,16 @@ def num_blocks(num_entries: int, device: int) -> int:
     return (chunks + per_block - 1) // per_block
 
 
-def _outputs(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
-    """Uninitialised outputs; also the fake kernel torch.compile traces with."""
-    device = topk_idx.device
-
-    def vector(n: int) -> torch.Tensor:
-        return torch.empty((n,), dtype=torch.int32, device=device)
-
-    return (vector(num_expanded_tokens), vector(num_expanded_tokens), vector(num_expanded_tokens),
-            torch.empty(topk_idx.shape, dtype=torch.int32, device=device),
-            vector(num_experts), vector(num_experts), vector(num_experts))
+def _mapping(*outputs: torch.Tensor) -> tuple[torch.Tensor | list[int], ...]:
+    """The op's result from the launch's outputs: the seven maps (not the block-count table), no counts."""
+    return (*outputs[:7], [])
 
 
-def _launcher_of(num_experts: int) -> Callable[..., None]:
-    """The kernel for E; VariantNotFoundError for an unbuilt E, before anything is allocated."""
-    return _kernel.variant(num_experts)
-
-
-def _mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
-    """The torch custom op's body: every output a tensor of its own (a custom op's outputs may not alias)."""
-    launch = _launcher_of(num_experts)
-    topk_idx = topk_idx if topk_idx.is_contiguous() else topk_idx.contiguous()
-    outputs = _outputs(topk_idx, num_experts, num_expanded_tokens, alignment)
-    pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert = outputs
-    blocks = num_blocks(topk_idx.numel(), topk_idx.get_device())
-    block_counts = torch.empty((blocks, num_experts), dtype=torch.int32, device=topk_idx.device)
-    launch(topk_idx, block_counts, token_topk_to_pos, pos_to_expert, pos_to_token, pos_to_token_topk,
-           expert_start, expert_end, per_expert, alignment)
-    return outputs
-
-
-def _mapping_eager(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int) -> Mapping:
-    """The direct path: the seven outputs and the block-count table are views of one int32 buffer.
-
-    Host cost is what this op is made of (its kernel runs a few microseconds), so it takes one
-    torch.empty, one split_with_sizes and two reshapes, then one launch; the kernel itself
-    writes the -1 of pos_to_*. Each view starts on an ALIGNMENT boundary (the launcher checks
-    it): the split interleaves gap pieces of -size % _STEP elements (usually 0) after every
-    view but the last, so no view needs trimming. The outputs keep the buffer alive, which
-    costs the block-count table's E ints per SM.
-    """
-    launch = _launcher_of(num_experts)
-    topk_idx = topk_idx if topk_idx.is_contiguous() else topk_idx.contiguous()
-    num_tokens, num_topk = topk_idx.shape
-    entries = num_tokens * num_topk
-    blocks = num_blocks(entries, topk_idx.get_device())
-    n, n_gap, e_gap = num_expanded_tokens, -num_expanded_tokens % _STEP, -num_experts % _STEP
-    sizes = (n, n_gap, n, n_gap, n, n_gap, entries, -entries % _STEP, num_experts, e_gap, num_experts, e_gap,
-             num_experts, e_gap, blocks * num_experts)
-    buffer = torch.empty((sum(sizes),), dtype=torch.int32, device=topk_idx.device)
-    (pos_to_expert, _, pos_to_token, _, pos_to_token_topk, _, token_topk_to_pos, _, expert_start, _, expert_end, _,
-     per_expert, _, block_counts) = buffer.split_with_sizes(sizes)
-    token_topk_to_pos = token_topk_to_pos.view(num_tokens, num_topk)
-    launch(topk_idx, block_counts.view(blocks, num_experts), token_topk_to_pos, pos_to_expert, pos_to_token,
-           pos_to_token_topk, expert_start, expert_end, per_expert, alignment)
-    return pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, per_expert
-
-
-_mapping_op = custom_op("moe_get_fused_mapping", fake=_outputs)(_mapping)
+def _trimmed(*outputs: torch.Tensor) -> tuple[torch.Tensor | list[int], ...]:
+    """The op's result with the fused buffer trimmed to sum(num_tokens_per_expert): one host sync."""
+    counts = outputs[6].tolist()
+    used = sum(counts)
+    return (outputs[0][:used], outputs[1][:used], outputs[2][:used], *outputs[3:7], counts)
 
 
 def _index_matrix(topk_idx: object) -> torch.Tensor:
@@ -129,14 +75,14 @@ def _index_matrix(topk_idx: object) -> torch.Tensor:
     return topk_idx
 
 
+@op(out=False, name="moe_get_fused_mapping")
 def get_fused_mapping(
     topk_idx: torch.Tensor,
     num_experts: int,
     num_expanded_tokens: int,
     alignment: int,
     force_no_sync: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-           list[int]]:
+) -> Plan:
     """Map the (token, k) slots of a routing to an expert-major fused buffer and back.
 
     Args:
@@ -171,19 +117,19 @@ def get_fused_mapping(
     if num_tokens * num_topk + num_experts * alignment >= _INT32_LIMIT:
         raise ValueError(f"topk_idx: {num_tokens} x {num_topk} entries overflow the kernel's int32 positions")
     sync = num_expanded_tokens == 0 and not force_no_sync
-    compiling = torch.compiler.is_compiling()
-    if sync and compiling:
+    if sync and torch.compiler.is_compiling():
         raise ValueError("num_expanded_tokens: under torch.compile pass the fused buffer size (or "
                          "force_no_sync=True); trimming it needs a host synchronization")
-    size = num_expanded_tokens or upper_bound(num_tokens, num_topk, num_experts, alignment)
-    if size >= _INT32_LIMIT:
-        raise ValueError(f"num_expanded_tokens: {size} positions overflow the kernel's int32 indices "
+    n = num_expanded_tokens or upper_bound(num_tokens, num_topk, num_experts, alignment)
+    if n >= _INT32_LIMIT:
+        raise ValueError(f"num_expanded_tokens: {n} positions overflow the kernel's int32 indices "
                          f"(at most {_INT32_LIMIT - 1})")
-    if compiling:
-        return (*_mapping_op(topk_idx, num_experts, size, alignment), [])
-    mapping = _mapping_eager(topk_idx, num_experts, size, alignment)
-    if not sync:
-        return (*mapping, [])
-    counts = mapping[6].tolist()  # the one host synchronization
-    used = sum(counts)
-    return (mapping[0][:used], mapping[1][:used], mapping[2][:used], *mapping[3:], counts)
+    kernel = _kernel.variant(num_experts)  # VariantNotFoundError for an unbuilt E, before anything is allocated
+    topk_idx = topk_idx if topk_idx.is_contiguous() else topk_idx.contiguous()
+    # The kernel's grid is the block-count table's rows: out(7), a scratch output the result leaves out.
+    blocks = num_blocks(num_tokens * num_topk, topk_idx.get_device())
+    positions, experts = empty(torch.int32, n), empty(torch.int32, num_experts)
+    return launch(kernel, topk_idx, out(7), out(3), out(0), out(1), out(2), out(4), out(5), out(6), alignment,
+                  outputs=(positions, positions, positions, empty(torch.int32, size(topk_idx, 0), size(topk_idx, 1)),
+                           experts, experts, experts, empty(torch.int32, blocks, num_experts)),
+                  then=_trimmed if sync else _mapping)

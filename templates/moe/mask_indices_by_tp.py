@@ -13,7 +13,8 @@ import operator
 import torch
 
 from .._args import matrix, positive_int
-from .._runtime import custom_op, dtype_name, get_kernel
+from .._op import Plan, empty, launch, op, out, size
+from .._runtime import dtype_name, get_kernel
 
 __all__ = ["mask_indices_by_tp"]
 
@@ -21,22 +22,10 @@ _kernel = get_kernel("mask_indices_by_tp")
 _INT32_MAX = 2**31 - 1
 
 
-def _outputs(indices: torch.Tensor, per_gpu: int, per_dp: int, num_tp_ranks: int, tp_rank: int) -> torch.Tensor:
-    return torch.empty_like(indices, memory_format=torch.contiguous_format)
-
-
-def _launch(indices: torch.Tensor, per_gpu: int, per_dp: int, num_tp_ranks: int, tp_rank: int) -> torch.Tensor:
-    launch = _kernel.select(num_topk=int(indices.shape[1]), dtype=dtype_name(indices.dtype))
-    masked = _outputs(indices, per_gpu, per_dp, num_tp_ranks, tp_rank)
-    launch(indices, masked, per_gpu, per_dp, num_tp_ranks, tp_rank)
-    return masked
-
-
-_mask_op = custom_op("mask_indices_by_tp", fake=_outputs)(_launch)
-
-
+# No out= (TileKernels' signature): no dispatch() entry (that would be inputs={"indices": (1,)}).
+@op(outputs=("masked_indices",), out=False)
 def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank: int,
-                       num_tp_ranks: int) -> torch.Tensor:
+                       num_tp_ranks: int) -> Plan:
     """Mask expert ids to those of TP rank ``tp_rank``, remapped to the rank's local range.
 
     Args:
@@ -64,6 +53,6 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
     per_dp = per_gpu * num_tp_ranks
     if per_dp > _INT32_MAX:
         raise ValueError(f"n: n // num_ep_ranks * num_tp_ranks must fit in int32, got {per_dp}")
-    if torch.compiler.is_compiling():
-        return _mask_op(indices, per_gpu, per_dp, num_tp_ranks, rank)
-    return _launch(indices, per_gpu, per_dp, num_tp_ranks, rank)
+    num_topk = operator.index(indices.shape[1])  # an int, also while torch.compile traces dynamic shapes
+    return launch(_kernel.variant(num_topk, dtype_name(indices.dtype)), indices, out(0), per_gpu, per_dp,
+                  num_tp_ranks, rank, outputs=(empty(indices.dtype, size(indices, 0), num_topk),))

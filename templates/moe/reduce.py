@@ -16,157 +16,24 @@ The weighted expand is computed in torch from expand_to_fused and pos_to_token_t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .._args import matrix, not_built, one_of, out_tensors
-from .._runtime import (
-    custom_op,
-    dispatch,
-    dtype_name,
-    fast_path,
-    from_input,
-    from_out,
-    get_kernel,
-    output,
-    remember,
-    same_size,
-    size_is,
-    size_of,
-)
-from ..errors import KernelArgumentError
+from .._args import matrix, not_built, one_of
+from .._op import Plan, Result, empty, launch, op, out, result, same_size, size, size_is
+from .._runtime import dtype_name, get_kernel
 from ._expand import expand_to_fused
 
 __all__ = ["ExpandToFused", "ReduceFused", "expand_to_fused_autograd", "reduce_fused", "reduce_fused_autograd"]
 
 _kernel = get_kernel("moe_reduce")
 HIDDEN_MULTIPLE = 256
-# device index -> float32 tensors of no elements, (0,) and (0, 0), passed for the parameters a
-# variant does not read. They have no memory to write or read, so one pair per device serves
-# every call (no allocation per call; they also live across CUDA graph captures, which never
-# touch them).
-_nothing: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
-            token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None) -> torch.Tensor:
-    return _run(x, x_sf, topk_weights, token_topk_to_pos, fp8_format, sf, None)
-
-
-# Launchers by (x.dtype, hidden, x_sf given, weighted, fp8_format), once a call of that form passed
-# reduce_fused's checks and the launcher: later calls go straight to the launcher, which checks every
-# tensor and overlap as those checks would (dimensions, the weights' and the mapping's shapes
-# against each other, dtypes, strides); only where it refuses do the checks run, to name the
-# argument or to make the mapping and weights contiguous.
-_LAUNCHERS: dict[tuple[object, ...], Callable[..., None]] = {}
-# reduce_fused(x or (x, x_sf), topk_weights, token_topk_to_pos, fp8_format, sf, out) in one C call
-# (_runtime.dispatch), called as dispatch(_FAST, x, x_sf, topk_weights, token_topk_to_pos, sf, out,
-# fp8_format): keyed by x's dtype and hidden, which of x_sf / topk_weights / sf are given (and their
-# dtypes and ranks) and fp8_format; checked by the launcher's contract and the sizes it leaves free
-# (x_sf's, topk_weights' and sf's: _remember_fast's rules, what _run_fast tests). An allocating call
-# allocates out as _launch does: token_topk_to_pos's rows (input 3), hidden (keyed) wide.
-_FAST = fast_path(inputs=((1,), (), (), (), ()), outputs=1)
-
-
-def _run(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
-         token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None,
-         out: torch.Tensor | None) -> torch.Tensor:
-    """Launch into out, or into a fresh tensor; the launcher checks every tensor (out: also for overlaps)."""
-    out_fp8 = fp8_format == "e4m3"
-    hidden, weighted = int(x.shape[1]), topk_weights is not None
-    # Grid order: hidden, in_dtype, out_dtype, with_weights.
-    launch = _kernel.variant(hidden, dtype_name(x.dtype), "float8_e4m3fn" if out_fp8 else "bfloat16", weighted)
-    out = _launch(launch, x, x_sf, topk_weights, token_topk_to_pos, out_fp8, sf, out)
-    if not torch.compiler.is_compiling():
-        _LAUNCHERS[(x.dtype, hidden, x_sf is not None, weighted, fp8_format)] = launch
-    return out
-
-
-def _launch(launch: Callable[..., None], x: torch.Tensor, x_sf: torch.Tensor | None,
-            topk_weights: torch.Tensor | None, token_topk_to_pos: torch.Tensor, out_fp8: bool,
-            sf: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
-    """launch, with out allocated if None and the shared empty tensor for each parameter not read."""
-    if out is None:
-        out = x.new_empty((token_topk_to_pos.shape[0], x.shape[1]),
-                          dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16)
-    nothing = _nothing.get(x.get_device())
-    if nothing is None:  # also for CPU tensors (-1), which the launcher then refuses by name
-        nothing = _nothing[x.get_device()] = (x.new_empty((0,), dtype=torch.float32),
-                                              x.new_empty((0, 0), dtype=torch.float32))
-    if out_fp8 and sf is None:
-        sf = x.new_ones((1,), dtype=torch.float32)
-    launch(x, nothing[0] if x_sf is None else x_sf, nothing[1] if topk_weights is None else topk_weights,
-           token_topk_to_pos, out, nothing[0] if sf is None else sf)
-    return out
-
-
-def _run_fast(x: object, topk_weights: torch.Tensor | None, token_topk_to_pos: object, fp8_format: object,
-              sf: object, out: object) -> torch.Tensor | None:
-    """The call through a remembered launcher, or None where reduce_fused's checks must run first (a
-    form not seen yet, anything unusual, compiling, or tensors the launcher refused)."""
-    x_sf = None
-    if type(x) is tuple and len(x) == 2:
-        x, x_sf = x
-        if type(x_sf) is not torch.Tensor:
-            return None
-    if type(x) is not torch.Tensor or x.dim() != 2 or type(token_topk_to_pos) is not torch.Tensor \
-            or token_topk_to_pos.dim() != 2 or not (sf is None or type(sf) is torch.Tensor) \
-            or not (out is None or type(out) is torch.Tensor) or type(fp8_format) is not str:
-        return None
-    launch = _LAUNCHERS.get((x.dtype, x.shape[1], x_sf is not None, topk_weights is not None, fp8_format))
-    if launch is None or torch.compiler.is_compiling() or (sf is not None and fp8_format != "e4m3"):
-        return None
-    # x_sf, topk_weights and sf have sizes of their own in the contract (a variant that does not read
-    # one takes an empty tensor), so the launcher cannot tie them to x and the mapping: these are ours.
-    if (x_sf is not None and x_sf.shape != (x.shape[0],)) or (sf is not None and sf.shape != (1,)) \
-            or (topk_weights is not None and topk_weights.shape != token_topk_to_pos.shape):
-        return None
-    try:
-        result = _launch(launch, x, x_sf, topk_weights, token_topk_to_pos, fp8_format == "e4m3", sf, out)
-    except KernelArgumentError:
-        return None  # reduce_fused's checks name what is wrong (or make the mapping contiguous and launch)
-    # dispatch() had not seen it, or declined
-    _remember_fast(launch, result, x, x_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format)
-    return result
-
-
-def _remember_fast(launch: Callable[..., None], result: torch.Tensor, x: torch.Tensor, x_sf: torch.Tensor | None,
-                   topk_weights: torch.Tensor | None, token_topk_to_pos: object, sf: torch.Tensor | None,
-                   out: object, fp8_format: object) -> None:
-    """Let dispatch() take later reduce_fused calls like this one (launched as given, into out or into
-    ``result``, which it allocated) straight to launch.
-
-    The launcher's arguments: x, x_sf, topk_weights, token_topk_to_pos, out, sf, where each optional
-    tensor not given is the device's shared empty one (a constant of the entry: the key holds the
-    device). The rules restate the sizes the contract leaves free, as _run_fast checks them. An
-    allocating call allocates out as it did: one row per token of token_topk_to_pos (input 3).
-    """
-    if fp8_format == "e4m3" and sf is None:
-        return  # _launch allocates the scale 1 on each call: no constant of the entry stands in for it
-    nothing = _nothing[x.get_device()]
-    rules = []
-    if x_sf is not None:
-        rules.append(same_size(1, 0, 0, 0))  # x_sf: one scale per row of x
-    if topk_weights is not None:
-        rules += (same_size(2, 0, 3, 0), same_size(2, 1, 3, 1))  # topk_weights: token_topk_to_pos's shape
-    if sf is not None:
-        rules.append(size_is(5, 0, 1))  # sf: one element
-    arguments = (from_input(0), nothing[0] if x_sf is None else from_input(1),
-                 nothing[1] if topk_weights is None else from_input(2), from_input(3), from_out(0),
-                 nothing[0] if sf is None else from_input(4))
-    remember(_FAST, launch, arguments, rules, x, x_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format,
-             outputs=(output(result.dtype, size_of(3, 0), result.shape[1]),))
-
-
-def _fake_reduce(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
-                 token_topk_to_pos: torch.Tensor, fp8_format: str, sf: torch.Tensor | None) -> torch.Tensor:
-    dtype = torch.float8_e4m3fn if fp8_format == "e4m3" else torch.bfloat16
-    return x.new_empty((token_topk_to_pos.shape[0], x.shape[1]), dtype=dtype)
-
-
-_reduce_op = custom_op("moe_reduce_fused", fake=_fake_reduce)(_reduce)
+# device index -> float32 tensors of no elements, for x_sf (0,), topk_weights (0, 0) and sf (0,),
+# passed for the parameters a variant does not read. They have no memory to write or read, so
+# one set per device serves every call (no allocation per call; they also live across CUDA graph
+# captures, which never touch them). Three distinct tensors: dispatch replays inputs by position.
+_nothing: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
 def _vector(name: str, t: object, length: int, what: str) -> torch.Tensor:
@@ -178,6 +45,60 @@ def _vector(name: str, t: object, length: int, what: str) -> torch.Tensor:
     return t
 
 
+# The launch itself, with every launcher tensor an input (the device's placeholders where the call
+# has none) so that dispatch replays it; has_* say which were given (keyed with the options, as
+# x's dtype and hidden are). The rules state the sizes the contract leaves free: x_sf's length
+# that of x's rows, topk_weights' shape that of token_topk_to_pos, sf's length 1.
+@op(outputs=("out",), name="moe_reduce_fused",
+    inputs={"x": (1,), "x_sf": (), "topk_weights": (), "token_topk_to_pos": (), "sf": ()})
+def _reduce(x: torch.Tensor, x_sf: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor,
+            sf: torch.Tensor, fp8_format: str, has_x_sf: bool, has_weights: bool, has_sf: bool) -> Plan:
+    pos = matrix("token_topk_to_pos", token_topk_to_pos, "(num_tokens, num_topk)").contiguous()
+    one_of("fp8_format", fp8_format, ("", "e4m3"))
+    hidden = int(x.shape[1])
+    if hidden % HIDDEN_MULTIPLE:
+        raise ValueError(f"x: hidden ({hidden}) must be a multiple of {HIDDEN_MULTIPLE}")
+    rules = []
+    if has_x_sf:
+        if x.dtype != torch.float8_e4m3fn:
+            raise not_built("x", f"per-row scales with {x.dtype} data (only float8_e4m3fn)", "moe_reduce")
+        x_sf = _vector("x_sf", x_sf, int(x.shape[0]), "(num_expanded_tokens,)")
+        rules.append(same_size("x_sf", x_sf, 0, x, 0))
+    elif x.dtype == torch.float8_e4m3fn:
+        raise ValueError("x: float8_e4m3fn data needs its per-row scales: pass x as (data, x_sf)")
+    if has_sf:
+        if fp8_format != "e4m3":
+            raise ValueError("sf: an output scale needs fp8_format='e4m3'")
+        sf = _vector("sf", sf, 1, "(a scalar in a 1-element tensor)")
+        if sf is x_sf:  # one tensor as both: a replay, which takes inputs by position, could not tell them apart
+            sf = sf.view(1)  # (not the caller's: not remembered)
+        rules.append(size_is("sf", sf, 0, 1))
+    elif fp8_format == "e4m3":
+        sf = x.new_ones((1,), dtype=torch.float32)  # made here: such a call is not remembered
+    if has_weights:
+        topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
+        if tuple(topk_weights.shape) != tuple(pos.shape):
+            raise ValueError(f"topk_weights: expected shape {tuple(pos.shape)} (that of token_topk_to_pos), got "
+                             f"{tuple(topk_weights.shape)}")
+        topk_weights = topk_weights.contiguous()
+        rules += [same_size("topk_weights", topk_weights, d, pos, d) for d in (0, 1)]
+    out_dtype = torch.float8_e4m3fn if fp8_format == "e4m3" else torch.bfloat16
+    # Grid order: hidden, in_dtype, out_dtype, with_weights.
+    kernel = _kernel.variant(hidden, dtype_name(x.dtype), dtype_name(out_dtype), has_weights)
+    return launch(kernel, x, x_sf, topk_weights, pos, out(0), sf, outputs=(empty(out_dtype, size(pos, 0), hidden),),
+                  rules=rules)
+
+
+def _placeholders(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    nothing = _nothing.get(x.get_device())
+    if nothing is None:  # also for CPU tensors (-1), which the launcher then refuses by name
+        nothing = _nothing[x.get_device()] = (x.new_empty((0,), dtype=torch.float32),
+                                              x.new_empty((0, 0), dtype=torch.float32),
+                                              x.new_empty((0,), dtype=torch.float32))
+    return nothing
+
+
+@op(outputs=("out",))
 def reduce_fused(
     x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     topk_weights: torch.Tensor | None,
@@ -185,7 +106,7 @@ def reduce_fused(
     fp8_format: str = "",
     sf: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
+) -> Result:
     """Sum the fused rows of each token, weighted: out[t] = sum_k w[t, k] * x[token_topk_to_pos[t, k]].
 
     Args:
@@ -202,53 +123,16 @@ def reduce_fused(
     Returns:
         (num_tokens, hidden) bf16, or float8_e4m3fn for fp8_format='e4m3'.
     """
-    if not torch.compiler.is_compiling():  # a signature seen before: one C call
-        data, data_sf = x if type(x) in (tuple, list) and len(x) == 2 else (x, None)
-        done = dispatch(_FAST, data, data_sf, topk_weights, token_topk_to_pos, sf, out, fp8_format)
-        if done is not None:
-            return done  # type: ignore[no-any-return]
-    if type(topk_weights) is torch.Tensor or topk_weights is None:
-        result = _run_fast(x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
-        if result is not None:
-            return result
     x_sf = None
     if isinstance(x, tuple | list):
         if len(x) != 2:
             raise TypeError(f"x: expected a tensor or a (data, x_sf) pair, got a sequence of {len(x)}")
         x, x_sf = x
     x = matrix("x", x, "(num_expanded_tokens, hidden)")
-    pos = matrix("token_topk_to_pos", token_topk_to_pos, "(num_tokens, num_topk)").contiguous()
-    one_of("fp8_format", fp8_format, ("", "e4m3"))
-    hidden = int(x.shape[1])
-    if hidden % HIDDEN_MULTIPLE:
-        raise ValueError(f"x: hidden ({hidden}) must be a multiple of {HIDDEN_MULTIPLE}")
-    if out is not None:
-        (out,) = out_tensors(out, ("out",))
-    if x_sf is not None:
-        if x.dtype != torch.float8_e4m3fn:
-            raise not_built("x", f"per-row scales with {x.dtype} data (only float8_e4m3fn)", "moe_reduce")
-        x_sf = _vector("x_sf", x_sf, int(x.shape[0]), "(num_expanded_tokens,)")
-    elif x.dtype == torch.float8_e4m3fn:
-        raise ValueError("x: float8_e4m3fn data needs its per-row scales: pass x as (data, x_sf)")
-    if sf is not None:
-        if fp8_format != "e4m3":
-            raise ValueError("sf: an output scale needs fp8_format='e4m3'")
-        sf = _vector("sf", sf, 1, "(a scalar in a 1-element tensor)")
-    weights = topk_weights
-    if topk_weights is not None:
-        topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
-        if tuple(topk_weights.shape) != tuple(pos.shape):
-            raise ValueError(f"topk_weights: expected shape {tuple(pos.shape)} (that of token_topk_to_pos), got "
-                             f"{tuple(topk_weights.shape)}")
-        topk_weights = topk_weights.contiguous()
-    if torch.compiler.is_compiling():
-        result = _reduce_op(x, x_sf, topk_weights, pos, fp8_format, sf)
-        return result if out is None else out.copy_(result)
-    result = _run(x, x_sf, topk_weights, pos, fp8_format, sf, out)
-    if pos is token_topk_to_pos and topk_weights is weights:  # the caller's tensors launched
-        _remember_fast(_LAUNCHERS[(x.dtype, hidden, x_sf is not None, weights is not None, fp8_format)], result, x,
-                       x_sf, weights, pos, sf, out, fp8_format)
-    return result
+    no_x_sf, no_weights, no_sf = _placeholders(x)
+    return result(_reduce(x, no_x_sf if x_sf is None else x_sf, no_weights if topk_weights is None else topk_weights,
+                          token_topk_to_pos, no_sf if sf is None else sf, fp8_format, x_sf is not None,
+                          topk_weights is not None, sf is not None, out=out))
 
 
 class ExpandToFused(torch.autograd.Function):

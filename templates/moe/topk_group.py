@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from .._args import positive_int
-from .._runtime import custom_op, get_kernel
+from .._op import Plan, empty, launch, op, out, size
+from .._runtime import get_kernel
 from ..errors import KernelArgumentError
 
 __all__ = ["topk_sum_and_topk_group_idx"]
@@ -19,24 +20,10 @@ __all__ = ["topk_sum_and_topk_group_idx"]
 _kernel = get_kernel("topk_sum_and_topk_group_idx")
 
 
-def _outputs(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
-    """Uninitialised int64 (num_tokens, num_topk_groups); also the fake kernel for torch.compile."""
-    return scores.new_empty((scores.shape[0], num_topk_groups), dtype=torch.int64)
-
-
-def _launch(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
-    num_tokens, num_groups, per_group = scores.shape
-    launch = _kernel.select(num_groups=int(num_groups), experts_per_group=int(per_group),
-                            num_topk_groups=num_topk_groups, num_topk_sum=num_topk_sum)
-    group_idx = _outputs(scores, num_topk_sum, num_topk_groups)
-    launch(scores.view(num_tokens, num_groups * per_group), group_idx)
-    return group_idx
-
-
-_topk_group_op = custom_op("topk_sum_and_topk_group_idx", fake=_outputs)(_launch)
-
-
-def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
+# No out= (TileKernels' signature), so nothing for dispatch() to key: the kernel takes scores as a
+# (num_tokens, num_experts) view, which a remembered call could not replay anyway.
+@op(outputs=("group_idx",), out=False)
+def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> Plan:
     """Ids of the num_topk_groups groups with the largest sum of their num_topk_sum best scores.
 
     Args:
@@ -59,11 +46,12 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
                                   "pass scores.contiguous()")
     n_sum = positive_int("num_topk_sum", num_topk_sum)
     n_groups = positive_int("num_topk_groups", num_topk_groups)
-    _, num_groups, per_group = scores.shape
+    num_groups, per_group = int(scores.shape[1]), int(scores.shape[2])
     if n_sum not in (1, 2) or n_sum > per_group:
         raise ValueError(f"num_topk_sum: expected 1 or 2 and at most experts_per_group ({per_group}), got {n_sum}")
     if n_groups > num_groups:
         raise ValueError(f"num_topk_groups: expected at most num_groups ({num_groups}), got {n_groups}")
-    if torch.compiler.is_compiling():
-        return _topk_group_op(scores, n_sum, n_groups)
-    return _launch(scores, n_sum, n_groups)
+    # Grid order: num_groups, experts_per_group, num_topk_groups, num_topk_sum.
+    launcher = _kernel.variant(num_groups, per_group, n_groups, n_sum)
+    return launch(launcher, scores.flatten(1), out(0),
+                  outputs=(empty(torch.int64, size(scores, 0), n_groups),))

@@ -14,11 +14,14 @@ argument in their errors; this module checks the rest.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 import torch
 
-from .._args import OUT_DTYPES, copied_into, matrix, not_built, out_tensors, output_dtype, positive_int
-from .._runtime import custom_op, dtype_name, get_kernel
+from .._args import matrix, not_built, out_tensors, output_dtype, positive_int
+from .._op import Plan, empty, launch, op, size
+from .._op import out as output  # the cast's plan takes a parameter named out
+from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
 __all__ = ["cast_back_e5m6", "per_token_cast_e5m6"]
@@ -29,69 +32,47 @@ _cast_back_kernel = get_kernel("cast_back_e5m6")
 _GROUP_BYTES = 12  # eight 12-bit codes in three 4-byte words
 
 
-def _align4(n: int) -> int:
-    return (n + 3) // 4 * 4
-
-
-def _allocate(x: torch.Tensor, col_major: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Uninitialised (q, sf, sf_arg): sf is what the op returns, sf_arg the (T,) view the kernel writes.
-
-    col_major: storage float32 (1, align(T, 4)); sf = storage.T[:T], strides (1, align(T, 4)),
-    as TileKernels allocates it. The padding tokens T .. align(T, 4) - 1 are never written.
-    """
+def _column_major(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (q, sf) with sf column-major: storage float32 (1, align(T, 4)), sf strides (1, align(T, 4)),
+    as TileKernels allocates it. The padding tokens T .. align(T, 4) - 1 are never written."""
     num_tokens, hidden = x.shape
+    padded = (num_tokens + 3) // 4 * 4
     q = x.new_empty((num_tokens, hidden // 8 * _GROUP_BYTES), dtype=torch.uint8)
-    if not col_major:
-        sf = x.new_empty((num_tokens, 1), dtype=torch.float32)
-        return q, sf, sf.as_strided((num_tokens,), (1,))
-    padded = _align4(num_tokens)
-    storage = x.new_empty((1, padded), dtype=torch.float32)
     # as_strided spells out the strides; torch reports other ones for size-1 and empty dims.
-    return q, storage.as_strided((num_tokens, 1), (1, padded)), storage.as_strided((num_tokens,), (1,))
+    return q, x.new_empty((1, padded), dtype=torch.float32).as_strided((num_tokens, 1), (1, padded))
 
 
-def _cast_outputs(x: torch.Tensor, round_sf: bool, col_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uninitialised (q, sf) for x; also the fake (meta) kernel that torch.compile traces with."""
-    q, sf, _ = _allocate(x, col_major)
-    return q, sf
+def _words(q: torch.Tensor) -> torch.Tensor:
+    """The kernel's view of q: its int32 words (the kernel stores whole words)."""
+    return q.view(torch.int32)
 
 
-def _cast(x: torch.Tensor, round_sf: bool, col_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it; the launcher checks every tensor and names it in errors."""
-    launch = _cast_kernel.select(in_dtype=dtype_name(x.dtype), hidden=int(x.shape[1]), round_sf=round_sf)
-    q, sf, sf_arg = _allocate(x, col_major)
-    launch(x, q.view(torch.int32), sf_arg)  # the kernel stores whole words
-    return q, sf
+def _tokens(sf: torch.Tensor) -> torch.Tensor:
+    """The kernel's view of sf (T, 1), row- or column-major: token t is element t in both, so (T,) with stride 1."""
+    return sf.as_strided((sf.shape[0],), (1,))
 
 
-def _cast_into(x: torch.Tensor, round_sf: bool, out: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch into the caller's (q, sf) through the views the kernel writes; returns them as given.
+def _check_out(out: object, num_tokens: int) -> None:
+    """The caller's (q, sf), where the kernel's views of them hide what the launcher would check; errors name them.
 
-    The launcher sees q's int32 words and sf's (T,) view: what those views hide (q's dtype and
-    rows of whole words, sf's (T, 1) shape and unit token stride) is checked here, by name.
+    The launcher sees q's int32 words and sf's (T,) view: q's dtype and rows of whole words, sf's
+    (T, 1) shape and unit token stride are checked here.
     """
     q, sf = out_tensors(out, ("q", "sf"))
     if q.dtype != torch.uint8:
         raise KernelArgumentError(f"q: expected uint8 packed E5M6 codes, got {q.dtype}")
     try:
-        words = q.view(torch.int32)
+        q.view(torch.int32)
     except RuntimeError:
         raise KernelArgumentError(f"q: expected rows of whole 4-byte words (unit column stride, a width that is a "
                                   f"multiple of 4), got shape {tuple(q.shape)} and strides {tuple(q.stride())}; "
                                   "pass the q of an earlier call") from None
-    num_tokens = int(x.shape[0])
     if tuple(sf.shape) != (num_tokens, 1) or (num_tokens > 1 and sf.stride(0) != 1):
         raise KernelArgumentError(f"sf: expected shape ({num_tokens}, 1) with token stride 1 (row- or column-major), "
                                   f"got shape {tuple(sf.shape)} and strides {tuple(sf.stride())}")
-    launch = _cast_kernel.select(in_dtype=dtype_name(x.dtype), hidden=int(x.shape[1]), round_sf=round_sf)
-    launch(x, words, sf.as_strided((num_tokens,), (1,)))
-    return q, sf
 
 
-# What torch.compile sees: one opaque op, torch.ops.<package>.per_token_cast_e5m6, with a fixed schema.
-_cast_op = custom_op("per_token_cast_e5m6", fake=_cast_outputs)(_cast)
-
-
+@op(outputs=("q", "sf"))
 def per_token_cast_e5m6(
     x: torch.Tensor,
     num_per_channels: int | None = None,
@@ -100,7 +81,7 @@ def per_token_cast_e5m6(
     use_tma_aligned_col_major_sf: bool = False,
     use_packed_ue8m0: bool = False,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Plan:
     """Cast x (num_tokens, hidden) to packed E5M6 with one scale per token.
 
     Args:
@@ -135,47 +116,23 @@ def per_token_cast_e5m6(
         raise not_built("use_packed_ue8m0", "the packed UE8M0 scale layout for E5M6", "per_token_cast_e5m6")
     if hidden % 8 != 0:
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of 8 (eight codes per three words)")
-
-    if torch.compiler.is_compiling():
-        result = _cast_op(x, bool(round_sf), bool(use_tma_aligned_col_major_sf))
-        return result if out is None else copied_into(out, ("q", "sf"), result)
     if out is not None:
-        return _cast_into(x, bool(round_sf), out)
-    return _cast(x, bool(round_sf), bool(use_tma_aligned_col_major_sf))
+        _check_out(out, x.shape[0])
+    launcher = _cast_kernel.variant(dtype_name(x.dtype), hidden, bool(round_sf))
+    outputs = _column_major if use_tma_aligned_col_major_sf else \
+        (empty(torch.uint8, size(x, 0), hidden // 8 * _GROUP_BYTES), empty(torch.float32, size(x, 0), 1))
+    return launch(launcher, x, output(0, view=_words), output(1, view=_tokens), outputs=outputs)
 
 
-def _back_outputs(q: torch.Tensor, sf: torch.Tensor, out_fmt: str) -> torch.Tensor:
-    """Uninitialised out for (q, sf); also the fake (meta) kernel that torch.compile traces with."""
-    num_tokens, width = q.shape
-    return q.new_empty((num_tokens, width // _GROUP_BYTES * 8), dtype=OUT_DTYPES[out_fmt])
-
-
-def _cast_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str) -> torch.Tensor:
-    """The custom op's body: a launch into a fresh tensor."""
-    return _run_back(q, sf, out_fmt, None)
-
-
-def _run_back(q: torch.Tensor, sf: torch.Tensor, out_fmt: str, out: torch.Tensor | None) -> torch.Tensor:
-    """Pick the variant and launch it into a fresh tensor or out; the launcher checks every tensor
-    (out's too, overlaps included) and names it in errors."""
-    if q.storage_offset() % 4 != 0:  # checked here, on real tensors: torch.compile traces _pair
+def _launch_back(launcher: Callable[..., None], q: torch.Tensor, sf: torch.Tensor, out: torch.Tensor) -> None:
+    """launcher on q's int32 words and sf's (T,) view, on real tensors (torch.compile reads no offsets)."""
+    if q.storage_offset() % 4 != 0:
         raise KernelArgumentError(f"x[0] (q): expected to start on a 4-byte word, got storage offset "
                                   f"{q.storage_offset()}")
-    if out is None:
-        out = _back_outputs(q, sf, out_fmt)
-    # The variant of out_fmt, whatever out's dtype: the launcher then refuses an out of another.
-    launch = _cast_back_kernel.select(out_dtype=dtype_name(OUT_DTYPES[out_fmt]),
-                                      hidden=int(q.shape[1]) // _GROUP_BYTES * 8)
-    # One scale per token: element t of sf (strides (1, any)) is token t's in either layout.
-    sf_arg = sf.as_strided((sf.shape[0],), (1,))
-    if sf_arg.data_ptr() % 32 != 0:  # a token slice of a pair: copy the scales to an aligned start
-        sf_arg = sf_arg.clone()
-    launch(q.view(torch.int32), sf_arg, out)
-    return out
-
-
-# What torch.compile sees: one opaque op, torch.ops.<package>.cast_back_e5m6, with a fixed schema.
-_cast_back_op = custom_op("cast_back_e5m6", fake=_back_outputs)(_cast_back)
+    sf = _tokens(sf)  # one scale per token: element t of sf (strides (1, any)) is token t's in either layout
+    if sf.data_ptr() % 32 != 0:  # a token slice of a pair: copy the scales to an aligned start
+        sf = sf.clone()
+    launcher(q.view(torch.int32), sf, out)
 
 
 def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,13 +163,12 @@ def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
     return q, sf
 
 
+@op(outputs=("out",))
 def cast_back_e5m6(
     x: tuple[torch.Tensor, torch.Tensor],
     fmt: str | torch.dtype,
     x_block_size: tuple[int, int] | None = None,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+) -> Plan:
     """Dequantize packed E5M6 codes with one scale per token: out = decode(q) * sf.
 
     Args:
@@ -229,10 +185,9 @@ def cast_back_e5m6(
         sf, rounded to nearest even when the output is bf16.
     """
     out_dtype = output_dtype(fmt)
-    out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     q, sf = _pair(x)
+    hidden = int(q.shape[1]) // _GROUP_BYTES * 8
     if x_block_size is not None:
-        hidden = int(q.shape[1]) // _GROUP_BYTES * 8
         try:
             block = (operator.index(x_block_size[0]), operator.index(x_block_size[1]))
         except (TypeError, IndexError):
@@ -241,9 +196,6 @@ def cast_back_e5m6(
         if len(x_block_size) != 2 or block != (1, hidden):
             raise not_built("x_block_size", f"the block size {x_block_size!r} (only (1, {hidden}): one scale per "
                             "token)", "cast_back_e5m6")
-    if out is not None:
-        (out,) = out_tensors(out, ("out",))
-    if torch.compiler.is_compiling():
-        result = _cast_back_op(q, sf, out_fmt)
-        return result if out is None else out.copy_(result)
-    return _run_back(q, sf, out_fmt, out)
+    # The variant of fmt, whatever out's dtype: the launcher then refuses an out of another.
+    launcher = _cast_back_kernel.variant(dtype_name(out_dtype), hidden)
+    return launch(_launch_back, launcher, q, sf, output(0), outputs=(empty(out_dtype, size(q, 0), hidden),))

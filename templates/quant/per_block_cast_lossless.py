@@ -13,8 +13,9 @@ import operator
 
 import torch
 
-from .._args import copied_into, matrix, not_built, one_of, out_tensors
-from .._runtime import custom_op, get_kernel
+from .._args import matrix, not_built, one_of
+from .._op import Plan, empty, launch, op, out, size
+from .._runtime import get_kernel
 
 __all__ = ["per_block_cast_lossless"]
 
@@ -24,31 +25,8 @@ IN_BLOCK = (1, 32)
 OUT_BLOCKS = ((1, 128), (32, 32), (128, 128))
 
 
-def _outputs(x: torch.Tensor, x_sf: torch.Tensor, block_m: int, block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uninitialised (q, sf); also the fake (meta) kernel that torch.compile traces with."""
-    num_tokens, hidden = x.shape[0], 2 * x.shape[1]
-    q = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-    sf = x.new_empty(((num_tokens + block_m - 1) // block_m, hidden // block_k), dtype=torch.float32)
-    return q, sf
-
-
-def _cast(x: torch.Tensor, x_sf: torch.Tensor, block_m: int, block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The custom op's body: a launch into fresh outputs."""
-    return _launch(x, x_sf, block_m, block_k, None)
-
-
-def _launch(x: torch.Tensor, x_sf: torch.Tensor, block_m: int, block_k: int,
-            out: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the variant and launch it into fresh (q, sf), or into out's; the launcher checks every
-    tensor (out's too, overlaps included) and names it in errors."""
-    launch = _kernel.select(hidden=2 * int(x.shape[1]), block_m=block_m, block_k=block_k)
-    q, sf = _outputs(x, x_sf, block_m, block_k) if out is None else out_tensors(out, ("q", "sf"))
-    launch(x, x_sf, q, sf)
-    return q, sf
-
-
-# What torch.compile sees: one opaque op, torch.ops.<package>.per_block_cast_lossless.
-_lossless_op = custom_op("per_block_cast_lossless", fake=_outputs)(_cast)
+def _not_built(argument: str, what: str) -> NotImplementedError:
+    return not_built(argument, what, "per_block_cast_lossless")
 
 
 def _pair_of_ints(name: str, value: object) -> tuple[int, int]:
@@ -61,6 +39,8 @@ def _pair_of_ints(name: str, value: object) -> tuple[int, int]:
         raise TypeError(f"{name}: expected a pair of ints, got {value!r}") from None
 
 
+# x is a (data, sf) pair, which dispatch() does not key: the op keeps its Python path.
+@op(outputs=("q", "sf"))
 def per_block_cast_lossless(
     x: tuple[torch.Tensor, torch.Tensor],
     fmt: str,
@@ -69,9 +49,7 @@ def per_block_cast_lossless(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
-    *,
-    out: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Plan:
     """Re-quantize an FP4 (e2m1) pair to FP8 (e4m3) with larger scale blocks, exactly.
 
     Args:
@@ -114,11 +92,8 @@ def per_block_cast_lossless(
         raise _not_built("use_packed_ue8m0", "the packed UE8M0 scale layout")
     if x_sf.shape[0] != data.shape[0]:
         raise ValueError(f"x_sf: expected {data.shape[0]} rows (one per token of x), got {x_sf.shape[0]}")
-    if torch.compiler.is_compiling():
-        result = _lossless_op(data, x_sf, block_m, block_k)
-        return result if out is None else copied_into(out, ("q", "sf"), result)
-    return _launch(data, x_sf, block_m, block_k, out)
-
-
-def _not_built(argument: str, what: str) -> NotImplementedError:
-    return not_built(argument, what, "per_block_cast_lossless")
+    hidden = 2 * int(data.shape[1])
+    # Grid order: hidden, block_m, block_k; the launcher checks every tensor (out's too, overlaps included).
+    return launch(_kernel.variant(hidden, block_m, block_k), data, x_sf, out(0), out(1),
+                  outputs=(empty(torch.float8_e4m3fn, size(data, 0), hidden),
+                           empty(torch.float32, size(data, 0, plus=block_m - 1, per=block_m), hidden // block_k)))

@@ -11,7 +11,7 @@ signatures of their own: dispatch() allocates their outputs as the op's Python p
 
 from __future__ import annotations
 
-import sys
+import importlib
 
 import pytest
 import torch
@@ -36,16 +36,17 @@ DISPATCHED = (
 
 
 def _counted(op_function: object, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each dispatch() call of op_function's module launched (True) or declined (False)."""
-    module = sys.modules[op_function.__module__]  # type: ignore[attr-defined]
-    real, seen = module.dispatch, []
+    """Whether each dispatch() call of the ops launched (True) or declined (False): every op's public
+    function reads dispatch from the op layer's _PUBLIC namespace."""
+    public = importlib.import_module(f"{tk.__name__}._op")._PUBLIC
+    real, seen = public["dispatch"], []
 
     def counted(*args: object) -> object:
         result = real(*args)
         seen.append(result is not None)
         return result
 
-    monkeypatch.setattr(module, "dispatch", counted)
+    monkeypatch.setitem(public, "dispatch", counted)
     return seen
 
 
@@ -145,7 +146,7 @@ def test_later_allocating_calls_take_dispatch_and_return_what_python_returns(
     """From the second allocating call of a signature on, dispatch() allocates and launches; its outputs
     have the dtype, shape, strides and bytes of the op's Python path, for sizes the first call did not have."""
     op_function = _op_function(name)
-    module = sys.modules[op_function.__module__]  # type: ignore[attr-defined]
+    public = importlib.import_module(f"{tk.__name__}._op")._PUBLIC
     seen = _counted(op_function, monkeypatch)
     first_op, first_inputs = _cases(257)[name]
     first_op(*first_inputs)  # the Python path: remembers the allocating signature
@@ -155,7 +156,7 @@ def test_later_allocating_calls_take_dispatch_and_return_what_python_returns(
         got = _tuple(op(*inputs))
         assert seen == [True], f"{name} at {num_tokens} tokens did not take dispatch()"
         with monkeypatch.context() as python_only:
-            python_only.setattr(module, "dispatch", _declining)
+            python_only.setitem(public, "dispatch", _declining)
             want = _tuple(op(*inputs))
         torch.cuda.synchronize()
         assert len(got) == len(want)

@@ -191,6 +191,6 @@ def test_custom_ops_are_registered() -> None:
     for name in moe.__all__:
         assert getattr(moe, name)  # op modules load (and register their custom ops) on first use
     namespace = getattr(torch.ops, tile_kernels_aot._build_info.PACKAGE)
-    for op in ("topk_gate", "topk_sum_and_topk_group_idx", "top2_sum_gate", "top2_sum_gate_mapped",
+    for op in ("topk_gate", "topk_sum_and_topk_group_idx", "top2_sum_gate",
                "normalize_weight", "mask_indices_by_tp", "inplace_unique_group_indices"):
         assert hasattr(namespace, op), op

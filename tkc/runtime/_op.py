@@ -21,6 +21,8 @@ A plan whose tensors are not the caller's (a ``.contiguous()`` copy, a dequantiz
 whose outputs are allocated by a function still runs: it only is not remembered. Ops whose
 host logic is genuinely special return several plans (launched in order into one set of
 outputs) or a ``then`` epilogue of torch code, which runs eagerly and is traced when compiling.
+Launchers, ``out(i, view=...)`` views and output functions must be module-level functions:
+torch.compile keys a traced plan by them (a closure cannot be a key of the compiled graph).
 """
 
 from __future__ import annotations
@@ -98,19 +100,19 @@ def empty(dtype: torch.dtype, *dims: int | Size) -> Empty:
 class Rule:
     """A condition on a launcher's tensor the contract does not state; the error names the tensor."""
 
-    __slots__ = ("dim", "kind", "name", "other", "other_dim", "tensor", "value")
+    __slots__ = ("dim", "kind", "message", "name", "other", "other_dim", "tensor", "value")
 
     def __init__(self, kind: int, name: str, tensor: Any, dim: int, value: int, other: Any = None,
-                 other_dim: int = 0) -> None:
+                 other_dim: int = 0, message: str | None = None) -> None:
         self.kind, self.name, self.tensor, self.dim, self.value = kind, name, tensor, dim, value
-        self.other, self.other_dim = other, other_dim
+        self.other, self.other_dim, self.message = other, other_dim, message
 
     def resolved(self, outputs: Sequence[torch.Tensor]) -> Rule:
         """The rule over real tensors: an ``out(i)`` it names is the call's i-th output."""
         tensor = self.tensor.of(outputs) if isinstance(self.tensor, Out) else self.tensor
         other = self.other.of(outputs) if isinstance(self.other, Out) else self.other
         return self if tensor is self.tensor and other is self.other else \
-            Rule(self.kind, self.name, tensor, self.dim, self.value, other, self.other_dim)
+            Rule(self.kind, self.name, tensor, self.dim, self.value, other, self.other_dim, self.message)
 
     def holds(self) -> bool:
         t, dim = self.tensor, self.dim
@@ -125,6 +127,8 @@ class Rule:
 
     def error(self) -> KernelArgumentError:
         t, dim, name = self.tensor, self.dim, self.name
+        if self.message is not None:  # the op's own words, given the tensor's shape
+            return KernelArgumentError(f"{name}: {self.message}, got shape {tuple(t.shape)}")
         if self.kind == _MULTIPLE:
             return KernelArgumentError(
                 f"{name}: dimension {dim} (size {t.shape[dim]}) must be a multiple of {self.value}, got shape "
@@ -163,25 +167,27 @@ def _position(arguments: Sequence[Any], tensor: Any) -> int | None:
 _MULTIPLE, _STRIDE, _SIZE_IS, _SAME_SIZE = 1, 2, 3, 4
 
 
-def multiple(name: str, tensor: torch.Tensor | Out, dim: int, value: int) -> Rule:
+# Each rule names its tensor in errors; ``message`` words them as the op would ("expected shape
+# (num_tokens, 8)"), followed by the tensor's shape.
+def multiple(name: str, tensor: torch.Tensor | Out, dim: int, value: int, message: str | None = None) -> Rule:
     """``tensor.shape[dim] % value == 0`` (a tile multiple the kernel trusts)."""
-    return Rule(_MULTIPLE, name, tensor, dim, value)
+    return Rule(_MULTIPLE, name, tensor, dim, value, message=message)
 
 
-def stride_multiple(name: str, tensor: torch.Tensor | Out, dim: int, value: int) -> Rule:
+def stride_multiple(name: str, tensor: torch.Tensor | Out, dim: int, value: int, message: str | None = None) -> Rule:
     """The byte stride of ``dim`` a multiple of ``value`` wherever the tensor steps over it."""
-    return Rule(_STRIDE, name, tensor, dim, value)
+    return Rule(_STRIDE, name, tensor, dim, value, message=message)
 
 
-def size_is(name: str, tensor: torch.Tensor | Out, dim: int, value: int) -> Rule:
+def size_is(name: str, tensor: torch.Tensor | Out, dim: int, value: int, message: str | None = None) -> Rule:
     """``tensor.shape[dim] == value`` (a size the contract leaves free that the kernel relies on)."""
-    return Rule(_SIZE_IS, name, tensor, dim, value)
+    return Rule(_SIZE_IS, name, tensor, dim, value, message=message)
 
 
 def same_size(name: str, tensor: torch.Tensor | Out, dim: int, other: torch.Tensor | Out, other_dim: int,
-              times: int = 1) -> Rule:
+              times: int = 1, message: str | None = None) -> Rule:
     """``tensor.shape[dim] * times == other.shape[other_dim]`` (two sizes the contract does not tie)."""
-    return Rule(_SAME_SIZE, name, tensor, dim, times, other, other_dim)
+    return Rule(_SAME_SIZE, name, tensor, dim, times, other, other_dim, message=message)
 
 
 Alloc = Callable[..., Sequence[torch.Tensor]]
@@ -230,23 +236,34 @@ def result(value: Any) -> Result:
 
 
 def _tensors(plans: Sequence[Plan]) -> list[torch.Tensor]:
-    """The plans' tensor arguments in order, each once (by identity)."""
-    seen: dict[int, torch.Tensor] = {}
+    """The plans' tensor arguments in order, each once (by identity: ``is``, which torch.compile
+    traces, where ``id()`` of a tensor made inside the compiled region is refused)."""
+    seen: list[torch.Tensor] = []
     for plan in plans:
         for a in plan.args:
-            if isinstance(a, torch.Tensor):
-                seen.setdefault(id(a), a)
-    return list(seen.values())
+            if isinstance(a, torch.Tensor) and _index(seen, a) is None:
+                seen.append(a)
+    return seen
 
 
-def _allocate(outputs: Sequence[Empty] | Alloc | None, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def _index(tensors: Sequence[Any], tensor: Any) -> int | None:
+    """The position of ``tensor`` itself (not an equal one) in ``tensors``, or None."""
+    for i, t in enumerate(tensors):
+        if t is tensor:
+            return i
+    return None
+
+
+def _allocate(plans: Sequence[Plan]) -> list[torch.Tensor]:
+    """The outputs of an allocating call, as the first plan says."""
+    outputs = plans[0].outputs
     if outputs is None:
         return []
     if callable(outputs):
-        return list(outputs(*tensors))
-    device = tensors[0].device
-    return [torch.empty(tuple(d if isinstance(d, int) else d.of(d.tensor) for d in o.dims), dtype=o.dtype,
-                        device=device) for o in outputs]
+        return list(outputs(*_tensors(plans)))
+    device = next(a for plan in plans for a in plan.args if isinstance(a, torch.Tensor)).device
+    return [torch.empty([d if isinstance(d, int) else d.of(d.tensor) for d in o.dims], dtype=o.dtype, device=device)
+            for o in outputs]
 
 
 # The compile route: a plan seen while tracing becomes a template (launchers, argument slots,
@@ -269,10 +286,9 @@ def _template_id(key: tuple[Any, ...]) -> int:
 
 def _template(plans: Sequence[Plan], tensors: list[torch.Tensor]) -> int:
     """The template id of ``plans``, whose tensor arguments are ``tensors``; the key holds no tensors."""
-    position = {id(t): i for i, t in enumerate(tensors)}
     launches = []
     for plan in plans:
-        slots = tuple(("t", position[id(a)], None) if isinstance(a, torch.Tensor) else ("o", a.index, a.view)
+        slots = tuple(("t", _index(tensors, a), None) if isinstance(a, torch.Tensor) else ("o", a.index, a.view)
                       if isinstance(a, Out) else ("c", a, None) for a in plan.args)
         launches.append((plan.launcher, slots))
     outputs = plans[0].outputs
@@ -280,12 +296,11 @@ def _template(plans: Sequence[Plan], tensors: list[torch.Tensor]) -> int:
     if outputs is None or callable(outputs):
         recipe = outputs
     else:
-        try:
-            recipe = tuple((o.dtype, tuple(d if isinstance(d, int) else (position[id(d.tensor)], d.dim, d.times,
-                                                                            d.plus, d.per) for d in o.dims))
-                           for o in outputs)
-        except KeyError:
-            raise TypeError("an output's size(...) must read a tensor the launcher takes") from None
+        recipe = tuple((o.dtype, tuple(d if isinstance(d, int) else (_index(tensors, d.tensor), d.dim, d.times,
+                                                                        d.plus, d.per) for d in o.dims))
+                       for o in outputs)
+        if any(d[0] is None for _, dims in recipe for d in dims if not isinstance(d, int)):
+            raise TypeError("an output's size(...) must read a tensor the launcher takes")
     return _template_id((tuple(launches), recipe))
 
 
@@ -371,7 +386,7 @@ class Op:
                     raise rule.error()
         if not plans:  # nothing to launch (the plan checked the call and found no work)
             return None
-        then = plans[-1].then
+        first, then = plans[0], plans[-1].then
         if torch.compiler.is_compiling():
             if given is not None:
                 _check_output_rules(plans, out_tensors(given, self.outputs))
@@ -380,14 +395,14 @@ class Op:
                 targets = out_tensors(given, self.outputs)
                 outputs = [t.copy_(o) for t, o in zip(targets, outputs, strict=True)]
         else:
-            tensors = _tensors(plans)
-            outputs = list(out_tensors(given, self.outputs)) if given is not None else \
-                _allocate(plans[0].outputs, tensors)
-            _check_output_rules(plans, outputs)
+            outputs = list(out_tensors(given, self.outputs)) if given is not None else _allocate(plans)
+            if any(plan.rules for plan in plans):
+                _check_output_rules(plans, outputs)
             for plan in plans:
-                plan.launcher(*(a.of(outputs) if isinstance(a, Out) else a for a in plan.args))
-            if len(plans) == 1 and then is None and self.fast is not None:
-                self._remember(plans[0], args, given, outputs)
+                plan.launcher(*[a.of(outputs) if isinstance(a, Out) else a for a in plan.args])
+            if self.fast is not None and len(plans) == 1 and then is None and \
+                    getattr(first.launcher, "planned", True) is not None:  # None: a launch dispatch cannot take
+                self._remember(first, args, given, outputs)
         if then is not None:
             return then(*outputs)
         if not outputs:
@@ -402,7 +417,9 @@ class Op:
         """Let dispatch() take later calls of this signature straight to the launch."""
         bound = dict(zip(self.signature.parameters, args))
         inputs = [bound[name] for name in self.inputs]
-        position = {id(t): i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)}
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        if any(_index(tensors, t) != i for i, t in enumerate(tensors)):
+            return  # one tensor passed twice: a replay with two tensors would launch only one of them
         arguments: list[object] = []
         for a in plan.args:
             if isinstance(a, Out):
@@ -410,8 +427,9 @@ class Op:
                     return  # dispatch passes tensors through, it takes no views
                 arguments.append(rt.from_out(a.index))
             elif isinstance(a, torch.Tensor):
-                if id(a) in position:
-                    arguments.append(rt.from_input(position[id(a)]))
+                position = _index(inputs, a)
+                if position is not None:
+                    arguments.append(rt.from_input(position))
                 elif any(a is c for c in plan.constants):
                     arguments.append(a)
                 else:
@@ -434,8 +452,8 @@ class Op:
                 for d in o.dims:
                     if isinstance(d, int):
                         dims.append(d)
-                    elif id(d.tensor) in position:
-                        dims.append(rt.size_of(position[id(d.tensor)], d.dim, d.times, d.plus, d.per))
+                    elif (position := _index(inputs, d.tensor)) is not None:
+                        dims.append(rt.size_of(position, d.dim, d.times, d.plus, d.per))
                     else:
                         return
                 recipe.append(rt.output(t.dtype, *dims))
@@ -446,19 +464,25 @@ class Op:
 
 # The public function, spelled with the plan's own parameters so that a call costs one Python
 # frame and, for a signature seen before, one C call (what dataclasses do for __init__: the
-# source is built from the plan's parameter names only).
+# source is built from the plan's parameter names only). Every op's function reads dispatch and
+# is_compiling from _PUBLIC (tests count dispatch hits there); its own values are closed over.
 _FAST_SOURCE = '''\
-def public({parameters}):
-    if not is_compiling():
-        done = dispatch(FAST, {inputs}out, {options})
-        if done is not None:
-            return done
-    return call(({arguments}), out)
+def make(FAST, call, _defaults):
+    def public({parameters}):
+        if not is_compiling():
+            done = dispatch(FAST, {inputs}out, {options})
+            if done is not None:
+                return done
+        return call(({arguments}), out)
+    return public
 '''
 _SOURCE = '''\
-def public({parameters}):
-    return call(({arguments}), {given})
+def make(FAST, call, _defaults):
+    def public({parameters}):
+        return call(({arguments}), {given})
+    return public
 '''
+_PUBLIC: dict[str, Any] = {"dispatch": rt.dispatch, "is_compiling": torch.compiler.is_compiling}
 
 
 def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None = None, name: str | None = None,
@@ -490,14 +514,14 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
             spelled.append("out=None")
         names = [p.name for p in parameters]
         fast = declared.fast is not None and out and bool(declared.inputs)
+        if not fast:
+            declared.fast = None  # nothing calls dispatch for it: remember nothing
         source = (_FAST_SOURCE if fast else _SOURCE).format(
             parameters=", ".join(spelled), inputs="".join(f"{n}, " for n in declared.inputs),
             options=", ".join(n for n in names if n not in declared.inputs and n != "out"),
             arguments="".join(f"{n}, " for n in names), given="out" if out else "None")
-        namespace: dict[str, Any] = {"_defaults": defaults, "dispatch": rt.dispatch, "FAST": declared.fast,
-                                     "is_compiling": torch.compiler.is_compiling, "call": declared.call}
-        exec(compile(source, f"<op {declared.name}>", "exec"), namespace)
-        public = namespace["public"]
+        exec(compile(source, f"<op {declared.name}>", "exec"), _PUBLIC)
+        public = _PUBLIC.pop("make")(declared.fast, declared.call, defaults)
         public.__name__, public.__qualname__, public.__module__ = plan.__name__, plan.__qualname__, plan.__module__
         public.__doc__, public.plan, public.op = plan.__doc__, plan, declared
         shown = list(parameters)

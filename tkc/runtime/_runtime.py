@@ -934,7 +934,13 @@ def launch_op(name: str, run: Callable[..., Any], fake: Callable[..., Any], muta
     if not _library:
         _library.append(torch.library.Library(info.PACKAGE, "FRAGMENT"))
     lib = _library[0]
-    lib.define(f"{name}{_IN_PLACE_SCHEMA if mutates else _LAUNCH_SCHEMA}")
+    try:
+        lib.define(f"{name}{_IN_PLACE_SCHEMA if mutates else _LAUNCH_SCHEMA}")
+    except RuntimeError:
+        # Defined by an earlier import of the package in this process (tests re-import copies of
+        # it): the schema is the same, and the kernels below replace the earlier ones.
+        if not hasattr(getattr(torch.ops, info.PACKAGE), name):
+            raise
     lib.impl(name, run, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{info.PACKAGE}::{name}", fake, lib=lib)
     return getattr(getattr(torch.ops, info.PACKAGE), name).default

@@ -1,9 +1,11 @@
-"""The op modules' per-signature caches (launchers, and per_token_cast's checked options) on CPU.
+"""The ops' calls by signature on the CPU, across op modules.
 
-Each op keeps the launcher it selected for a call signature; these tests alternate signatures
-and check, through the stub's launch log (tests/op_stub.py: each launch records the grid values
-its launcher was selected with), that every call ran the variant of its own signature, and
-that a cached signature still refuses bad tensors and bad option types by name.
+These tests alternate call signatures and check, through the stub's launch log
+(tests/op_stub.py: each launch records the grid values its launcher was selected with), that
+every call ran the variant of its own signature, and that a signature seen before still
+refuses bad tensors and bad option types by name (a replay by dispatch skips the plan, so what
+it must still refuse is in the contract or the plan's rules; tests/test_op_dispatch.py checks
+the recipes, tests/test_op.py the op layer itself).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.op_stub import CheckingKernel, stub_package
+from tests.op_stub import stub_package
 
 
 @pytest.fixture(scope="module")
@@ -120,10 +122,10 @@ def test_cast_is_not_cached_while_compiling(quant: tuple[dict[str, ModuleType], 
     modules, runtime = quant
     cast = modules["per_token_cast"]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    before = dict(cast._VARIANTS)
+    runtime.REMEMBERED.clear()
     cast.per_token_cast(torch.zeros(2, 6144, dtype=torch.bfloat16), "e4m3", 64)
     assert _last(runtime)["hidden"] == 6144
-    assert cast._VARIANTS.keys() == before.keys()
+    assert runtime.REMEMBERED == []  # nothing a traced call could depend on
 
 
 def test_cast_back_runs_the_variant_of_each_signature(quant: tuple[dict[str, ModuleType], Any]) -> None:
@@ -164,23 +166,6 @@ def test_cast_back_cached_signatures_still_check_what_varies(quant: tuple[dict[s
     assert runtime.LAUNCHES == []
     back.per_token_cast_back([q, row], torch.bfloat16, 128)  # a list and a dtype: the full path, same variant
     assert _last(runtime)["out_dtype"] == "bfloat16"
-
-
-def test_cast_back_remembers_only_calls_the_launcher_accepted(quant: tuple[dict[str, ModuleType], Any],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    modules, _ = quant
-    back = modules["per_token_cast_back"]
-    errors = __import__("cache_quant_pkg.errors", fromlist=["KernelArgumentError"])
-    values = ("e4m3", 0, "float32", 6144, "row_major")  # a signature no other test calls
-
-    def refuse(*args: object) -> None:
-        raise errors.KernelArgumentError("out: refused")
-
-    monkeypatch.setitem(back._kernel.variants, values, refuse)
-    q, sf = torch.zeros(2, 6144, dtype=torch.float8_e4m3fn), torch.ones(2, 1)
-    with pytest.raises(errors.KernelArgumentError, match="^out: refused"):
-        back.per_token_cast_back((q, sf), "fp32", 6144)
-    assert not [key for key in back._VARIANTS if key[1] == 6144]
 
 
 def test_moe_launchers_follow_the_signature(moe: tuple[dict[str, ModuleType], Any]) -> None:
@@ -326,62 +311,6 @@ def test_gate_cache_keys_every_scalar_by_value_and_type(moe: tuple[dict[str, Mod
     assert runtime.LAUNCHES == []
 
 
-def test_expand_and_reduce_fall_back_to_their_checks_where_the_launcher_refuses(
-        moe: tuple[dict[str, ModuleType], Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    # A remembered launcher runs first; where it refuses the tensors (the real one checks them all),
-    # the op's checks run as on a first call: they name the argument, or make the mapping contiguous.
-    modules, runtime = moe
-    expand, reduce = modules["expand"], modules["reduce"]
-    errors = __import__("cache_moe_pkg.errors", fromlist=["KernelArgumentError"])
-    x, p2e = torch.zeros(2, 2048, dtype=torch.bfloat16), torch.tensor([0, 1, 1, 0], dtype=torch.int32)
-    pos = torch.tensor([[0, 3], [1, 2]], dtype=torch.int32)
-    fused = expand.expand_to_fused(x, pos, p2e)
-    reduce.reduce_fused(fused, torch.ones(2, 2), pos)
-    refused: list[tuple[object, ...]] = []
-
-    def refuse(*args: object) -> None:
-        refused.append(args)
-        raise errors.KernelArgumentError("token_topk_to_pos: expected strides (2, 1)")
-
-    def refuse_all() -> None:  # the full path remembers the (stub) launcher again after each launch
-        for module in (expand, reduce):
-            for key in list(module._LAUNCHERS):
-                monkeypatch.setitem(module._LAUNCHERS, key, refuse)
-
-    refuse_all()
-    runtime.LAUNCHES.clear()
-    strided = torch.tensor([[0, 9, 3], [1, 9, 2]], dtype=torch.int32)[:, ::2]  # the same mapping, not contiguous
-    expand.expand_to_fused(x, strided, p2e)
-    reduce.reduce_fused(fused, torch.ones(2, 4)[:, ::2], strided)
-    assert len(refused) == 2 and len(runtime.LAUNCHES) == 2  # each refused once, then launched by the full path
-    for _, _, args in runtime.LAUNCHES:
-        assert all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
-    refuse_all()
-    with pytest.raises(ValueError, match=r"^token_topk_to_pos: expected 2 rows"):
-        expand.expand_to_fused(x, pos[:1], p2e)
-    with pytest.raises(ValueError, match=r"^topk_weights: expected shape \(2, 2\)"):
-        reduce.reduce_fused(fused, torch.ones(2, 3), pos)
-    with pytest.raises(ValueError, match=r"^sf: an output scale needs fp8_format='e4m3'"):
-        reduce.reduce_fused(fused, torch.ones(2, 2), pos, sf=torch.ones(1))
-    # The weights' and sf's shapes are the fast path's own to check (sizes the contract leaves free):
-    # those calls never reach the launcher; the mapping's rows are the launcher's.
-    assert len(refused) == 3
-
-
-def test_expand_and_reduce_remember_launchers_only_outside_compile(
-        moe: tuple[dict[str, ModuleType], Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    modules, runtime = moe
-    expand, reduce = modules["expand"], modules["reduce"]
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
-    pos, p2e = torch.tensor([[1, 0]], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
-    before = dict(expand._LAUNCHERS), dict(reduce._LAUNCHERS)
-    fused = expand.expand_to_fused(x, pos, p2e)
-    reduce.reduce_fused((fused.to(torch.float8_e4m3fn), torch.ones(2)), torch.ones(1, 2), pos, fp8_format="e4m3")
-    assert _last(runtime)["out_dtype"] == "float8_e4m3fn"
-    assert before == (expand._LAUNCHERS, reduce._LAUNCHERS)
-
-
 def test_sizes_the_contract_leaves_free_are_checked_on_every_call(moe: tuple[dict[str, ModuleType], Any]) -> None:
     # reduce's x_sf, sf and weights, and top2_sum_gate's output width, are sizes of their own in the
     # kernels' contracts (the stub launcher checks nothing, as the real one checks none of these).
@@ -404,18 +333,6 @@ def test_sizes_the_contract_leaves_free_are_checked_on_every_call(moe: tuple[dic
         with pytest.raises(errors.KernelArgumentError, match=r"^topk_idx: expected shape \(num_tokens, 8\)"):
             gate.top2_sum_gate(*gate_args, out=(torch.empty(3, 4, dtype=torch.int64), torch.empty(3, 4)))
     assert runtime.LAUNCHES == []
-
-
-def test_cast_back_fast_path_stays_out_of_compiled_graphs(quant: tuple[dict[str, ModuleType], Any],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    # Dynamo cannot trace the storage test behind the column-major layouts (a graph break under
-    # fullgraph): while compiling, the fast path returns before it looks at sf.
-    modules, _ = quant
-    back = modules["per_token_cast_back"]
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    monkeypatch.setattr(back, "_scale_argument", lambda sf: pytest.fail("sf was inspected while compiling"))
-    pair = (torch.zeros(4, 2048, dtype=torch.float8_e4m3fn), torch.ones(16, 4).t())
-    assert back._run_cached(pair, "bf16", 128, None) is None
 
 
 # --- the casts' fast paths ------------------------------------------------------------------
@@ -583,7 +500,6 @@ def test_casts_check_the_sizes_the_launcher_cannot_see(casts: tuple[dict[str, Mo
     for _ in range(2):  # the grid has one row of blocks per row of sf: its rows are checked on both paths
         with pytest.raises(errors_of(channel).KernelArgumentError, match=r"^sf: expected 8 rows"):
             channel.swiglu_forward_and_per_channel_cast_and_transpose(_bf16(256, 512), "e4m3", 32, out=(q, sf[:4]))
-        channel._CALLS.clear()
     assert runtime.LAUNCHES == []
 
 
@@ -605,63 +521,14 @@ STRICT_CALLS: list[tuple[str, tuple[str, ...], Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("op", "names", "call"), STRICT_CALLS, ids=[c[0] for c in STRICT_CALLS])
-def test_casts_fall_back_to_the_full_checks_where_the_launcher_refuses(
-        casts: tuple[dict[str, ModuleType], Any], monkeypatch: pytest.MonkeyPatch, op: str, names: tuple[str, ...],
-        call: Any) -> None:
-    # The cached launcher refuses the strided x by name (the stub's CheckingKernel, as the real
-    # launcher's stride check): the full path runs and its launcher refuses it again, by name.
-    modules, _ = casts
-    module = modules[op]
-    kernel = CheckingKernel(module._kernel, names)
-    monkeypatch.setattr(module, "_kernel", kernel)
-    cache = next(name for name in ("_CASTS", "_LAUNCHERS", "_CALLS") if hasattr(module, name))
-    monkeypatch.setattr(module, cache, {})
-    width = 512 if op.startswith("swiglu") else 256
-    call(module, _bf16(128, width))  # cached with a launcher that checks
-    assert getattr(module, cache)
-    strided = _bf16(128, 2 * width)[:, ::2]
-    with pytest.raises(errors_of(module).KernelArgumentError, match=r"^x: expected a contiguous tensor"):
-        call(module, strided)
-    assert kernel.refused == 2  # the cached launcher, then the full path's
-
-
-def test_swiglu_backward_names_a_bad_tensor_through_its_full_checks(casts: tuple[dict[str, ModuleType], Any],
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # The cached launcher refuses x_sf; the full checks name it, or the full path's launcher does.
-    modules, runtime = casts
-    module = modules["swiglu_backward_and_per_token_cast"]
-    names = ("x", "x_sf", "grad_out", "weight", "pos_to_token_topk", "token_topk_to_pos")
-    kernel = CheckingKernel(module._kernel, names)
-    monkeypatch.setattr(module, "_kernel", kernel)
-    monkeypatch.setattr(module, "_CALLS", {})
-    _backward(module)
-    runtime.LAUNCHES.clear()
-    data = torch.zeros(4, 4096, dtype=torch.float8_e4m3fn)
-    args = (_bf16(4, 2048), torch.rand(2, 2), torch.arange(4, dtype=torch.int32),
-            torch.arange(4, dtype=torch.int32).view(2, 2), 128)
-    # 31 scales a row where 32 go (strided, so that the checking stub refuses it as the real launcher would)
-    with pytest.raises(ValueError, match=r"^x_sf: expected shape \(4, 32\)"):
-        module.swiglu_backward_and_per_token_cast((data, torch.ones(4, 62)[:, ::2]), *args)
-    assert kernel.refused == 1 and runtime.LAUNCHES == []  # the cached launcher's refusal, then the checks
-    with pytest.raises(errors_of(module).KernelArgumentError, match=r"^x_sf: expected a contiguous tensor"):
-        module.swiglu_backward_and_per_token_cast((data, torch.ones(4, 64)[:, ::2]), *args)
-    assert kernel.refused == 3  # the cached launcher, then the full path's
-
-
 def test_casts_cache_nothing_while_compiling(casts: tuple[dict[str, ModuleType], Any],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # While torch.compile traces, the ops take the full checks and their torch op (the stub's
+    # launch_op runs the plan itself), and remember nothing a traced call could depend on.
     modules, runtime = casts
-    # While torch.compile traces, the ops take the full checks and the custom op (the stub's
-    # custom_op is the function itself), and store nothing a traced call could depend on.
-    modules, runtime = casts
-    for module in modules.values():
-        for cache in ("_CASTS", "_GIVEN", "_LAUNCHERS", "_CALLS"):
-            if hasattr(module, cache):
-                monkeypatch.setattr(module, cache, {})
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    runtime.REMEMBERED.clear()
     for op, call, expected in FAST_CALLS:
         call(modules[op])
         assert expected.items() <= _last(runtime).items()
-    assert not [cache for module in modules.values() for cache in ("_CASTS", "_GIVEN", "_LAUNCHERS", "_CALLS")
-                if getattr(module, cache, None)]
+    assert runtime.REMEMBERED == []

@@ -13,6 +13,7 @@ import inspect
 import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -296,3 +297,15 @@ def test_errors_surface_while_tracing_too(toy: tuple[ModuleType, ModuleType]) ->
     torch._dynamo.reset()
     with pytest.raises(Exception, match=r"x: dimension 1 \(size 6\) must be a multiple of 4"):
         torch.compile(lambda x: ops.scale_rows(x), fullgraph=True, backend="aot_eager")(torch.randn(2, 6))
+
+
+def test_declaring_ops_imports_no_compiler(toy: tuple[ModuleType, ModuleType]) -> None:
+    # Importing an op module must stay cheap: torch._dynamo alone takes seconds to import.
+    import subprocess
+
+    ops, _ = toy
+    root = Path(ops.__file__).parents[2]
+    script = (f"import sys; sys.path.insert(0, {str(root)!r}); import {PACKAGE}.toy._ops; "
+              "print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr

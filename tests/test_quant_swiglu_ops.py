@@ -359,12 +359,19 @@ def test_forward_remembers_the_position_lengths_as_rules(quant: Any, stub: tuple
     assert [call[0] is args["x"] for _, call in stub[1].DISPATCHED] == [True] * 3  # out= made by the second
 
 
-def test_forward_with_a_placeholder_launches_but_is_not_remembered(quant: Any,
-                                                                   stub: tuple[ModuleType, ModuleType]) -> None:
-    # The stand-in for an absent optional tensor is not the caller's: the op layer replays only
-    # those, so such a call keeps the Python path (it still launches the variant without it).
+def test_forward_with_a_placeholder_is_remembered_with_it_as_a_constant(quant: Any,
+                                                                        stub: tuple[ModuleType, ModuleType]) -> None:
+    # The stand-ins for absent optional tensors are the op's own per-device placeholders, which no
+    # kernel reads: dispatch replays such a call with them as constants (the key holds the device).
+    stub[1].REMEMBERED.clear()
     quant.swiglu_forward_and_per_token_cast(_x(), "e4m3", 128, pos_to_expert=torch.zeros(4, dtype=torch.int32))
-    assert _launches(stub[1])[-1][1]["with_pos_to_expert"] is True and stub[1].REMEMBERED == []
+    assert _launches(stub[1])[-1][1]["with_pos_to_expert"] is True
+    ((_, _, arguments, _, call, _),) = stub[1].REMEMBERED
+    positions, weights = arguments[3], arguments[4]
+    assert call[1] is None and call[2] is None  # no pos_to_token_topk, no topk_weights
+    assert isinstance(positions, torch.Tensor) and isinstance(weights, torch.Tensor)
+    assert (positions.dtype, weights.dtype) == (torch.int32, torch.float32)
+    assert type(arguments[5]).__name__ == "Source"  # the caller's pos_to_expert
 
 
 @pytest.mark.parametrize(("npt", "without_transpose"), [(32, False), (128, True)])

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .._args import matrix, not_built, one_of
-from .._op import Plan, Result, empty, launch, op, out, result, same_size, size, size_is
+from .._op import Plan, empty, launch, op, out, same_size, size, size_is
 from .._runtime import dtype_name, get_kernel
 from ._expand import expand_to_fused
 
@@ -98,7 +98,6 @@ def _placeholders(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return nothing
 
 
-@op(outputs=("out",))
 def reduce_fused(
     x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     topk_weights: torch.Tensor | None,
@@ -106,7 +105,7 @@ def reduce_fused(
     fp8_format: str = "",
     sf: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-) -> Result:
+) -> torch.Tensor:
     """Sum the fused rows of each token, weighted: out[t] = sum_k w[t, k] * x[token_topk_to_pos[t, k]].
 
     Args:
@@ -130,9 +129,11 @@ def reduce_fused(
         x, x_sf = x
     x = matrix("x", x, "(num_expanded_tokens, hidden)")
     no_x_sf, no_weights, no_sf = _placeholders(x)
-    return result(_reduce(x, no_x_sf if x_sf is None else x_sf, no_weights if topk_weights is None else topk_weights,
-                          token_topk_to_pos, no_sf if sf is None else sf, fp8_format, x_sf is not None,
-                          topk_weights is not None, sf is not None, out=out))
+    # _reduce's dispatch takes the placeholders as inputs: one C call for a signature seen before.
+    return _reduce(x, no_x_sf if x_sf is None else x_sf,  # type: ignore[no-any-return]
+                   no_weights if topk_weights is None else topk_weights, token_topk_to_pos,
+                   no_sf if sf is None else sf, fp8_format, x_sf is not None, topk_weights is not None,
+                   sf is not None, out=out)
 
 
 class ExpandToFused(torch.autograd.Function):

@@ -53,5 +53,5 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
         raise ValueError(f"num_topk_groups: expected at most num_groups ({num_groups}), got {n_groups}")
     # Grid order: num_groups, experts_per_group, num_topk_groups, num_topk_sum.
     launcher = _kernel.variant(num_groups, per_group, n_groups, n_sum)
-    return launch(launcher, scores.flatten(1), out(0),
-                  outputs=(empty(torch.int64, size(scores, 0), n_groups),))
+    flat = scores.flatten(1)  # the kernel's (num_tokens, num_experts) view
+    return launch(launcher, flat, out(0), outputs=(empty(torch.int64, size(flat, 0), n_groups),))

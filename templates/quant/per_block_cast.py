@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -45,10 +46,11 @@ def _variant(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bo
 
 def _block_size(block_size: object) -> tuple[int, int]:
     try:
-        block_m, block_k = block_size  # type: ignore[misc]
-        if isinstance(block_m, bool) or isinstance(block_k, bool):
+        pair: tuple[Any, ...] = tuple(block_size)  # type: ignore[arg-type]  # not iterable: TypeError
+        m, k = pair
+        if isinstance(m, bool) or isinstance(k, bool):
             raise TypeError
-        block_m, block_k = operator.index(block_m), operator.index(block_k)
+        block_m, block_k = operator.index(m), operator.index(k)
     except (TypeError, ValueError):
         raise TypeError(f"block_size: expected a pair of ints (block_m, block_k), got {block_size!r}") from None
     if block_m <= 0 or block_k <= 0:

@@ -10,6 +10,7 @@ module checks the non-tensor arguments and the options the build does not cover.
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 
@@ -31,7 +32,8 @@ def _not_built(argument: str, what: str) -> NotImplementedError:
 
 def _pair_of_ints(name: str, value: object) -> tuple[int, int]:
     try:
-        a, b = value  # type: ignore[misc]
+        pair: tuple[Any, ...] = tuple(value)  # type: ignore[arg-type]  # not iterable: TypeError
+        a, b = pair
         if isinstance(a, bool) or isinstance(b, bool):
             raise TypeError
         return operator.index(a), operator.index(b)

@@ -196,7 +196,8 @@ def _cast(x: object, fmt: str, num_per_channels: int, x_block_size: object, col_
     if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
         _check_scales(out_tensors(out, ("q", "sf"))[1], x, npc, sf_layout)
     return launch(launcher, x, output(0), output(1, view=_storage if sf_layout == "col_major" else _ue8m0_bytes),
-                  mode, outputs=_ColumnMajor(fmt, npc, sf_layout), rules=rules, then=then)
+                  mode, outputs=_ColumnMajor(fmt, npc, sf_layout),  # type: ignore[arg-type]  # a callable value
+                  rules=rules, then=then)
 
 
 def _e5m6(x: object, num_per_channels: int, **flags: Any) -> Result:

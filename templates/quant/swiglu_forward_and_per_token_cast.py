@@ -25,8 +25,8 @@ _kernel = get_kernel("swiglu_forward_and_per_token_cast")
 
 # Per device index: the 1-element (int32 positions, fp32 (1, 1) weights) placeholders passed for
 # absent optional tensors, which the variant built without them never reads. Nothing reads or
-# writes them, so one pair per device serves every call: no allocation per call. (A call with a
-# placeholder is not remembered by dispatch: the op layer replays only the caller's tensors.)
+# writes them, so one pair per device serves every call: no allocation per call, and dispatch
+# replays a call with them as constants.
 _placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -130,8 +130,9 @@ def swiglu_forward_and_per_token_cast(
             raise ValueError(f"swiglu_clamp_value: expected a positive float or None, got {swiglu_clamp_value!r}")
 
     launcher = _kernel.variant(hidden, npc, topk_weights is not None, pos_to_expert is not None)
+    placeholders: tuple[torch.Tensor, ...] = ()
     if pos_to_token_topk is None or pos_to_expert is None:
-        positions, weights = _placeholder_pair(x)
+        positions, weights = placeholders = _placeholder_pair(x)
         if pos_to_token_topk is None:
             pos_to_token_topk, topk_weights = positions, weights
         if pos_to_expert is None:
@@ -140,4 +141,4 @@ def swiglu_forward_and_per_token_cast(
                   int(bool(round_sf)),
                   outputs=(empty(torch.float8_e4m3fn, size(x, 0), hidden),
                            empty(torch.float32, size(x, 0), hidden // npc)),
-                  rules=rules)
+                  rules=rules, constants=placeholders)

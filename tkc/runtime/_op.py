@@ -273,7 +273,6 @@ _templates: list[tuple[Any, ...]] = []
 _template_ids: dict[tuple[Any, ...], int] = {}
 
 
-@torch.compiler.assume_constant_result
 def _template_id(key: tuple[Any, ...]) -> int:
     """The id of a template: torch.compile calls this for real while tracing and keeps the int."""
     index = _template_ids.get(key)
@@ -282,6 +281,10 @@ def _template_id(key: tuple[Any, ...]) -> int:
         if index == len(_templates):
             _templates.append(key)
     return index
+
+
+# What torch.compiler.assume_constant_result does, without importing torch._dynamo (seconds) at import.
+_template_id._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _template(plans: Sequence[Plan], tensors: list[torch.Tensor]) -> int:

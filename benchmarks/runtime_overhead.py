@@ -301,7 +301,7 @@ def main() -> None:
              "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['op']} | {r['direct_us']:.2f} | {r['custom_op_us']:.2f} | {r['torch_add_us']:.2f} | "
               f"{r['direct_over_add']:.2f} |" for r in rows]
-    lines += ["", "cold start (median of 9 fresh processes each, taking turns): "
+    lines += ["", f"cold start (median of {args.cold_runs} fresh processes each, taking turns): "
               + ", ".join(f"{k} {v:.1f}" for k, v in cold.items())]
     text = "\n".join(lines)
     (args.out / "runtime_overhead.md").write_text(text + "\n")

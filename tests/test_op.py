@@ -35,7 +35,7 @@ def launch_op(name, run, fake, mutates=False):
     schema = "(Tensor(a!)[] tensors, int template) -> ()" if mutates else "(Tensor[] tensors, int template) -> Tensor[]"
     _LIBRARY.define(name + schema)
     _LIBRARY.impl(name, run, "CompositeExplicitAutograd")
-    torch.library.register_fake("{PACKAGE}::" + name, fake, lib=_LIBRARY)
+    _LIBRARY.impl(name, fake, "Meta")
     return getattr(torch.ops.{PACKAGE}, name).default
 '''
 

@@ -56,8 +56,10 @@ def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, lis
     with zipfile.ZipFile(_wheel(summaries, arch)) as wheel:
         names = set(wheel.namelist())
         assert names == set(sorted(names))
-        for required in ("__init__.py", "_runtime.py", "_launch.abi3.so", "_launch.c", "_args.py", "_build_info.py",
-                         "errors.py", "manifest.json", "_kernels/per_token_cast.py", "_kernels/batched_transpose.py", "quant/__init__.py",
+        for required in ("__init__.py", "_runtime.py", "_op.py", "_protocol.py", "_launch.abi3.so", "_launch.c",
+                         "_protocol.h", "_args.py", "_build_info.py", "errors.py", "manifest.json",
+                         "_kernels/per_token_cast.py", "_kernels/per_token_cast.bin", "_kernels/batched_transpose.py",
+                         "_kernels/batched_transpose.bin", "quant/__init__.py",
                          "quant/_per_token_cast.py", "transpose/__init__.py", "transpose/_batched_transpose.py"):
             assert f"tkc_small_kernels/{required}" in names
         # Nothing of the build machine travels: no TileLang sources, no CUDA sources.

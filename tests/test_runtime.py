@@ -12,6 +12,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from tkc import pack
+
 pytestmark = pytest.mark.slow
 
 
@@ -247,18 +249,18 @@ def _run_setup(package: ModuleType, stub_driver: ctypes.CDLL, monkeypatch: pytes
     _bind(native, stub_driver)
     native.set_stream(lambda device: 0x5678 + device)
     monkeypatch.setattr(runtime, "_DRIVER_LIB", [stub_driver])
-    contract = runtime.contract(
+    contract = pack.contract(
         (
             ("x", torch.bfloat16, ("num_tokens", 256), ("x_row_stride", 1)),
-            ("q", torch.float8_e4m3fn, ("num_tokens", 256), runtime.ROW_MAJOR),
-            ("sf", torch.float32, ("(num_tokens + 127) // 128", 2), runtime.ROW_MAJOR),
+            ("q", torch.float8_e4m3fn, ("num_tokens", 256), pack.ROW_MAJOR),
+            ("sf", torch.float32, ("(num_tokens + 127) // 128", 2), pack.ROW_MAJOR),
         ),
         sizes=(("num_tokens", "x", "shape", 0, 2**31), ("x_row_stride", "x", "stride", 0, 0)),
         written=("q", "sf"), alignment=16, device_type=1,
     )
     function = runtime.Function(runtime.Cubin("none.cubin"), "k", (128, 2, 1), 512, "QQQiqfd",
                                 cooperative=cooperative)
-    plan = runtime.plan(function, arguments=("x", "q", "sf", "mode", "eps"), tensors=("x", "q", "sf"),
+    plan = pack.plan(function, arguments=("x", "q", "sf", "mode", "eps"), tensors=("x", "q", "sf"),
                         sizes=("num_tokens", "x_row_stride"), grid=("max((num_tokens + 3) // 4, 1)", "3", "1"),
                         values=("q_ptr", "sf_ptr", "x_ptr", "int(mode)", "x_row_stride", "float(eps)",
                                 "float(eps)"))
@@ -315,9 +317,9 @@ def test_run_launches_what_the_python_path_launches(package: ModuleType, stub_dr
 @pytest.mark.usefixtures("tensor_reader")
 def test_run_launches_nothing_for_an_empty_grid(package: ModuleType, stub_driver: ctypes.CDLL,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime, native, contract, function, _ = _run_setup(package, stub_driver, monkeypatch)
+    _, native, contract, function, _ = _run_setup(package, stub_driver, monkeypatch)
     function.handles[0] = 0x1234
-    plan = runtime.plan(function, arguments=("x", "q", "sf", "mode", "eps"), tensors=("x", "q", "sf"),
+    plan = pack.plan(function, arguments=("x", "q", "sf", "mode", "eps"), tensors=("x", "q", "sf"),
                         sizes=("num_tokens", "x_row_stride"), grid=("(num_tokens + 3) // 4", "3", "1"),
                         values=("q_ptr", "sf_ptr", "x_ptr", "int(mode)", "x_row_stride", "float(eps)",
                                 "float(eps)"))
@@ -379,7 +381,7 @@ def test_plan_leaves_what_run_cannot_take_to_python(package: ModuleType) -> None
     cubin = runtime.Cubin("none.cubin")
 
     def plan(kinds: str, values: tuple[str, ...], grid: tuple[str, ...] = ("n", "1", "1"), **extra: object) -> object:
-        return runtime.plan(runtime.Function(cubin, "k", (32, 1, 1), 0, kinds, **extra), arguments=("x", "n_arg"),
+        return pack.plan(runtime.Function(cubin, "k", (32, 1, 1), 0, kinds, **extra), arguments=("x", "n_arg"),
                             tensors=("x",), sizes=("n",), grid=grid, values=values)
 
     assert plan("Qi", ("x_ptr", "n")) is not None
@@ -399,11 +401,11 @@ def test_grids_beyond_cudas_limits_are_refused_by_name(package: ModuleType, stub
     where the driver would only say CUDA_ERROR_INVALID_VALUE. run() leaves it to that error."""
     runtime, native, _, _, _ = _run_setup(package, stub_driver, monkeypatch)
     errors = importlib.import_module("tkc_small_kernels.errors")
-    contract = runtime.contract((("x", torch.int8, ("n",), runtime.ROW_MAJOR),), sizes=(("n", "x", "shape", 0, 0),),
+    contract = pack.contract((("x", torch.int8, ("n",), pack.ROW_MAJOR),), sizes=(("n", "x", "shape", 0, 0),),
                                 alignment=1, device_type=1)
     function = runtime.Function(runtime.Cubin("none.cubin"), "k", (32, 1, 1), 0, "Q")
     function.handles[0] = 0x1234
-    plan = runtime.plan(function, arguments=("x",), tensors=("x",), sizes=("n",), grid=("1", "n", "1"),
+    plan = pack.plan(function, arguments=("x",), tensors=("x",), sizes=("n",), grid=("1", "n", "1"),
                         values=("x_ptr",))
     _reset(stub_driver, params=1)
     assert native.run(contract, plan, function.handles, torch.empty(65535, dtype=torch.int8)) is True
@@ -575,12 +577,12 @@ def test_dispatch_rules_restate_the_ops_checks(package: ModuleType, stub_driver:
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Sizes the contract leaves free: each rule launches where it holds and declines where it does not."""
     runtime, _, _, _, _ = _run_setup(package, stub_driver, monkeypatch)
-    contract = runtime.contract((("x", torch.float32, ("n", 4), runtime.ROW_MAJOR), ("y", torch.int32, ("m",), None)),
+    contract = pack.contract((("x", torch.float32, ("n", 4), pack.ROW_MAJOR), ("y", torch.int32, ("m",), None)),
                                 sizes=(("n", "x", "shape", 0, 0), ("m", "y", "shape", 0, 0)), alignment=4,
                                 device_type=1)
     function = runtime.Function(runtime.Cubin("none.cubin"), "k", (32, 1, 1), 0, "QQ")
     function.handles[0] = 0x1234
-    plan = runtime.plan(function, arguments=("x", "y"), tensors=("x", "y"), sizes=("n", "m"),
+    plan = pack.plan(function, arguments=("x", "y"), tensors=("x", "y"), sizes=("n", "m"),
                         grid=("n", "1", "1"), values=("x_ptr", "y_ptr"))
 
     def launcher(*args: object) -> None:

@@ -15,6 +15,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from tkc import pack
+
 pytestmark = pytest.mark.slow
 
 KDL_CPU = 1
@@ -32,11 +34,11 @@ def runtime(small_package: ModuleType, tensor_reader: str) -> ModuleType:
 def token_contract(rt: ModuleType, limit: int = 2**31) -> bytes:
     """per_token_cast's shape: strided rows in, a row-major output, one scale per 128 channels,
     and a scale table whose rows are an expression of the tokens (per_block_cast's 128-row blocks)."""
-    return rt.contract(
+    return pack.contract(
         (
             ("x", torch.bfloat16, ("num_tokens", 2048), ("x_row_stride", 1)),
-            ("q", torch.float8_e4m3fn, ("num_tokens", 2048), rt.ROW_MAJOR),
-            ("sf", torch.float32, ("(num_tokens + 127) // 128", 16), rt.ROW_MAJOR),
+            ("q", torch.float8_e4m3fn, ("num_tokens", 2048), pack.ROW_MAJOR),
+            ("sf", torch.float32, ("(num_tokens + 127) // 128", 16), pack.ROW_MAJOR),
         ),
         sizes=(("num_tokens", "x", "shape", 0, limit), ("x_row_stride", "x", "stride", 0, limit)),
         written=("q", "sf"),
@@ -99,7 +101,7 @@ def test_check_declines_what_the_python_checks_refuse(runtime: ModuleType, case:
     elif case == "sizes over the limit":
         contract = token_contract(runtime, limit=300)  # num_tokens must be < limit
     elif case == "CUDA contract":  # what the generated launchers hold: CPU tensors go to the Python checks
-        contract = runtime.contract([(name, t.dtype, tuple(t.shape), None) for name, t in zip("xqs", (x, q, sf))])
+        contract = pack.contract([(name, t.dtype, tuple(t.shape), None) for name, t in zip("xqs", (x, q, sf))])
     assert runtime.check(contract, *args) is None
 
 
@@ -138,8 +140,8 @@ def test_check_declines_contracts_it_cannot_read(runtime: ModuleType) -> None:
 def _assert_expression(runtime: ModuleType, a: int, b: int, text: str, value: int) -> None:
     """check() takes a tensor of length ``text`` (an expression of sizes a and b) where it is ``value`` long,
     and declines one element more."""
-    contract = runtime.contract(
-        (("s", torch.int8, ("a", "b"), runtime.ROW_MAJOR), ("t", torch.int8, (text,), None)),
+    contract = pack.contract(
+        (("s", torch.int8, ("a", "b"), pack.ROW_MAJOR), ("t", torch.int8, (text,), None)),
         sizes=(("a", "s", "shape", 0, 0), ("b", "s", "shape", 1, 0)), alignment=1, device_type=KDL_CPU)
     s = torch.empty(a, b, dtype=torch.int8)
     assert runtime.check(contract, s, torch.empty(value, dtype=torch.int8)) is not None, text
@@ -160,9 +162,9 @@ def test_expressions_follow_python_arithmetic(runtime: ModuleType) -> None:
 
 def test_expressions_outside_the_grammar_are_refused(runtime: ModuleType) -> None:
     with pytest.raises(ValueError, match="not a sum, product, floor quotient, max or min"):
-        runtime.contract((("t", torch.int8, ("n ** 2",), None),), sizes=(("n", "t", "shape", 0, 0),))
+        pack.contract((("t", torch.int8, ("n ** 2",), None),), sizes=(("n", "t", "shape", 0, 0),))
     with pytest.raises(ValueError, match="not a sum, product, floor quotient, max or min"):
-        runtime.contract((("t", torch.int8, ("m",), None),), sizes=(("n", "t", "shape", 0, 0),))
+        pack.contract((("t", torch.int8, ("m",), None),), sizes=(("n", "t", "shape", 0, 0),))
 
 
 def _python_accepts(t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], strides: str | tuple[int, ...],
@@ -195,7 +197,7 @@ def test_check_agrees_with_the_python_checks_on_random_views(runtime: ModuleType
         want_dtype = dtype if rng.random() < 0.9 else rng.choice(dtypes)
         layout = rng.choice(("row_major", (cols, 1), (base.stride(0), 1), (1, rows)))
         alignment = rng.choice((1, 16))
-        contract = runtime.contract(
+        contract = pack.contract(
             (("t", want_dtype, ("rows", cols), layout if layout == "row_major" else tuple(layout)),),
             sizes=(("rows", "t", "shape", 0, 0),), alignment=alignment, device_type=KDL_CPU)
         got = runtime.check(contract, view)
@@ -245,7 +247,7 @@ def test_check_declines_a_written_tensor_that_overlaps_another(runtime: ModuleTy
     assert runtime.check(contract, x_in_base, q, after_x) is not None
     x0, q0, sf0 = token_tensors(tokens=0)
     assert runtime.check(contract, x0, q0, sf0) is not None
-    read_only = runtime.contract((("a", torch.float32, (4,), None), ("b", torch.float32, (4,), None)),
+    read_only = pack.contract((("a", torch.float32, (4,), None), ("b", torch.float32, (4,), None)),
                                  alignment=1, device_type=KDL_CPU)
     shared = torch.zeros(6)
     assert runtime.check(read_only, shared[:4], shared[2:]) is not None
@@ -266,7 +268,7 @@ def test_compiled_overlap_check_agrees_with_check_disjoint(runtime: ModuleType) 
             step = rng.choice((1, 2))
             views.append(base[r0: r0 + rows * step: step, c0: c0 + cols])
         a, b = views
-        contract = runtime.contract(
+        contract = pack.contract(
             (("a", torch.float32, tuple(a.shape), None), ("b", torch.float32, tuple(b.shape), None)),
             written=("a",), alignment=1, device_type=KDL_CPU)
         got = runtime.check(contract, a, b)
@@ -289,7 +291,7 @@ def test_expressions_take_max_and_min_of_two(runtime: ModuleType) -> None:
         for text, value in (("max(a, b)", max(a, b)), ("min(a + 1, b) * 2", min(a + 1, b) * 2)):
             _assert_expression(runtime, a, b, text, value)
     with pytest.raises(ValueError, match="max or min"):
-        runtime.contract((("t", torch.int8, ("max(n, 1, 2)",), None),), sizes=(("n", "t", "shape", 0, 0),))
+        pack.contract((("t", torch.int8, ("max(n, 1, 2)",), None),), sizes=(("n", "t", "shape", 0, 0),))
 
 
 def test_both_readers_see_the_same_tensor(runtime: ModuleType, tensor_reader: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tkc import pack
 from tkc.errors import LowerError
 from tkc.lower import Launch, LaunchContract, ScalarParam, TensorParam, TmaDescriptor
 
@@ -41,10 +42,13 @@ class LauncherSource:
     cubin: str
     key: str
     functions: tuple[tuple[str, str], ...]  # (variable, Function(...) expression) per launch, host order
-    # (variable, source) of the contract(...) of the compiled check and the plan(...) of run()
-    contract: tuple[tuple[str, str], ...] = ()
+    # (variable, packed words) of the compiled check's contract and run()'s plan: entries of the
+    # kernel module's table (_kernels/<kernel>.bin), not Python source
+    contract: tuple[tuple[str, bytes | None], ...] = ()
     # what dispatch() launches with for the ops: (contract, plan, handles) variables; "" without a plan
     planned: str = ""
+    # (variable, index) of each contract entry in the kernel module's table (set by tkc.package)
+    table: tuple[tuple[str, int], ...] = ()
 
 
 def torch_dtype(name: str) -> str:
@@ -180,43 +184,22 @@ def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
     ]
 
 
-def _quoted(items: tuple[int | str, ...]) -> str:
-    return _shape_tuple([str(d) if isinstance(d, int) else f'"{d}"' for d in items])
-
-
-def _contract_source(contract: LaunchContract, alignment: int) -> str:
-    """The ``contract(...)`` call that packs the variant's tensor checks for ``_launch.check``.
+def _contract_words(contract: LaunchContract, alignment: int) -> bytes | None:
+    """The variant's tensor checks packed for ``_launch.check`` (tkc/pack.py).
 
     The same facts as the fast Python check, as data: per tensor its dtype, shape and strides
-    (integers or expressions of the sizes, or ROW_MAJOR where ``is_contiguous()`` tests them),
+    (integers or expressions of the sizes, or row-major where ``is_contiguous()`` tests them),
     and per runtime size where it is read and the range of its kernel parameter.
     """
     ctypes_of = _size_ctypes(contract)
-    lines = ["contract(", "    (", ]
+    tensors = []
     for p in contract.params:
-        if not isinstance(p, TensorParam):
-            continue
-        if not p.strides:
-            strides = "None"
-        elif _contiguous(p.shape, p.strides):
-            strides = "ROW_MAJOR"
-        else:
-            strides = _quoted(p.strides)
-        lines.append(f'        ("{p.name}", {torch_dtype(p.dtype)}, {_quoted(p.shape)}, {strides}),')
-    lines.append("    ),")
-    if contract.sizes:
-        lines.append("    sizes=(")
-        for size in contract.sizes:
-            limit = _INT_LIMITS.get(ctypes_of.get(size.name, ""), 0)
-            lines.append(f'        ("{size.name}", "{size.tensor}", "{size.kind}", {size.dim}, '
-                         f'{f"2**{limit.bit_length() - 1}" if limit else 0}),')
-        lines.append("    ),")
+        if isinstance(p, TensorParam):
+            strides = None if not p.strides else pack.ROW_MAJOR if _contiguous(p.shape, p.strides) else p.strides
+            tensors.append((p.name, p.dtype, p.shape, strides))
+    sizes = [(s.name, s.tensor, s.kind, s.dim, _INT_LIMITS.get(ctypes_of.get(s.name, ""), 0)) for s in contract.sizes]
     written = [p.name for p in contract.params if isinstance(p, TensorParam) and p.written]
-    if written:
-        lines.append(f"    written={_quoted(tuple(written))},")
-    lines.append(f"    alignment={alignment},")
-    lines.append(")")
-    return "\n".join(lines)
+    return pack.contract(tensors, sizes=sizes, written=written, alignment=alignment)
 
 
 def _checked_lines(contract: LaunchContract, contract_var: str, fast: list[str]) -> list[str]:
@@ -288,10 +271,15 @@ def _launch_values(launch: Launch) -> list[str]:
     return values
 
 
+def _kinds(launch: Launch) -> str:
+    """One struct letter per kernel argument, in the cubin's order (see _runtime.Function)."""
+    return "".join("Q" if a.kind == "tensor" else "T" if a.kind == "tma" else _KINDS.get(a.ctype, "?")
+                   for a in launch.args)
+
+
 def _function(launch: Launch, cubin_var: str) -> str:
     """The ``Function(...)`` of one launch: symbol, block, shared memory and argument kinds."""
-    kinds = "".join("Q" if a.kind == "tensor" else "T" if a.kind == "tma" else _KINDS.get(a.ctype, "?")
-                    for a in launch.args)
+    kinds = _kinds(launch)
     extra = ""
     if launch.cooperative:
         extra += ", cooperative=True"  # a grid-wide barrier: all blocks must be resident at once
@@ -316,7 +304,7 @@ def _launch_lines(launch: Launch, function_var: str) -> list[str]:
     # hidden in Function.launch: that saves a Python call per launch. Anything but a kernel
     # ready on this device and a successful launch (first call, another device's context,
     # an error) goes to launch_slow, which loads, retries or raises.
-    kinds = "".join("Q" if a.kind == "tensor" else "T" if a.kind == "tma" else _KINDS[a.ctype] for a in launch.args)
+    kinds = _kinds(launch)
     call = "launch_cooperative" if launch.cooperative else "launch"  # a grid-wide barrier: all blocks resident
     return [
         *lines,
@@ -328,23 +316,29 @@ def _launch_lines(launch: Launch, function_var: str) -> list[str]:
     ]
 
 
-def _plan_source(contract: LaunchContract, function_var: str) -> str | None:
-    """The ``plan(...)`` call that packs the launch for ``_launch.run``; None where the launcher has
-    no single plain launch (several kernels, clusters and TMA descriptors take the Python path)."""
+@dataclass(frozen=True, kw_only=True)
+class _Configuration:
+    """A launch's configuration as the loader's Function holds it (what pack.plan reads)."""
+
+    kinds: bytes
+    block: tuple[int, int, int]
+    smem: int
+    cooperative: bool
+    cluster: tuple[int, int, int] | None
+
+
+def _plan_words(contract: LaunchContract) -> bytes | None:
+    """The launch packed for ``_launch.run`` (tkc/pack.py); None where the launcher has no single plain
+    launch (several kernels, clusters and TMA descriptors take the Python path)."""
     tensors = [p.name for p in contract.params if isinstance(p, TensorParam)]
     if len(contract.launches) != 1 or contract.tma or not tensors or contract.launches[0].cluster is not None:
         return None
     launch = contract.launches[0]
-    return "\n".join([
-        "plan(",
-        f"    {function_var},",
-        f"    arguments={_quoted(tuple(p.name for p in contract.params))},",
-        f"    tensors={_quoted(tuple(tensors))},",
-        f"    sizes={_quoted(tuple(s.name for s in contract.sizes))},",
-        f"    grid={_quoted(tuple(launch.grid))},",
-        f"    values={_quoted(tuple(_launch_values(launch)))},",
-        ")",
-    ])
+    configuration = _Configuration(kinds=_kinds(launch).encode(), block=launch.block, smem=launch.dynamic_smem,
+                                   cooperative=launch.cooperative, cluster=launch.cluster)
+    return pack.plan(configuration, arguments=tuple(p.name for p in contract.params), tensors=tuple(tensors),
+                     sizes=tuple(s.name for s in contract.sizes), grid=tuple(launch.grid),
+                     values=tuple(_launch_values(launch)))
 
 
 def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract,
@@ -361,8 +355,8 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
     python_checks = [*_fast_checks(contract, alignment), "if not fast:", *(f"    {line}" for line in slow)]
     contract_var = f"{cubin_var}_CONTRACT"
     body = _checked_lines(contract, contract_var, python_checks)
-    module_vars = [(contract_var, _contract_source(contract, alignment))] if has_tensors else []
-    plan = _plan_source(contract, function_vars[0])
+    module_vars = [(contract_var, _contract_words(contract, alignment))] if has_tensors else []
+    plan = _plan_words(contract)
     planned = ""
     if plan is not None:
         plan_var = f"{cubin_var}_PLAN"

@@ -10,6 +10,7 @@ inputs give byte-identical wheels.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import shutil
@@ -22,14 +23,15 @@ from pathlib import Path
 import jinja2
 
 import tkc
+from tkc import pack
 from tkc.arch import Arch
 from tkc.cibw import cibuildwheel_config
-from tkc.codegen import launcher_source
+from tkc.codegen import LauncherSource, launcher_source
 from tkc.compile import Resources
 from tkc.errors import PackageError
 from tkc.fsutil import sha256_bytes, write_atomic
 from tkc.lower import LaunchContract
-from tkc.native import ABI_TAG, FILENAME, SOURCE, LaunchModule
+from tkc.native import ABI_TAG, FILENAME, HEADER, SOURCE, LaunchModule, protocol_header
 from tkc.spec import KernelSpec, SpecSet, Variant
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
@@ -126,21 +128,27 @@ def _header(what: str, spec: str) -> str:
 
 
 def _kernel_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, arch: Arch,
-                   built: list[BuiltVariant]) -> str:
-    launchers = []
+                   built: list[BuiltVariant]) -> tuple[str, bytes]:
+    """The kernel's launcher module and its table (each variant's packed contract and plan, in order)."""
+    launchers: list[LauncherSource] = []
+    entries: list[bytes | None] = []
     for b in built:
         v = b.variant
         doc = f"{kernel.name} for {arch.target}: {v.describe()}."
-        launchers.append(launcher_source(func=v.id, doc=doc, cubin=f"{v.id}.cubin",
-                                         key=repr(tuple(val for _, val in v.params)), contract=b.contract,
-                                         alignment=arch.alignment))
-    return env.get_template("kernel_module.py.j2").render(
+        source = launcher_source(func=v.id, doc=doc, cubin=f"{v.id}.cubin",
+                                 key=repr(tuple(val for _, val in v.params)), contract=b.contract,
+                                 alignment=arch.alignment)
+        indices = tuple((var, len(entries) + i) for i, (var, _) in enumerate(source.contract))
+        entries += [words for _, words in source.contract]
+        launchers.append(dataclasses.replace(source, table=indices))
+    text = env.get_template("kernel_module.py.j2").render(
         tkc_version=tkc.__version__, package=specs.package.name, version=specs.package.version, arch=arch,
         kernel=kernel, variants=launchers, keys=repr(kernel.grid_keys),
         uses_errors=any("KernelArgumentError" in line for v in launchers for line in v.body),
         uses_cooperative=any("launch_cooperative(" in line for v in launchers for line in v.body),
         uses_run=any(line.startswith("if run(") for v in launchers for line in v.body),
     )
+    return text, pack.pack_table(entries)
 
 
 def _manifest(specs: SpecSet, arch: Arch, built: list[BuiltVariant], toolchain: dict[str, str]) -> str:
@@ -204,20 +212,22 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templat
         assert launch_module is not None and launch_module.data is not None
         files[f"{name}/{FILENAME}"] = launch_module.data
         files[f"{name}/_launch.c"] = SOURCE.read_text()  # shipped for whoever debugs a launch
+        files[f"{name}/{HEADER}"] = protocol_header()
     files[f"{name}/_build_info.py"] = (
         _header("the spec set", ", ".join(specs.files)) + '"""What this build of the package is for."""\n\n'
         f"PACKAGE = {name!r}\nVERSION = {version!r}\nARCH = {arch.name!r}\nTARGET = {arch.target!r}\n"
         f"MAJOR = {arch.major}\nMINOR = {arch.minor}\nGPUS = {arch.gpus!r}\nALIGNMENT = {arch.alignment}\n"
         f"KERNELS = {tuple(k.name for k in kernels)!r}\n"
     )
-    for runtime_file in ("_runtime.py", "_op.py", "_args.py", "errors.py"):
+    for runtime_file in ("_runtime.py", "_op.py", "_protocol.py", "_args.py", "errors.py"):
         files[f"{name}/{runtime_file}"] = (_header(f"tkc/runtime/{runtime_file}", "the tkc runtime")
                                            + (RUNTIME_DIR / runtime_file).read_text())
     files[f"{name}/_kernels/__init__.py"] = '"""Generated launchers, one module per spec kernel."""\n'
     modules: dict[str, list[str]] = {}
     for kernel in kernels:
         mine = [b for b in built if b.variant.kernel == kernel]
-        files[f"{name}/_kernels/{kernel.name}.py"] = _kernel_module(env, specs, kernel, arch, mine)
+        files[f"{name}/_kernels/{kernel.name}.py"], files[f"{name}/_kernels/{kernel.name}.bin"] = \
+            _kernel_module(env, specs, kernel, arch, mine)
         for b in mine:
             files[f"{name}/cubins/{b.variant.id}.cubin"] = b.cubin
         op_path = templates / kernel.op

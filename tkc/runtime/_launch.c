@@ -32,6 +32,7 @@
 #define PY_SSIZE_T_CLEAN
 #define Py_LIMITED_API 0x030A0000
 #include <Python.h>
+#include "_protocol.h" /* the codes shared with the loader: written by tkc from _protocol.py */
 #include <stdint.h>
 #include <string.h>
 
@@ -276,29 +277,12 @@ typedef struct {
     int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_stream);
 } DLPackExchangeAPI;
 
-#define KDL_CUDA 2
 static PyObject *exchange_type;            /* the type the API was read from (torch.Tensor), or NULL */
 static const DLPackExchangeAPI *exchange; /* set by set_exchange(); NULL: _to_dlpack only */
 
-#define CONTRACT_VERSION 3
 #define MAX_TENSORS 32
 #define MAX_SIZES 32
 #define MAX_STACK 16
-/* A tensor's layout in the contract: strides given per dimension, row-major (what
- * Tensor.is_contiguous() tests), or not checked. */
-#define LAYOUT_STRIDES 0
-#define LAYOUT_ROW_MAJOR 1
-#define LAYOUT_ANY 2
-/* Expression tokens, (op, operand) pairs in reverse Polish order. */
-#define OP_CONST 1
-#define OP_SIZE 2
-#define OP_ADD 3
-#define OP_SUB 4
-#define OP_MUL 5
-#define OP_FLOORDIV 6
-#define OP_MOD 7
-#define OP_MAX 8
-#define OP_MIN 9
 
 /* Reads words from the packed contract; every read is bounds-checked, so a malformed contract
  * makes check() decline instead of reading past the buffer. */
@@ -565,11 +549,6 @@ static PyObject *check(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 
 static PyObject *stream_getter; /* torch._C._cuda_getCurrentRawStream, set by set_stream() */
 
-#define PLAN_VERSION 1
-/* Where a kernel argument comes from (plan words: source, index, kind letter). */
-#define FROM_POINTER 0 /* the data pointer of tensor slot index */
-#define FROM_SIZE 1    /* runtime size index, as check() read it */
-#define FROM_ARGUMENT 2 /* the launcher's argument at position index (a scalar: int(...) or float(...)) */
 
 /* Writes an integer run() computed (a pointer or a size) into its slot, within the range of the
  * parameter kind; -1 where it does not fit (the Python path then raises). */
@@ -665,16 +644,6 @@ static int launch_planned(Reader *r, PyObject *const *arguments, Py_ssize_t n_ar
  * contexts or reports the driver's error. */
 /* ---- dispatch(): an op's remembered call signatures, straight to the launch --------------- */
 
-#define FAST_VERSION 1
-/* Where a launcher argument comes from in dispatch() (recipe words: source, index). */
-#define FROM_INPUT 0    /* the op's tensor input at index (the call's leading arguments) */
-#define FROM_OUT 1      /* out's tensor at index (out itself when the op returns one tensor) */
-#define FROM_CONSTANT 2 /* the entry's constants tuple at index (a scalar or a placeholder tensor) */
-/* What an op checks beyond the contract, on every call (recipe words: kind, a, i, b, j, k). */
-#define RULE_SAME_SIZE 1     /* shape[i] of argument a, times k, == shape[j] of argument b */
-#define RULE_SIZE_MULTIPLE 2 /* shape[i] of argument a % b == 0 */
-#define RULE_SIZE_IS 3       /* shape[i] of argument a == b */
-#define RULE_STRIDE_BYTES 4  /* stride[i] of argument a, in bytes, % b == 0 where shape[i] > 1 */
 
 static int64_t item_bytes(const DLTensor *t) { return ((int64_t)t->dtype.bits * t->dtype.lanes + 7) / 8; }
 
@@ -776,13 +745,6 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * 128 and 128.0, 1 and True compare equal in Python while the op's checks refuse the float and
  * the bool, so a hit must never stand in for them. */
 #define KEY_WORDS 512
-#define OPTION_NONE 1
-#define OPTION_FALSE 2
-#define OPTION_TRUE 3
-#define OPTION_INT 4   /* then the value (ints beyond 64 bits are not keyed) */
-#define OPTION_FLOAT 5 /* then the double's bits */
-#define OPTION_STR 6   /* then the UTF-8 length and the bytes, zero-padded to whole words */
-#define OPTION_TUPLE 7 /* then the length and the ints */
 
 typedef struct {
     int64_t words[KEY_WORDS];

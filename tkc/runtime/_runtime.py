@@ -22,11 +22,8 @@ Copied verbatim by tkc into every generated package; it needs only torch and
 from __future__ import annotations
 
 import array
-import ast
 import ctypes
-import functools
 import importlib
-import re
 import struct
 import threading
 from collections.abc import Callable, Sequence
@@ -36,6 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from . import _build_info as info  # type: ignore[attr-defined]  # generated into each package
+from . import _protocol as protocol
 from .errors import (
     ArchMismatchError,
     CudaDriverError,
@@ -418,19 +416,12 @@ launch_cooperative = _launch_cooperative
 # ---- the compiled tensor check ---------------------------------------------------------------
 #
 # A launcher first asks check(CONTRACT, *tensors) (``_launch.check``): one DLTensor read per
-# tensor, compared in C with the variant's contract, which contract() packs once at import into
-# 64-bit words (the layout _launch.c reads; CONTRACT_VERSION there). It returns
-# (device, *data_pointers, *sizes) or None; None only means "not accepted here" (a pure wheel,
-# a dtype this torch cannot export, a wrong argument), and the launcher's Python checks decide.
+# tensor, compared in C with the variant's contract, which tkc packed at build time into 64-bit
+# words (tkc/pack.py, the codes of _protocol.py) and table() reads from the kernel module's table.
+# It returns (device, *data_pointers, *sizes) or None; None only means "not accepted here" (a pure
+# wheel, a dtype this torch exports otherwise, a wrong argument), and the launcher's Python checks
+# decide.
 
-ROW_MAJOR = "row_major"  # a contract layout: the strides Tensor.is_contiguous() accepts
-_CONTRACT_VERSION = 3
-_KDL_CUDA = 2  # DLDeviceType of CUDA memory
-_LAYOUTS = {ROW_MAJOR: 1, None: 2}  # strides given per dimension: 0
-_OPS = {ast.Add: 3, ast.Sub: 4, ast.Mult: 5, ast.FloorDiv: 6, ast.Mod: 7}
-_CALLS = {"max": 8, "min": 9}  # of two arguments
-_OP_CONST, _OP_SIZE = 1, 2
-_dlpack_dtypes: dict[torch.dtype, int | None] = {}
 _to_dlpack = getattr(torch._C, "_to_dlpack", None)
 
 
@@ -466,119 +457,24 @@ if NATIVE_CHECK:
 check: Callable[..., tuple[int, ...] | None] = _native.check if NATIVE_CHECK else _no_check
 
 
-def _dlpack_dtype(dtype: torch.dtype) -> int | None:
-    """How this torch spells ``dtype`` in DLPack (None: it cannot export it)."""
-    if dtype not in _dlpack_dtypes:
-        try:
-            _dlpack_dtypes[dtype] = _native.dlpack_dtype(torch.empty(0, dtype=dtype))  # type: ignore[misc]
-        except Exception:  # e.g. float8 in a torch whose DLPack predates it
-            _dlpack_dtypes[dtype] = None
-    return _dlpack_dtypes[dtype]
+_TABLES = Path(__file__).parent / "_kernels"
 
 
-@functools.cache
-def _expression(text: str, sizes: tuple[str, ...]) -> tuple[int, ...]:
-    """A shape, stride or grid expression (``"((num_tokens + 127) - 127) // 128"``, ``max(a, b)``) in
-    reverse Polish (op, operand) pairs over the size slots; raises ValueError for anything else."""
-    out: list[int] = []
-
-    def emit(node: ast.AST) -> None:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            out.extend((_OP_CONST, node.value))
-        elif isinstance(node, ast.Name) and node.id in sizes:
-            out.extend((_OP_SIZE, sizes.index(node.id)))
-        elif isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            emit(node.left)
-            emit(node.right)
-            out.extend((_OPS[type(node.op)], 0))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS
-              and len(node.args) == 2 and not node.keywords):
-            emit(node.args[0])
-            emit(node.args[1])
-            out.extend((_CALLS[node.func.id], 0))
-        else:
-            raise ValueError(f"{text!r}: not a sum, product, floor quotient, max or min of sizes and integers")
-
-    emit(ast.parse(text, mode="eval").body)
-    return (len(out) // 2, *out)
-
-
-def contract(
-    tensors: Sequence[tuple[str, torch.dtype, Sequence[int | str], Sequence[int | str] | str | None]],
-    sizes: Sequence[tuple[str, str, str, int, int]] = (),
-    written: Sequence[str] = (),
-    alignment: int = 16,
-    device_type: int = _KDL_CUDA,
-) -> bytes | None:
-    """The packed contract check() compares a launcher's tensors with; None where it cannot.
-
-    tensors: (name, dtype, shape, strides) per tensor argument in prim_func order; shape and
-    strides entries are integers or expressions of sizes; strides may be ROW_MAJOR or None (not
-    checked). sizes: (name, tensor, "shape" or "stride", dimension, limit) per runtime size, in
-    the order check() returns them; limit is the bound of the kernel parameter (0: none).
-    written: the tensors the kernel writes; check() declines when one's memory overlaps another
-    tensor's. device_type: the DLPack device the tensors must be on (tests use 1, the CPU).
-    """
-    if not NATIVE_CHECK:
-        return None
-    names = tuple(s[0] for s in sizes)
-    slots = [t[0] for t in tensors]
-    mask = sum(1 << slots.index(name) for name in written)
-    words = [_CONTRACT_VERSION, len(tensors), len(sizes), alignment - 1, device_type, mask]
-    for _, tensor, kind, dim, limit in sizes:
-        words += [slots.index(tensor), 0 if kind == "shape" else 1, dim, limit]
-    for _, dtype, shape, strides in tensors:
-        code = _dlpack_dtype(dtype)
-        if code is None:
-            return None
-        # per dimension (0), or a named layout: a KeyError for one this module does not know
-        layout = _LAYOUTS[strides] if strides is None or isinstance(strides, str) else 0
-        words += [code, len(shape), layout]
-        for item in (*shape, *(strides if layout == 0 else ())):  # type: ignore[misc]
-            words += (1, _OP_CONST, item) if isinstance(item, int) else _expression(item, names)
-    return array.array("q", words).tobytes()
-
-
-_PLAN_VERSION = 1
-_FROM_POINTER, _FROM_SIZE, _FROM_ARGUMENT = 0, 1, 2  # where a kernel argument comes from (_launch.c)
-_POINTER = re.compile(r"(\w+)_ptr")
-_SCALAR = re.compile(r"(?:int|float)\((\w+)\)")
-
-
-def plan(function: Function, arguments: Sequence[str], tensors: Sequence[str], sizes: Sequence[str],
-         grid: Sequence[str], values: Sequence[str]) -> bytes | None:
-    """The launch after a passed check, packed for run() (``_launch.run``); None where run() cannot take it.
-
-    The generated launcher's own fast path, as data: ``arguments`` its parameters, ``tensors``
-    the contract's tensors and ``sizes`` its runtime sizes (both in the contract's order),
-    ``grid`` three expressions of the sizes, ``values`` the kernel arguments in the cubin's
-    order as the launcher spells them (``x_ptr``, a size, ``int(mode)``, ``float(eps)``). A
-    cluster launch, a TMA descriptor or anything else these do not describe gets None, and the
-    launcher's Python path launches it.
-    """
-    if not NATIVE_RUN or function.cluster is not None or len(values) != len(function.kinds):
-        return None
-    words = [_PLAN_VERSION, len(arguments), len(tensors), *(arguments.index(t) for t in tensors),
-             int(function.cooperative), *function.block, function.smem]
-    try:
-        for text in grid:
-            words += _expression(text, tuple(sizes))
-    except ValueError:
-        return None
-    words.append(len(values))
-    for text, kind in zip(values, function.kinds.decode()):
-        pointer, scalar = _POINTER.fullmatch(text), _SCALAR.fullmatch(text)
-        if kind == "T":
-            return None  # a tensor map is encoded in Python (tensor_map's cache)
-        if pointer and pointer[1] in tensors:
-            words += (_FROM_POINTER, tensors.index(pointer[1]), ord(kind))
-        elif text in sizes:
-            words += (_FROM_SIZE, sizes.index(text), ord(kind))
-        elif scalar and scalar[1] in arguments and text.startswith("float") == (kind in "fd"):
-            words += (_FROM_ARGUMENT, arguments.index(scalar[1]), ord(kind))
-        else:
-            return None
-    return array.array("q", words).tobytes()
+def table(kernel: str) -> list[bytes | None]:
+    """The packed contracts and plans of ``kernel``'s variants (``_kernels/<kernel>.bin``), in the
+    order its launcher module takes them: b"TKCT", the count, then per entry its length (-1: none)
+    and its words (tkc/pack.py writes it)."""
+    data = (_TABLES / f"{kernel}.bin").read_bytes()
+    if data[:4] != b"TKCT":
+        raise RuntimeError(f"{_TABLES / kernel}.bin is not a tkc table: reinstall {info.PACKAGE}")
+    (count,), offset = struct.unpack_from("<q", data, 4), 12
+    entries: list[bytes | None] = []
+    for _ in range(count):
+        (length,) = struct.unpack_from("<q", data, offset)
+        offset += 8
+        entries.append(None if length < 0 else data[offset:offset + length])
+        offset += max(length, 0)
+    return entries
 
 
 def _no_run(contract: bytes | None, plan: bytes | None, handles: dict[int, int], *arguments: Any) -> bool:
@@ -730,9 +626,10 @@ run: Callable[..., bool] = _native.run if NATIVE_RUN else _no_run
 # their own signatures: where the op remembered one with its outputs' shapes and dtypes
 # (output(), size_of()), dispatch() allocates them with torch.empty and returns them.
 
-_FAST_VERSION = 1
-_FROM_INPUT, _FROM_OUT, _FROM_CONSTANT = 0, 1, 2  # where a launcher argument comes from (_launch.c)
-_RULE_SAME_SIZE, _RULE_SIZE_MULTIPLE, _RULE_SIZE_IS, _RULE_STRIDE_BYTES = 1, 2, 3, 4
+_FAST_VERSION = protocol.FAST_VERSION
+_FROM_INPUT, _FROM_OUT, _FROM_CONSTANT = protocol.FROM_INPUT, protocol.FROM_OUT, protocol.FROM_CONSTANT
+_RULE_SAME_SIZE, _RULE_SIZE_MULTIPLE = protocol.RULE_SAME_SIZE, protocol.RULE_SIZE_MULTIPLE
+_RULE_SIZE_IS, _RULE_STRIDE_BYTES = protocol.RULE_SIZE_IS, protocol.RULE_STRIDE_BYTES
 
 FastPath = tuple[bytes, dict[bytes, tuple[Any, ...]]]  # (spec, table by call key) as dispatch() takes it
 
@@ -928,8 +825,9 @@ def launch_op(name: str, run: Callable[..., Any], fake: Callable[..., Any], muta
     """The torch op ``<package>::<name>`` an op traces into under ``torch.compile``: ``run`` launches the
     plan ``template`` names over ``tensors``, ``fake`` allocates its outputs (see ``_op``).
 
-    Defined through torch.library's fragment API, which costs a fraction of ``torch.library.custom_op``
-    per op at import. An in-place op (``mutates``) writes its tensors and returns nothing.
+    Defined through torch.library's fragment API, with ``fake`` as the meta kernel: a fraction of what
+    ``torch.library.custom_op`` costs per op at import. An in-place op (``mutates``) writes its tensors
+    and returns nothing.
     """
     if not _library:
         _library.append(torch.library.Library(info.PACKAGE, "FRAGMENT"))
@@ -942,7 +840,8 @@ def launch_op(name: str, run: Callable[..., Any], fake: Callable[..., Any], muta
         if not hasattr(getattr(torch.ops, info.PACKAGE), name):
             raise
     lib.impl(name, run, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{info.PACKAGE}::{name}", fake, lib=lib)
+    # As a meta kernel, which torch.compile's fake tensors run: a fraction of register_fake's import cost.
+    lib.impl(name, fake, "Meta")
     return getattr(getattr(torch.ops, info.PACKAGE), name).default
 
 

@@ -1,0 +1,35 @@
+"""The binary protocol between the loader and its launch module is defined once (runtime/_protocol.py)."""
+
+from __future__ import annotations
+
+import re
+
+from tkc import pack
+from tkc.native import SOURCE, protocol_header
+from tkc.runtime import _protocol
+
+
+def _codes() -> dict[str, int]:
+    return {name: value for name, value in vars(_protocol).items() if name.isupper() and type(value) is int}
+
+
+def test_the_header_defines_every_code_of_the_protocol_module() -> None:
+    defined = dict(re.findall(r"^#define (\w+) (-?\d+)$", protocol_header(), re.MULTILINE))
+    assert {name: int(value) for name, value in defined.items()} == _codes()
+
+
+def test_the_launch_module_defines_no_code_itself_and_uses_the_header() -> None:
+    source = SOURCE.read_text()
+    assert '#include "_protocol.h"' in source
+    own = set(re.findall(r"^#define (\w+)", source, re.MULTILINE))
+    assert not own & set(_codes()), "a protocol code defined twice"
+    unused = [name for name in _codes() if not re.search(rf"\b{name}\b", source)]
+    assert unused == [], f"codes the launch module never reads: {unused}"
+
+
+def test_packed_words_carry_the_protocol_versions() -> None:
+    words = pack.contract((("x", "float32", ("n",), pack.ROW_MAJOR),), sizes=(("n", "x", "shape", 0, 0),))
+    assert words is not None and words[:8] == _protocol.CONTRACT_VERSION.to_bytes(8, "little")
+    assert pack.contract((("x", "complex64", (4,), None),)) is None  # no DLPack code: check() could never accept
+    table = pack.pack_table([words, None, b""])
+    assert pack.unpack_table(table) == [words, None, b""]

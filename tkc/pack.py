@@ -1,0 +1,174 @@
+"""Stage 5, data: each variant's launch contract and launch plan, packed for the launch module.
+
+``lower`` records the contract as a dataclass (expressions of runtime sizes as Python text);
+here it becomes the int64 words ``_launch.c`` reads (the codes of ``runtime/_protocol.py``), at
+build time: the package carries the words as data (``_kernels/<kernel>.bin``, see
+``pack_table``), and the loader reads them without parsing anything.
+
+``contract`` and ``plan`` take the same facts the generated launchers spell out, so tests can
+pack contracts of their own (e.g. for DLPack's CPU device) with the same functions.
+"""
+
+from __future__ import annotations
+
+import array
+import ast
+import functools
+import re
+import struct
+from collections.abc import Sequence
+from typing import Protocol
+
+from tkc.runtime import _protocol as p
+
+ROW_MAJOR = "row_major"  # a contract layout: the strides Tensor.is_contiguous() accepts
+_LAYOUTS = {ROW_MAJOR: p.LAYOUT_ROW_MAJOR, None: p.LAYOUT_ANY}  # strides given per dimension: LAYOUT_STRIDES
+_OPS = {ast.Add: p.OP_ADD, ast.Sub: p.OP_SUB, ast.Mult: p.OP_MUL, ast.FloorDiv: p.OP_FLOORDIV, ast.Mod: p.OP_MOD}
+_CALLS = {"max": p.OP_MAX, "min": p.OP_MIN}  # of two arguments
+_POINTER = re.compile(r"(\w+)_ptr")
+_SCALAR = re.compile(r"(?:int|float)\((\w+)\)")
+
+
+def dtype_name(dtype: object) -> str:
+    """A dtype's name as the specs spell it: "bfloat16" for the name or for torch.bfloat16."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def expression(text: str, sizes: tuple[str, ...]) -> tuple[int, ...]:
+    """A shape, stride or grid expression (``"((num_tokens + 127) - 127) // 128"``, ``max(a, b)``) in
+    reverse Polish (op, operand) pairs over the size slots; raises ValueError for anything else."""
+    out: list[int] = []
+
+    def emit(node: ast.AST) -> None:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            out.extend((p.OP_CONST, node.value))
+        elif isinstance(node, ast.Name) and node.id in sizes:
+            out.extend((p.OP_SIZE, sizes.index(node.id)))
+        elif isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            emit(node.left)
+            emit(node.right)
+            out.extend((_OPS[type(node.op)], 0))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS
+              and len(node.args) == 2 and not node.keywords):
+            emit(node.args[0])
+            emit(node.args[1])
+            out.extend((_CALLS[node.func.id], 0))
+        else:
+            raise ValueError(f"{text!r}: not a sum, product, floor quotient, max or min of sizes and integers")
+
+    emit(ast.parse(text, mode="eval").body)
+    return (len(out) // 2, *out)
+
+
+def contract(
+    tensors: Sequence[tuple[str, object, Sequence[int | str], Sequence[int | str] | str | None]],
+    sizes: Sequence[tuple[str, str, str, int, int]] = (),
+    written: Sequence[str] = (),
+    alignment: int = 16,
+    device_type: int = p.KDL_CUDA,
+) -> bytes | None:
+    """The packed contract check() compares a launcher's tensors with; None where it cannot.
+
+    tensors: (name, dtype, shape, strides) per tensor argument in prim_func order; dtype a spec
+    name or a torch dtype; shape and strides entries are integers or expressions of sizes;
+    strides may be ROW_MAJOR or None (not checked). sizes: (name, tensor, "shape" or "stride",
+    dimension, limit) per runtime size, in the order check() returns them; limit is the bound of
+    the kernel parameter (0: none). written: the tensors the kernel writes; check() declines when
+    one's memory overlaps another tensor's. device_type: the DLPack device the tensors must be on
+    (tests use 1, the CPU). None for a dtype without a DLPack code (check() could never accept it).
+    """
+    names = tuple(s[0] for s in sizes)
+    slots = [t[0] for t in tensors]
+    mask = sum(1 << slots.index(name) for name in written)
+    words = [p.CONTRACT_VERSION, len(tensors), len(sizes), alignment - 1, device_type, mask]
+    for _, tensor, kind, dim, limit in sizes:
+        words += [slots.index(tensor), 0 if kind == "shape" else 1, dim, limit]
+    for _, dtype, shape, strides in tensors:
+        code = p.DLPACK_DTYPES.get(dtype_name(dtype))
+        if code is None:
+            return None
+        # per dimension, or a named layout: a KeyError for one this module does not know
+        layout = _LAYOUTS[strides] if strides is None or isinstance(strides, str) else p.LAYOUT_STRIDES
+        words += [code, len(shape), layout]
+        for item in (*shape, *(strides if layout == p.LAYOUT_STRIDES else ())):  # type: ignore[misc]
+            words += (1, p.OP_CONST, item) if isinstance(item, int) else expression(item, names)
+    return array.array("q", words).tobytes()
+
+
+class Launchable(Protocol):
+    """What plan() reads of a launch: its configuration as the loader's Function holds it."""
+
+    @property
+    def kinds(self) -> bytes: ...  # one struct letter per kernel argument (see _runtime.Function)
+    @property
+    def block(self) -> tuple[int, int, int]: ...
+    @property
+    def smem(self) -> int: ...
+    @property
+    def cooperative(self) -> bool: ...
+    @property
+    def cluster(self) -> tuple[int, int, int] | None: ...
+
+
+def plan(function: Launchable, arguments: Sequence[str], tensors: Sequence[str], sizes: Sequence[str],
+         grid: Sequence[str], values: Sequence[str]) -> bytes | None:
+    """The launch after a passed check, packed for run() (``_launch.run``); None where run() cannot take it.
+
+    The generated launcher's own fast path, as data: ``arguments`` its parameters, ``tensors``
+    the contract's tensors and ``sizes`` its runtime sizes (both in the contract's order),
+    ``grid`` three expressions of the sizes, ``values`` the kernel arguments in the cubin's
+    order as the launcher spells them (``x_ptr``, a size, ``int(mode)``, ``float(eps)``). A
+    cluster launch, a TMA descriptor or anything else these do not describe gets None, and the
+    launcher's Python path launches it.
+    """
+    if function.cluster is not None or len(values) != len(function.kinds):
+        return None
+    words = [p.PLAN_VERSION, len(arguments), len(tensors), *(arguments.index(t) for t in tensors),
+             int(function.cooperative), *function.block, function.smem]
+    try:
+        for text in grid:
+            words += expression(text, tuple(sizes))
+    except ValueError:
+        return None
+    words.append(len(values))
+    for text, kind in zip(values, function.kinds.decode()):
+        pointer, scalar = _POINTER.fullmatch(text), _SCALAR.fullmatch(text)
+        if kind == "T":
+            return None  # a tensor map is encoded in Python (tensor_map's cache)
+        if pointer and pointer[1] in tensors:
+            words += (p.FROM_POINTER, tensors.index(pointer[1]), ord(kind))
+        elif text in sizes:
+            words += (p.FROM_SIZE, sizes.index(text), ord(kind))
+        elif scalar and scalar[1] in arguments and text.startswith("float") == (kind in "fd"):
+            words += (p.FROM_ARGUMENT, arguments.index(scalar[1]), ord(kind))
+        else:
+            return None
+    return array.array("q", words).tobytes()
+
+
+# A kernel module's table: b"TKCT", the count, then per entry its length (-1: None) and its bytes.
+TABLE_MAGIC = b"TKCT"
+
+
+def pack_table(entries: Sequence[bytes | None]) -> bytes:
+    """The ``_kernels/<kernel>.bin`` of a kernel module: its variants' contracts and plans, in order."""
+    parts = [TABLE_MAGIC, struct.pack("<q", len(entries))]
+    for entry in entries:
+        parts.append(struct.pack("<q", -1 if entry is None else len(entry)))
+        parts.append(entry or b"")
+    return b"".join(parts)
+
+
+def unpack_table(data: bytes) -> list[bytes | None]:
+    """The entries of a table (what the loader's ``_runtime.table`` reads; here for tests)."""
+    if data[:4] != TABLE_MAGIC:
+        raise ValueError("not a tkc table")
+    (count,), offset = struct.unpack_from("<q", data, 4), 12
+    entries: list[bytes | None] = []
+    for _ in range(count):
+        (length,) = struct.unpack_from("<q", data, offset)
+        offset += 8
+        entries.append(None if length < 0 else data[offset:offset + length])
+        offset += max(length, 0)
+    return entries

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from tkc.build import ArchSummary, BuildOptions
 from tkc.compile import cubin_target
@@ -102,9 +103,14 @@ def test_installed_wheel_imports_without_gpu_and_without_tilelang(
         small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path) -> None:
     _, summaries = small_build
     env_dir = tmp_path / "venv"
-    # System site packages give the venv torch without a download; the wheel itself installs --no-deps.
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    # A fresh venv that sees this interpreter's torch through a .pth file (no download); the wheel itself
+    # installs --no-deps. Not system_site_packages: inside a virtualenv that would be the base
+    # interpreter's packages, where torch need not be.
+    venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
+    torch_site = Path(torch.__file__).resolve().parents[1]
+    (site_packages,) = env_dir.glob("lib/python*/site-packages")
+    (site_packages / "host_torch.pth").write_text(f"{torch_site}\n")
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
                     str(tmp_path / "site"), str(_wheel(summaries, "sm90"))], check=True)
     script = """

@@ -295,8 +295,8 @@ def test_expressions_take_max_and_min_of_two(runtime: ModuleType) -> None:
 
 
 def test_both_readers_see_the_same_tensor(runtime: ModuleType, tensor_reader: str) -> None:
-    """The exchange API and _to_dlpack spell every dtype alike (the contracts hold _to_dlpack's
-    spelling only if they agree) and read the same pointer, shape and strides."""
+    """The exchange API and _to_dlpack spell every dtype alike, as the packed contracts do
+    (_protocol.DLPACK_DTYPES), and read the same pointer, shape and strides."""
     dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.int8, torch.uint8, torch.int32, torch.int64,
               torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)
     spelled = {}
@@ -309,6 +309,9 @@ def test_both_readers_see_the_same_tensor(runtime: ModuleType, tensor_reader: st
         runtime.use_exchange(tensor_reader == "exchange")
     assert spelled["exchange"] == spelled["to_dlpack"]
     assert len(set(spelled["exchange"])) == len(dtypes)
+    # ... and as tkc packed them into the contracts at build time.
+    protocol = importlib.import_module("tkc_small_kernels._protocol")
+    assert spelled["exchange"] == [protocol.DLPACK_DTYPES[str(d).removeprefix("torch.")] for d in dtypes]
 
 
 def test_tensor_subclasses_are_read_too(runtime: ModuleType) -> None:

@@ -18,6 +18,9 @@ import torch
 from tests.gpu.installed import installed_package
 
 tile_kernels_aot, quant, errors, runtime = installed_package()
+protocol = importlib.import_module("tile_kernels_aot._protocol")
+
+pytestmark = pytest.mark.gpu
 
 
 def _contract(launch: object) -> bytes | None:
@@ -79,12 +82,15 @@ def test_check_declines_and_the_python_checks_name_the_argument() -> None:
         launch(x, q_cpu, sf, 0)
 
 
-def test_every_catalogue_dtype_exports() -> None:
-    """Each dtype a launcher of the catalogue checks has a DLPack spelling in this torch."""
+def test_every_catalogue_dtype_exports_as_the_contracts_spell_it() -> None:
+    """Each dtype a launcher of the catalogue checks is exported by this torch with the DLPack code tkc
+    packed into the contracts at build time (_protocol.DLPACK_DTYPES); a different code would make every
+    compiled check of that dtype decline, silently leaving the fast path."""
     dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8,
               torch.int32, torch.int64, torch.bool)
-    missing = [d for d in dtypes if runtime._dlpack_dtype(d) is None]
-    assert not missing, f"torch {torch.__version__} cannot export {missing} through DLPack"
+    exported = {str(d).removeprefix("torch."): runtime._native.dlpack_dtype(torch.empty(0, dtype=d, device="cuda"))
+                for d in dtypes}
+    assert exported == {name: protocol.DLPACK_DTYPES[name] for name in exported}, torch.__version__
 
 
 def test_launchers_of_every_kernel_module_hold_contracts() -> None:

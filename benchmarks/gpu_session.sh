@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One planned call on a GPU machine that has torch but no TileLang and no nvcc (the real use case):
 # install the sm90 wheels from dist/ (shipped kernels) and dist/loader/ (loader test
-# kernels: tkc build --specs tests/data/specs/loader.yaml --templates tests/data/templates
+# kernels: tkc build --specs tests/data/specs/loader.yaml --templates tests/data/kernels
 # --dist dist/loader) with --no-deps, run the GPU tests, then the benchmarks.
 # Logs and results go under $OUT (the device tool's output folder) or ./gpu-out.
 # Usage: COMMIT=<sha> benchmarks/gpu_session.sh [pytest args...]

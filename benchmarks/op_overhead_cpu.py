@@ -1,6 +1,6 @@
 """Python overhead per call of the hot op modules, on the CPU, with no build and no GPU.
 
-The op modules (templates/<family>/<op>.py) are imported into the stub package of the CPU op
+The op modules (ops/<family>/<op>.py) are imported into the stub package of the CPU op
 tests (tests/op_stub.py), whose launchers record the launch instead of running it, and called
 on tiny CPU tensors. What is timed is the op module's own Python (argument checks, variant
 selection, output allocation) plus the stub's select and launch, which stand in for the real
@@ -65,7 +65,7 @@ def stubbed_ops(root: Path) -> Iterator[tuple[dict[str, ModuleType], list[Any]]]
                   "per_channel_cast_and_transpose", "swiglu_forward_and_per_token_cast",
                   "swiglu_forward_and_per_channel_cast_and_transpose", "swiglu_backward_and_per_token_cast"),
         "transpose": ("batched_transpose",),
-        "moe": ("topk_gate", "gate_top2_sum", "normalize_weight", "expand", "reduce", "fused_mapping"),
+        "moe": ("topk_gate", "top2_sum_gate", "normalize_weight", "expand", "reduce", "fused_mapping"),
     }
     with ExitStack() as stack:
         modules: dict[str, ModuleType] = {}
@@ -82,7 +82,7 @@ def calls(m: dict[str, ModuleType]) -> dict[str, Callable[[], object]]:
     cast, back = m["quant/per_token_cast"], m["quant/per_token_cast_back"]
     # The stub kernel has no grid keys; the shipped spec builds every scale layout.
     cast._HAS_LAYOUTS = True  # type: ignore[attr-defined]
-    moe_gate, moe_top2, moe_norm = m["moe/topk_gate"], m["moe/gate_top2_sum"], m["moe/normalize_weight"]
+    moe_gate, moe_top2, moe_norm = m["moe/topk_gate"], m["moe/top2_sum_gate"], m["moe/normalize_weight"]
     moe_expand, moe_reduce, moe_map = m["moe/expand"], m["moe/reduce"], m["moe/fused_mapping"]
     x = torch.randn(1, 7168).bfloat16()
     q, sf = torch.zeros(1, 7168, dtype=torch.float8_e4m3fn), torch.ones(1, 56)

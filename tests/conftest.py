@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_SPEC = REPO / "tests" / "data" / "specs" / "small.yaml"
-TEMPLATES = REPO / "templates"
+TEMPLATES = REPO / "kernels"
 
 
 def _cuda_available() -> bool:

@@ -1,6 +1,6 @@
 """A stub package for CPU tests of op modules: no build, no GPU, no cubins.
 
-The op files are copied as tkc installs them (``templates/<family>/<op>.py`` ->
+The op files are copied as tkc installs them (``ops/<family>/<op>.py`` ->
 ``<package>/<family>/_<op>.py``, next to the real ``_args.py`` and ``errors.py``) over a
 ``_runtime`` whose kernels (with the shipped specs' grid keys) record each launch as
 ``(kernel name, selected grid values, launch arguments)`` in ``LAUNCHES`` instead of
@@ -137,7 +137,7 @@ def grid_keys() -> dict[str, tuple[str, ...]]:
     """Each shipped kernel's grid keys, in grid order: what ``Kernel.variant`` takes its values in."""
     from tkc.spec import load_specs
 
-    return {k.name: k.grid_keys for k in load_specs([REPO / "kernel_specs"], REPO / "templates").kernels}
+    return {k.name: k.grid_keys for k in load_specs([REPO / "kernel_specs"], REPO / "kernels").kernels}
 
 
 @contextmanager
@@ -156,7 +156,7 @@ def stub_package(root: Path, package: str, family: str,
     for shared in ("_args.py", "_op.py", "errors.py"):
         shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)
     for op in ops:
-        shutil.copy(REPO / "templates" / family / f"{op}.py", base / family / f"_{op}.py")
+        shutil.copy(REPO / "ops" / family / f"{op}.py", base / family / f"_{op}.py")
     sys.path.insert(0, str(root))
     try:
         runtime = importlib.import_module(f"{package}._runtime")

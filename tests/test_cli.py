@@ -16,6 +16,15 @@ def test_validate_shipped_specs() -> None:
     assert "package tile_kernels_aot" in result.output
 
 
+def test_ops_folder_option(tmp_path: Path) -> None:
+    # Op paths resolve under --ops (default: ops/ beside --templates); a folder without them names the path.
+    args = ["validate", "--specs", str(SMALL_SPEC), "--templates", str(TEMPLATES)]
+    assert CliRunner().invoke(main, [*args, "--ops", str(REPO / "ops")]).exit_code == 0
+    result = CliRunner().invoke(main, [*args, "--ops", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"'quant/per_token_cast.py' does not exist under {tmp_path}" in result.output
+
+
 def test_bad_spec_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(SMALL_SPEC.read_text().replace("fmt: [e4m3, e2m1]", "fmt: [e4m3, e2m2]"))

@@ -28,8 +28,8 @@ def example_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from tkc.spec import load_specs
 
     root = tmp_path_factory.mktemp("example")
-    options = BuildOptions(specs=load_specs([EXAMPLE / "kernel_specs"], EXAMPLE / "templates"),
-                           templates=EXAMPLE / "templates", build_dir=root / "build", dist_dir=root / "dist",
+    options = BuildOptions(specs=load_specs([EXAMPLE / "kernel_specs"], EXAMPLE / "kernels"),
+                           templates=EXAMPLE / "kernels", build_dir=root / "build", dist_dir=root / "dist",
                            archs=tuple(ARCHS.values()), jobs=2)
     return {summary.arch.name: summary.wheel for summary in build(options)}
 

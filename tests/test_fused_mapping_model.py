@@ -16,7 +16,7 @@ import re
 import pytest
 import torch
 
-from tests.conftest import TEMPLATES
+from tests.conftest import REPO, TEMPLATES
 from tests.reference.moe_route import get_fused_mapping_ref
 
 TEMPLATE = (TEMPLATES / "moe" / "fused_mapping.py.j2").read_text()
@@ -26,7 +26,7 @@ CHUNK = THREADS * PER_THREAD
 
 
 def test_the_op_chunks_as_the_kernel_does() -> None:
-    op = (TEMPLATES / "moe" / "fused_mapping.py").read_text()
+    op = (REPO / "ops" / "moe" / "fused_mapping.py").read_text()
     assert int(re.search(r"^CHUNK = (\d+)", op, re.M).group(1)) == CHUNK  # type: ignore[union-attr]
 
 

@@ -27,14 +27,15 @@ def _tree(root: Path) -> Path:
         shutil.copy(REPO / "tkc" / "runtime" / name, package / name)
     (package / "_build_info.py").write_text(BUILD_INFO)
     (package / "__init__.py").write_text("")
-    projects = [(REPO / "kernel_specs", REPO / "templates"),
-                (REPO / "examples" / "rmsnorm" / "kernel_specs", REPO / "examples" / "rmsnorm" / "templates")]
+    projects = [(REPO / "kernel_specs", REPO / "kernels"),
+                (REPO / "examples" / "rmsnorm" / "kernel_specs", REPO / "examples" / "rmsnorm" / "kernels")]
     for specs, templates in projects:
-        for kernel in load_specs([specs], templates).kernels:
+        spec_set = load_specs([specs], templates)
+        for kernel in spec_set.kernels:
             module = package / kernel.module
             module.mkdir(exist_ok=True)
             (module / "__init__.py").write_text("")
-            shutil.copy(templates / kernel.op, module / f"_{Path(kernel.op).stem}.py")
+            shutil.copy(spec_set.ops / kernel.op, module / f"_{Path(kernel.op).stem}.py")
     return package
 
 

@@ -94,7 +94,7 @@ def test_cooperative_and_cluster_launches_are_recorded(tmp_path: Path, cluster: 
                                                        expected_cluster: tuple[int, int, int] | None) -> None:
     from tkc.codegen import launcher_source
 
-    templates = REPO / "tests" / "data" / "templates"
+    templates = REPO / "tests" / "data" / "kernels"
     spec = load_specs([REPO / "tests" / "data" / "specs" / "loader.yaml"], templates).kernel("grid_rotate")
     variant = next(v for v in expand(spec) if v.param_dict["cluster"] == cluster)
     contract = lower(render(variant, ARCHS["sm90"], templates, tmp_path), ARCHS["sm90"]).contract
@@ -135,7 +135,7 @@ def test_tma_stores_and_scratch_tensors_count_as_written(tmp_path: Path) -> None
     scratch tensor and y with plain stores and reads x."""
     from tkc.codegen import launcher_source
 
-    templates = REPO / "tests" / "data" / "templates"
+    templates = REPO / "tests" / "data" / "kernels"
     specs = load_specs([REPO / "tests" / "data" / "specs" / "loader.yaml"], templates)
     for kernel, written in (("tma_transpose", ["y"]), ("grid_rotate", ["tmp", "y"])):
         variant = next(iter(expand(specs.kernel(kernel))))
@@ -154,7 +154,7 @@ def test_tma_stores_and_scratch_tensors_count_as_written(tmp_path: Path) -> None
     ("swiglu_forward_and_per_channel_cast_and_transpose", {"hidden": 2048, "npt": 32, "without_transpose": False}),
 ])
 def test_swiglu_clamps_keep_nan(kernel: str, params: dict[str, object], tmp_path: Path) -> None:
-    """The shipped SwiGLU kernels clamp through PTX min.NaN / max.NaN (templates/quant/_clamp.j2), as torch.clamp
+    """The shipped SwiGLU kernels clamp through PTX min.NaN / max.NaN (kernels/quant/_clamp.j2), as torch.clamp
     keeps NaN; T.min / T.max would lower to fminf / fmaxf, which turn a NaN x into the bound. The GPU tests check
     the outputs; this catches the mechanism on a machine without a GPU."""
     spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel(kernel)

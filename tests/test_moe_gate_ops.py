@@ -1,4 +1,4 @@
-"""CPU tests of the MoE gating op modules (templates/moe/*.py): argument errors fire before launch.
+"""CPU tests of the MoE gating op modules (ops/moe/*.py): argument errors fire before launch.
 
 The op modules are imported inside a stand-in package: the real ``_args`` and ``errors``
 modules (copied from tkc/runtime) and a ``_runtime`` whose kernels record the variant selected
@@ -17,8 +17,8 @@ import torch
 
 from tests.op_stub import stub_package
 
-OPS = ("topk_gate", "topk_group", "gate_top2_sum", "normalize_weight", "mask_indices_by_tp", "unique_group_indices",
-       "aux")
+OPS = ("topk_gate", "topk_group", "top2_sum_gate", "normalize_weight", "mask_indices_by_tp", "unique_group_indices",
+       "count")
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
@@ -50,36 +50,36 @@ BAD: dict[str, tuple[str, Callable[[Any], Any], type[Exception], str]] = {
                               ValueError, "num_topk_sum"),
     "group count": ("topk_group", lambda m: m.topk_sum_and_topk_group_idx(f32(4, 8, 32), 2, 9), ValueError,
                     "num_topk_groups"),
-    "gate scoring": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(scoring_func="tanh")), ValueError,
+    "gate scoring": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(scoring_func="tanh")), ValueError,
                      "scoring_func"),
-    "gate k > 32": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(num_topk=33, num_groups=0,
+    "gate k > 32": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(num_topk=33, num_groups=0,
                                                                             num_topk_groups=0)),
                     ValueError, "num_topk"),
-    "gate k > groups hold": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(  # 1 group of 8 experts
+    "gate k > groups hold": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(  # 1 group of 8 experts
         logits=f32(4, 64), bias=f32(64), num_groups=8, num_topk_groups=1, num_topk=9)), ValueError, "num_topk"),
-    "gate groups mismatch": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(num_groups=0)), ValueError,
+    "gate groups mismatch": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(num_groups=0)), ValueError,
                              "num_topk_groups"),
-    "gate groups divide": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(num_groups=7, num_topk_groups=4)),
+    "gate groups divide": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(num_groups=7, num_topk_groups=4)),
                            ValueError, "num_groups"),
-    "gate shared": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(use_shared_as_routed=True,
+    "gate shared": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(use_shared_as_routed=True,
                                                                             num_shared_experts=3)),
                     ValueError, "num_shared_experts"),
-    "gate shared needs map": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(use_shared_as_routed=True,
+    "gate shared needs map": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(use_shared_as_routed=True,
                                                                                       num_shared_experts=1)),
                               ValueError, "num_shared_experts"),
-    "gate map rows": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(
+    "gate map rows": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(
         to_physical_map=torch.zeros(255, 2, dtype=torch.int32), logical_count=torch.zeros(255, dtype=torch.int32))),
         ValueError, "to_physical_map"),
-    "gate count alone": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(
+    "gate count alone": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(
         logical_count=torch.zeros(256, dtype=torch.int32))), ValueError, "to_physical_map"),
-    "gate tp_rank": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(tp_rank=1)), ValueError, "tp_rank"),
-    "gate ep ranks": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(num_ep_ranks=0)), ValueError,
+    "gate tp_rank": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(tp_rank=1)), ValueError, "tp_rank"),
+    "gate ep ranks": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(num_ep_ranks=0)), ValueError,
                       "num_ep_ranks"),
-    "gate too many ep ranks": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(num_ep_ranks=512)),
+    "gate too many ep ranks": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(num_ep_ranks=512)),
                                ValueError, "num_ep_ranks"),
-    "gate fix_routing_mask": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(fix_routing_mask=f32(4))),
+    "gate fix_routing_mask": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(fix_routing_mask=f32(4))),
                               NotImplementedError, "fix_routing_mask"),
-    "gate unmapped": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(unmapped_topk_idx=f32(4, 8))),
+    "gate unmapped": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(unmapped_topk_idx=f32(4, 8))),
                       NotImplementedError, "unmapped_topk_idx"),
     "normalize 3-D": ("normalize_weight", lambda m: m.normalize_weight(f32(2, 2, 2)), ValueError, "topk_weights"),
     "normalize out one tensor": ("normalize_weight", lambda m: m.normalize_weight(f32(2, 2), out=f32(2)), TypeError,
@@ -96,18 +96,18 @@ BAD: dict[str, tuple[str, Callable[[Any], Any], type[Exception], str]] = {
     "group not tensor": ("topk_group", lambda m: m.topk_sum_and_topk_group_idx([[0.0]], 2, 4), TypeError, "scores"),
     "group strided": ("topk_group", lambda m: m.topk_sum_and_topk_group_idx(f32(4, 32, 8).transpose(1, 2), 2, 4),
                       ValueError, "scores"),
-    "gate mask": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(mask=f32(4))), NotImplementedError, "mask"),
-    "gate 1-D logits": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(logits=f32(256))), ValueError,
+    "gate mask": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(mask=f32(4))), NotImplementedError, "mask"),
+    "gate 1-D logits": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(logits=f32(256))), ValueError,
                         "logits"),
-    "gate k float": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(num_topk=8.0)), TypeError, "num_topk"),
-    "gate map count rows": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(
+    "gate k float": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(num_topk=8.0)), TypeError, "num_topk"),
+    "gate map count rows": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(
         to_physical_map=torch.zeros(256, 2, dtype=torch.int32), logical_count=torch.zeros(255, dtype=torch.int32))),
         ValueError, "logical_count"),
-    "gate out one tensor": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(), out=f32(4, 8).long()),
+    "gate out one tensor": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(), out=f32(4, 8).long()),
                             TypeError, "out"),
-    "gate out narrower": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(), out=(
+    "gate out narrower": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(), out=(
         f32(4, 4).long(), f32(4, 4))), ValueError, "topk_idx"),
-    "gate out wider": ("gate_top2_sum", lambda m: m.top2_sum_gate(**gate_args(num_groups=0, num_topk_groups=0), out=(
+    "gate out wider": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(num_groups=0, num_topk_groups=0), out=(
         f32(4, 9).long(), f32(4, 9))), ValueError, "topk_idx"),
     "mask not tensor": ("mask_indices_by_tp", lambda m: m.mask_indices_by_tp([[0]], 256, 8, 0, 2), TypeError,
                         "indices"),
@@ -115,12 +115,12 @@ BAD: dict[str, tuple[str, Callable[[Any], Any], type[Exception], str]] = {
                       ValueError, "num_tp_ranks"),
     "mask per_dp int32": ("mask_indices_by_tp", lambda m: m.mask_indices_by_tp(f32(4, 8).long(), 2**40, 1, 0, 4),
                           ValueError, "n"),
-    "count dtype": ("aux", lambda m: m.group_count(f32(4, 8), 4), TypeError, "group_idx"),
-    "count 1-D": ("aux", lambda m: m.group_count(f32(8).long(), 4), ValueError, "group_idx"),
-    "count groups": ("aux", lambda m: m.group_count(f32(4, 8).long(), 1025), ValueError, "num_groups"),
-    "fi experts": ("aux", lambda m: m.aux_fi(f32(4, 8).long(), 0, 2), ValueError, "num_experts"),
-    "fi topk": ("aux", lambda m: m.aux_fi(f32(4, 8).long(), 4, True), ValueError, "num_aux_topk"),
-    "fi ids": ("aux", lambda m: m.aux_fi(f32(4, 8).int(), 4, 2), TypeError, "topk_idx"),
+    "count dtype": ("count", lambda m: m.group_count(f32(4, 8), 4), TypeError, "group_idx"),
+    "count 1-D": ("count", lambda m: m.group_count(f32(8).long(), 4), ValueError, "group_idx"),
+    "count groups": ("count", lambda m: m.group_count(f32(4, 8).long(), 1025), ValueError, "num_groups"),
+    "fi experts": ("count", lambda m: m.aux_fi(f32(4, 8).long(), 0, 2), ValueError, "num_experts"),
+    "fi topk": ("count", lambda m: m.aux_fi(f32(4, 8).long(), 4, True), ValueError, "num_aux_topk"),
+    "fi ids": ("count", lambda m: m.aux_fi(f32(4, 8).int(), 4, 2), TypeError, "topk_idx"),
 }
 
 
@@ -137,7 +137,7 @@ def test_bad_arguments_raise_before_any_launch(ops: tuple[dict[str, ModuleType],
 def test_gate_selects_the_ungrouped_variant_when_every_group_is_kept(ops: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = ops
     runtime.LAUNCHES.clear()
-    modules["gate_top2_sum"].top2_sum_gate(**gate_args(num_groups=8, num_topk_groups=8))
+    modules["top2_sum_gate"].top2_sum_gate(**gate_args(num_groups=8, num_topk_groups=8))
     ((name, values, args),) = runtime.LAUNCHES
     assert name == "top2_sum_gate" and values["num_groups"] == 0 and values["num_topk_groups"] == 0
     # logits, bias, topk_idx, topk_weights, then the scalars: scale, ep_rank, experts per rank, tp_rank, tp ranks.
@@ -150,7 +150,7 @@ def test_gate_with_map_and_shared_experts(ops: tuple[dict[str, ModuleType], Any]
     runtime.LAUNCHES.clear()
     to_physical = torch.zeros(258, 3, dtype=torch.int32)
     count = torch.ones(258, dtype=torch.int32)
-    idx, weights = modules["gate_top2_sum"].top2_sum_gate(**gate_args(
+    idx, weights = modules["top2_sum_gate"].top2_sum_gate(**gate_args(
         use_shared_as_routed=True, num_shared_experts=2, to_physical_map=to_physical, logical_count=count,
         ep_rank=1, num_ep_ranks=2))
     ((_, values, args),) = runtime.LAUNCHES
@@ -185,7 +185,7 @@ def _records(runtime: Any) -> None:
 def test_gate_calls_are_remembered_with_out_s_width(ops: tuple[dict[str, ModuleType], Any], mapped: bool,
                                                     with_out: bool) -> None:
     modules, runtime = ops
-    gate = modules["gate_top2_sum"]
+    gate = modules["top2_sum_gate"]
     args = gate_args(**MAPPED, **_maps()) if mapped else gate_args()
     width = 10 if mapped else 8
     out = (torch.empty(4, width, dtype=torch.int64), torch.empty(4, width)) if with_out else None
@@ -221,7 +221,7 @@ def test_gate_calls_are_remembered_with_out_s_width(ops: tuple[dict[str, ModuleT
 
 def test_gate_out_of_another_width_is_refused_on_every_call(ops: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = ops
-    gate = modules["gate_top2_sum"]
+    gate = modules["top2_sum_gate"]
     errors = __import__("moe_ops_pkg.errors", fromlist=["KernelArgumentError"])
     gate.top2_sum_gate(**gate_args(), out=(torch.empty(4, 8, dtype=torch.int64), torch.empty(4, 8)))
     _records(runtime)
@@ -233,7 +233,7 @@ def test_gate_out_of_another_width_is_refused_on_every_call(ops: tuple[dict[str,
 
 
 def test_gate_keeps_its_signature(ops: tuple[dict[str, ModuleType], Any]) -> None:
-    gate = ops[0]["gate_top2_sum"].top2_sum_gate
+    gate = ops[0]["top2_sum_gate"].top2_sum_gate
     assert _spelled(gate) == (
         "(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts, "
         "routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask=None, "
@@ -246,8 +246,8 @@ def test_gate_keeps_its_signature(ops: tuple[dict[str, ModuleType], Any]) -> Non
 PLAIN = {  # op module, name, argument names of the public op (TileKernels' signature: no out)
     "topk_sum_and_topk_group_idx": ("topk_group", "(scores, num_topk_sum, num_topk_groups)"),
     "mask_indices_by_tp": ("mask_indices_by_tp", "(indices, n, num_ep_ranks, tp_rank, num_tp_ranks)"),
-    "group_count": ("aux", "(group_idx, num_groups)"),
-    "aux_fi": ("aux", "(topk_idx, num_experts, num_aux_topk)"),
+    "group_count": ("count", "(group_idx, num_groups)"),
+    "aux_fi": ("count", "(topk_idx, num_experts, num_aux_topk)"),
 }
 
 
@@ -290,7 +290,7 @@ def test_mask_launches_the_rank_s_ranges(ops: tuple[dict[str, ModuleType], Any],
 
 def test_counts_launch_the_flat_ids(ops: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = ops
-    aux = modules["aux"]
+    aux = modules["count"]
     ids = torch.arange(24).view(4, 6) % 5
     for given in (ids, ids.t().contiguous().t()):  # a strided tensor is counted from a contiguous copy
         _records(runtime)

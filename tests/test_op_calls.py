@@ -30,7 +30,7 @@ def quant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, 
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, ModuleType], Any]]:
-    ops = ("topk_gate", "normalize_weight", "expand", "reduce", "fused_mapping", "gate_top2_sum")
+    ops = ("topk_gate", "normalize_weight", "expand", "reduce", "fused_mapping", "top2_sum_gate")
     with stub_package(tmp_path_factory.mktemp("cache_moe"), "cache_moe_pkg", "moe", ops) as stubbed:
         yield stubbed
 
@@ -244,12 +244,12 @@ def test_out_tensors_are_launched_into_and_returned(moe: tuple[dict[str, ModuleT
     assert _launched_with(runtime, reduced)
     gate_out = (torch.empty(3, 8, dtype=torch.int64), torch.empty(3, 8))
     for _ in range(2):
-        result = modules["gate_top2_sum"].top2_sum_gate(torch.rand(3, 256), torch.zeros(256), 8, 4, 8, False, 0, 2.5,
+        result = modules["top2_sum_gate"].top2_sum_gate(torch.rand(3, 256), torch.zeros(256), 8, 4, 8, False, 0, 2.5,
                                                          0, 1, 0, 1, "sigmoid", out=gate_out)
         assert result[0] is gate_out[0] and result[1] is gate_out[1] and _launched_with(runtime, *gate_out)
         assert runtime.LAUNCHES[-1][1]["num_experts"] == 256 and runtime.LAUNCHES[-1][2][-5] == 2.5
     with pytest.raises(TypeError, match=r"^out: expected \(topk_idx, topk_weights\)"):
-        modules["gate_top2_sum"].top2_sum_gate(torch.rand(3, 256), torch.zeros(256), 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1,
+        modules["top2_sum_gate"].top2_sum_gate(torch.rand(3, 256), torch.zeros(256), 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1,
                                                "sigmoid", out=gate_out[0])
 
     modules, runtime = transpose
@@ -284,7 +284,7 @@ def test_out_tensors_are_launched_into_and_returned(moe: tuple[dict[str, ModuleT
 
 def test_gate_cache_keys_every_scalar_by_value_and_type(moe: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = moe
-    gate = modules["gate_top2_sum"]
+    gate = modules["top2_sum_gate"]
     errors = __import__("cache_moe_pkg.errors", fromlist=["KernelArgumentError"])
     args = [torch.rand(3, 256), torch.zeros(256), 8, 4, 8, False, 0, 2.5, 0, 2, 0, 1, "sigmoid"]
     for _ in range(2):  # the second round runs from the cache: the same launches
@@ -315,7 +315,7 @@ def test_sizes_the_contract_leaves_free_are_checked_on_every_call(moe: tuple[dic
     # reduce's x_sf, sf and weights, and top2_sum_gate's output width, are sizes of their own in the
     # kernels' contracts (the stub launcher checks nothing, as the real one checks none of these).
     modules, runtime = moe
-    reduce, gate = modules["reduce"], modules["gate_top2_sum"]
+    reduce, gate = modules["reduce"], modules["top2_sum_gate"]
     errors = __import__("cache_moe_pkg.errors", fromlist=["KernelArgumentError"])
     pos = torch.tensor([[0, 1]], dtype=torch.int32)
     data, weights = torch.zeros(2, 2048, dtype=torch.float8_e4m3fn), torch.ones(1, 2)

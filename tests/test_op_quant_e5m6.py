@@ -1,4 +1,4 @@
-"""CPU tests of the E5M6 op module (templates/quant/e5m6.py) on a stub runtime, no GPU, no build.
+"""CPU tests of the E5M6 op module (ops/quant/e5m6.py) on a stub runtime, no GPU, no build.
 
 The module is imported inside a throwaway package (tests/op_stub.py) next to the real ``_args`` and ``errors``
 modules and a ``_runtime`` whose kernels record what they are asked for instead of launching.

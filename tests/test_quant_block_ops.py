@@ -1,4 +1,4 @@
-"""CPU tests of the block cast and cast-back op modules (templates/quant/per_block_cast.py,
+"""CPU tests of the block cast and cast-back op modules (ops/quant/per_block_cast.py,
 per_token_cast_back.py, per_block_cast_lossless.py) on a stub runtime.
 
 The modules are loaded into a throw-away package whose ``_runtime`` records variant selections,

@@ -1,6 +1,6 @@
 """CPU tests of the per-channel and lossless op modules on a stub runtime.
 
-The op modules (templates/quant/per_channel_cast.py, per_channel_cast_and_transpose.py,
+The op modules (ops/quant/per_channel_cast.py, per_channel_cast_and_transpose.py,
 per_block_cast_lossless.py) are loaded into a throw-away package whose ``_runtime`` records
 variant selections and launches instead of loading cubins (``_args`` is the real one). So the
 checks of the non-tensor arguments run without a GPU: every bad input must raise an error

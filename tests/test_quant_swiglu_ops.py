@@ -1,4 +1,4 @@
-"""CPU tests of the swiglu op modules (templates/quant/swiglu_*.py) on a stub runtime.
+"""CPU tests of the swiglu op modules (ops/quant/swiglu_*.py) on a stub runtime.
 
 The op modules are loaded into a throw-away package whose ``_runtime`` records variant
 selections and launches instead of loading cubins (``_args`` is the real one), so the checks

@@ -14,14 +14,13 @@ import importlib
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-from tests.conftest import TEMPLATES
+from tests.conftest import REPO
 from tests.op_stub import WritingKernel, grid_keys, marked, poisoned, stub_package
 from tests.reference.quant import dequant, per_token_cast_ref, precomputed_sf_cast_ref, ue8m0_unpack
 from tests.reference.quant_cast_back import per_block_cast_back_ref, per_token_cast_back_ref
@@ -143,7 +142,7 @@ def ops(small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path_factory: p
     package = root / "tkc_small_kernels"
     shutil.copytree(options.build_dir / "pkg" / "tkc_small_kernels" / "sm90" / "tkc_small_kernels", package)
     (package / "_kernels" / "per_token_cast_back.py").write_text("KERNEL = None\n")
-    shutil.copy(Path(TEMPLATES) / "quant" / "per_token_cast_back.py", package / "quant" / "_per_token_cast_back.py")
+    shutil.copy(REPO / "ops" / "quant" / "per_token_cast_back.py", package / "quant" / "_per_token_cast_back.py")
     # The package under the same name may be imported already (the quant fixture): set it aside.
     saved = {m: sys.modules.pop(m) for m in [m for m in sys.modules if m.startswith("tkc_small_kernels")]}
     sys.path.insert(0, str(root))

@@ -122,7 +122,7 @@ def test_rz_matches_torch_fp16_rounding_stepped_toward_zero() -> None:
 
 
 def kernel_formula(v: torch.Tensor) -> torch.Tensor:
-    """The kernel's encode (templates/quant/per_token_cast_e5m6.py.j2) in torch: its common case
+    """The kernel's encode (kernels/quant/per_token_cast_e5m6.py.j2) in torch: its common case
     e5m6_code_fast where is_common holds, the general e5m6_code elsewhere."""
     bits = v.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     a = bits & 0x7FFFFFFF

@@ -38,10 +38,11 @@ def test_unchanged_render_keeps_the_file(tmp_path: Path) -> None:
 
 
 def test_undefined_template_variable_is_a_template_error(tmp_path: Path) -> None:
-    templates = tmp_path / "templates"
+    templates = tmp_path / "kernels"
     (templates / "quant").mkdir(parents=True)
     (templates / "quant" / "k.py.j2").write_text("prim_func = make({{ hiden }})\n")
-    (templates / "quant" / "k.py").write_text("def k(): pass\n")
+    (tmp_path / "ops" / "quant").mkdir(parents=True)
+    (tmp_path / "ops" / "quant" / "k.py").write_text("def k(): pass\n")
     spec = tmp_path / "s.yaml"
     spec.write_text("package: {name: p, version: '1'}\nkernels:\n  k:\n    module: quant\n    template: quant/k.py.j2\n"
                     "    op: quant/k.py\n    grid: {hidden: [1]}\n")

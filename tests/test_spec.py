@@ -35,10 +35,12 @@ kernels:
 
 @pytest.fixture
 def templates(tmp_path: Path) -> Path:
-    root = tmp_path / "templates"
+    """A project's kernels/ folder, with its ops/ beside it (where load_specs looks for op paths)."""
+    root = tmp_path / "kernels"
     (root / "quant").mkdir(parents=True)
     (root / "quant" / "per_token_cast.py.j2").write_text("prim_func = None\n")
-    (root / "quant" / "per_token_cast.py").write_text("def per_token_cast(x):\n    return x\n")
+    (tmp_path / "ops" / "quant").mkdir(parents=True)
+    (tmp_path / "ops" / "quant" / "per_token_cast.py").write_text("def per_token_cast(x):\n    return x\n")
     return root
 
 
@@ -76,7 +78,7 @@ def test_good_spec_parses_into_frozen_dataclasses(tmp_path: Path, templates: Pat
 
 
 def test_shipped_specs_are_valid() -> None:
-    specs = load_specs([REPO / "kernel_specs"], REPO / "templates")
+    specs = load_specs([REPO / "kernel_specs"], REPO / "kernels")
     names = {k.name for k in specs.kernels}
     assert {"per_token_cast", "batched_transpose"} <= names
     assert specs.package.name == "tile_kernels_aot"
@@ -162,3 +164,16 @@ def test_a_module_may_be_any_identifier(tmp_path: Path, templates: Path) -> None
     path.write_text(GOOD.replace("module: quant", "module: linalg"))
     (kernel,) = load_specs([path], templates).kernels
     assert kernel.module == "linalg"
+
+
+def test_op_paths_resolve_under_the_ops_folder(tmp_path: Path, templates: Path) -> None:
+    # Build-time kernels and run-time ops live in folders of their own: kernels/ and ops/ beside it.
+    path = write(tmp_path, GOOD)
+    assert load_specs([path], templates).ops == tmp_path / "ops"
+    elsewhere = tmp_path / "my_ops"
+    (elsewhere / "quant").mkdir(parents=True)
+    (elsewhere / "quant" / "per_token_cast.py").write_text("def per_token_cast(x):\n    return x\n")
+    assert load_specs([path], templates, elsewhere).ops == elsewhere
+    (tmp_path / "ops" / "quant" / "per_token_cast.py").unlink()
+    with pytest.raises(SpecError, match=f"'quant/per_token_cast.py' does not exist under {tmp_path / 'ops'}"):
+        load_specs([path], templates)

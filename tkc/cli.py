@@ -50,13 +50,26 @@ def _handle_errors(fn: F) -> F:
 
 
 def _specs(spec_paths: tuple[Path, ...], templates: Path) -> SpecSet:
-    return load_specs(spec_paths or (_root_default("kernel_specs"),), templates)
+    ops = click.get_current_context().meta.get("tkc.ops")  # --ops, where given
+    return load_specs(spec_paths or (_root_default("kernel_specs"),), templates, ops)
+
+
+def _keep_ops(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    ctx.meta["tkc.ops"] = value
+    return value
 
 
 spec_option = click.option("--specs", "spec_paths", multiple=True, type=click.Path(path_type=Path),
                            help="Spec file or folder (repeatable). Default: ./kernel_specs")
-templates_option = click.option("--templates", type=click.Path(path_type=Path), default=None,
-                                help="Templates folder. Default: ./templates")
+_templates = click.option("--templates", type=click.Path(path_type=Path), default=None,
+                          help="Kernel templates folder (the specs' template: paths). Default: ./kernels")
+_ops = click.option("--ops", type=click.Path(path_type=Path), default=None, expose_value=False, callback=_keep_ops,
+                    is_eager=True, help="Op modules folder (the specs' op: paths). Default: ops/ beside the templates")
+
+
+def templates_option(fn: F) -> F:
+    """--templates and --ops: where a spec's template and op paths point."""
+    return _templates(_ops(fn))
 
 
 @click.group()
@@ -72,7 +85,7 @@ def main(debug: bool) -> None:
 @_handle_errors
 def validate(spec_paths: tuple[Path, ...], templates: Path | None) -> None:
     """Check the specs alone (no TileLang, no nvcc); exit code 2 on any problem."""
-    specs = _specs(spec_paths, templates or _root_default("templates"))
+    specs = _specs(spec_paths, templates or _root_default("kernels"))
     count = sum(len(expand(k)) for k in specs.kernels)
     click.echo(f"ok: {len(specs.kernels)} kernels, {count} variants per arch, package {specs.package.name} "
                f"{specs.package.version} ({', '.join(specs.files)})")
@@ -85,7 +98,7 @@ def validate(spec_paths: tuple[Path, ...], templates: Path | None) -> None:
 @_handle_errors
 def list_variants(spec_paths: tuple[Path, ...], templates: Path | None, kernel: str | None) -> None:
     """Show the variants each kernel expands to."""
-    specs = _specs(spec_paths, templates or _root_default("templates"))
+    specs = _specs(spec_paths, templates or _root_default("kernels"))
     kernels = [specs.kernel(kernel)] if kernel else list(specs.kernels)
     for k in kernels:
         variants = expand(k)
@@ -107,7 +120,7 @@ def render_cmd(spec_paths: tuple[Path, ...], templates: Path | None, kernel: str
     """Print the TileLang source of one variant."""
     from tkc.render import render_source
 
-    tdir = templates or _root_default("templates")
+    tdir = templates or _root_default("kernels")
     spec = _specs(spec_paths, tdir).kernel(kernel)
     wanted = dict(v.split("=", 1) for v in values)
     candidates = [v for v in expand(spec) if (variant_id is None or v.id == variant_id)
@@ -131,7 +144,7 @@ def _build_options(spec_paths: tuple[Path, ...], templates: Path | None, arch_li
                    build_dir: Path | None, dist_dir: Path | None, nvcc: str | None) -> BuildOptions:
     from tkc.build import BuildOptions
 
-    tdir = templates or _root_default("templates")
+    tdir = templates or _root_default("kernels")
     return BuildOptions(
         specs=_specs(spec_paths, tdir), templates=tdir, build_dir=build_dir or _root_default("build"),
         dist_dir=dist_dir or _root_default("dist"), archs=parse_arch_list(arch_list), jobs=jobs, nvcc=nvcc,

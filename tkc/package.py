@@ -230,11 +230,11 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templat
             _kernel_module(env, specs, kernel, arch, mine)
         for b in mine:
             files[f"{name}/cubins/{b.variant.id}.cubin"] = b.cubin
-        op_path = templates / kernel.op
+        op_path = specs.ops / kernel.op
         stem = f"_{Path(kernel.op).name.removesuffix('.py')}"
         target = f"{name}/{kernel.module}/{stem}.py"
         if target not in files:
-            files[target] = _header(f"templates/{kernel.op}", kernel.source) + op_path.read_text()
+            files[target] = _header(f"ops/{kernel.op}", kernel.source) + op_path.read_text()
             modules.setdefault(kernel.module, []).extend(
                 f"from .{stem} import {n}" for n in public_names(op_path))
     for module, imports in sorted(modules.items()):

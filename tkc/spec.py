@@ -75,8 +75,8 @@ class KernelSpec:
 
     name: str
     module: str
-    template: str  # path relative to the templates folder
-    op: str  # path relative to the templates folder
+    template: str  # path relative to the kernel templates folder (kernels/)
+    op: str  # path relative to the op modules folder (ops/)
     archs: tuple[str, ...]
     grid: tuple[tuple[str, tuple[Value, ...]], ...]
     constraints: tuple[str, ...]
@@ -116,6 +116,7 @@ class SpecSet:
     package: Package
     kernels: tuple[KernelSpec, ...]
     files: tuple[str, ...]
+    ops: Path = Path("ops")  # the folder the kernels' op paths are relative to
 
     def kernel(self, name: str) -> KernelSpec:
         for k in self.kernels:
@@ -249,7 +250,7 @@ def _check_constraints(node: yaml.Node, file: str, where: str, keys: tuple[str, 
     return tuple(out)
 
 
-def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, templates: Path,
+def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, roots: dict[str, Path],
                   problems: _Problems) -> KernelSpec | None:
     where = f"kernels.{name}"
     before = len(problems.items)
@@ -273,9 +274,9 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, te
             continue
         if not value.endswith(suffix):
             problems.add(file, entries[key][1], f"{where}.{key}", f"{value!r} should end in {suffix}")
-        elif not (templates / value).is_file():
+        elif not (roots[key] / value).is_file():
             problems.add(file, entries[key][1], f"{where}.{key}",
-                         f"{value!r} does not exist under {templates}; create it or fix the path")
+                         f"{value!r} does not exist under {roots[key]}; create it or fix the path")
     archs: tuple[str, ...] = tuple(ARCHS)
     if "archs" in entries:
         arch_node = entries["archs"][1]
@@ -317,7 +318,7 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, te
     return spec
 
 
-def _load_file(path: Path, templates: Path, problems: _Problems) -> tuple[Package | None, list[KernelSpec]]:
+def _load_file(path: Path, roots: dict[str, Path], problems: _Problems) -> tuple[Package | None, list[KernelSpec]]:
     file = str(path)
     try:
         root = yaml.compose(path.read_text())
@@ -347,14 +348,21 @@ def _load_file(path: Path, templates: Path, problems: _Problems) -> tuple[Packag
         problems.add(file, root, "kernels", "missing required key; declare at least one kernel")
     else:
         for name, (key_node, node) in _mapping(top["kernels"][1], file, "kernels", (), problems).items():
-            spec = _check_kernel(name, key_node, node, file, templates, problems)
+            spec = _check_kernel(name, key_node, node, file, roots, problems)
             if spec is not None:
                 kernels.append(spec)
     return package, kernels
 
 
-def load_specs(paths: Iterable[Path], templates: Path) -> SpecSet:
-    """Parse and validate spec files (or folders of ``*.yaml``) into one ``SpecSet``."""
+def load_specs(paths: Iterable[Path], templates: Path, ops: Path | None = None) -> SpecSet:
+    """Parse and validate spec files (or folders of ``*.yaml``) into one ``SpecSet``.
+
+    ``templates``: the kernel templates folder (``template:`` paths are relative to it); ``ops``: the
+    op modules folder (``op:`` paths), by default ``ops/`` beside the templates folder: a project
+    keeps its build-time kernels and its run-time ops side by side (``kernels/`` and ``ops/``).
+    """
+    ops = templates.parent / "ops" if ops is None else ops
+    roots = {"template": templates, "op": ops}
     files: list[Path] = []
     for p in paths:
         files.extend(sorted(p.glob("*.yaml")) + sorted(p.glob("*.yml")) if p.is_dir() else [p])
@@ -367,7 +375,7 @@ def load_specs(paths: Iterable[Path], templates: Path) -> SpecSet:
         if not path.is_file():
             problems.items.append(f"{path}: no such spec file")
             continue
-        pkg, found = _load_file(path, templates, problems)
+        pkg, found = _load_file(path, roots, problems)
         if pkg is not None and package is not None and pkg != package:
             problems.items.append(f"{path}: package {pkg.name} {pkg.version} differs from {package.name} "
                                   f"{package.version} declared earlier; all specs of a build share one package")
@@ -384,7 +392,7 @@ def load_specs(paths: Iterable[Path], templates: Path) -> SpecSet:
     if problems.items:
         raise SpecError("invalid kernel spec:\n  " + "\n  ".join(problems.items))
     assert package is not None
-    return SpecSet(package=package, kernels=tuple(kernels), files=tuple(map(str, files)))
+    return SpecSet(package=package, kernels=tuple(kernels), files=tuple(map(str, files)), ops=ops)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -32,7 +32,7 @@ _kernel = get_kernel("per_token_cast")
 
 _FORMATS = ("e4m3", "e2m1", "e5m6")
 _KERNEL_FORMATS = _FORMATS[:2]  # what this module's kernel casts; e5m6 has its own op
-# The kernel's runtime ``mode`` (templates/quant/per_token_cast.py.j2).
+# The kernel's runtime ``mode`` (kernels/quant/per_token_cast.py.j2).
 _MODE_CAST, _MODE_SF_ONLY, _MODE_GIVEN_SF = 0, 1, 2
 # Packages built from a spec without the sf_layout grid key hold the row-major layout only.
 _HAS_LAYOUTS = "sf_layout" in _kernel.keys

@@ -1,6 +1,6 @@
 """moe.group_count and moe.aux_fi: per-expert counts of a routing, and the auxiliary-loss f_i.
 
-Both run one block (templates/moe/count.py.j2) with shared-memory integer counters, so the
+Both run one block (kernels/moe/count.py.j2) with shared-memory integer counters, so the
 result is deterministic and needs no zeroed output; num_topk and the number of groups are read
 at run time. Ids outside [0, num_groups) (-1 = masked) are not counted (TileKernels asserts
 on ids >= num_groups; this build drops them).

@@ -1,6 +1,6 @@
 """moe.expand_to_fused and moe.expand_to_fused_with_sf: token rows into the fused expert layout.
 
-Both run the prebuilt ``moe_expand`` kernel (templates/moe/expand.py.j2): out[pos] = x[t] for
+Both run the prebuilt ``moe_expand`` kernel (kernels/moe/expand.py.j2): out[pos] = x[t] for
 every pos = token_topk_to_pos[t, k] >= 0, and zero rows (and zero scales) where
 pos_to_expert[pos] < 0 (segment padding). Positions reached by no token and not marked
 padding keep whatever the allocator held, as in TileKernels (a mapping from get_fused_mapping

@@ -5,7 +5,7 @@ Per token: scores by sigmoid, sqrt(softplus) or softmax; expert selection on sco
 key sum; a stable top-k (equal keys ranked by the lower id); weights = unbiased score /
 (1e-20 + sum of the k scores) * routed_scaling_factor; shared experts (ids E, E + 1, ...)
 appended with weight 1; the optional logical-to-physical map; EP/TP masking (ids of other TP
-ranks -1). The kernel's docstring (templates/moe/top2_sum_gate.py.j2) states the formulas.
+ranks -1). The kernel's docstring (kernels/moe/top2_sum_gate.py.j2) states the formulas.
 
 Built (kernel_specs/moe_gate.yaml): one variant per (scoring, num_experts, num_topk, groups,
 physical_map). The optional ``mask``, ``fix_routing_mask`` and ``unmapped_topk_idx`` tensors

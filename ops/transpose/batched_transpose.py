@@ -1,6 +1,6 @@
 """Transposes of the last two dimensions: ``batched_transpose`` (B, M, N) -> (B, N, M) and ``transpose``.
 
-Both run the prebuilt ``batched_transpose`` kernel (templates/transpose/batched_transpose.py.j2):
+Both run the prebuilt ``batched_transpose`` kernel (kernels/transpose/batched_transpose.py.j2):
 one variant per dtype (bfloat16, float32, float8_e4m3fn), with B, M and N read from the
 tensors at run time. The kernel moves whole 64 x 64 tiles, so M and N must be multiples of
 64, and it indexes x as a contiguous tensor.

@@ -1,6 +1,6 @@
 """moe.reduce_fused: fused expert-major rows back to tokens, and the autograd pair expand/reduce.
 
-``reduce_fused`` runs the prebuilt ``moe_reduce`` kernel (templates/moe/reduce.py.j2):
+``reduce_fused`` runs the prebuilt ``moe_reduce`` kernel (kernels/moe/reduce.py.j2):
 out[t] = sum over k (in k order, fp32, no FMA contraction) of w[t, k] * x_sf[pos] * x[pos]
 with pos = token_topk_to_pos[t, k] >= 0; bf16 output, or e4m3 (acc * sf, clamped to +-448).
 The kernel reads K, T and N at run time; hidden is compile-time (a multiple of 256).

@@ -1,6 +1,6 @@
 """moe.get_fused_mapping: the expert-major layout of a top-k routing and the maps into and out of it.
 
-One prebuilt cooperative kernel (templates/moe/fused_mapping.py.j2) does it all: the -1 fill of
+One prebuilt cooperative kernel (kernels/moe/fused_mapping.py.j2) does it all: the -1 fill of
 pos_to_*, per-block expert counts of the flattened topk_idx, a grid-wide barrier, the scan into
 expert segments (every block redundantly) and the position assignment. Layout: expert e owns
 positions [expert_start[e], expert_end[e]), a segment of align(count_e, alignment) rows; its

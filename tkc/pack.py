@@ -147,28 +147,11 @@ def plan(function: Launchable, arguments: Sequence[str], tensors: Sequence[str],
     return array.array("q", words).tobytes()
 
 
-# A kernel module's table: b"TKCT", the count, then per entry its length (-1: None) and its bytes.
-TABLE_MAGIC = b"TKCT"
-
-
 def pack_table(entries: Sequence[bytes | None]) -> bytes:
-    """The ``_kernels/<kernel>.bin`` of a kernel module: its variants' contracts and plans, in order."""
-    parts = [TABLE_MAGIC, struct.pack("<q", len(entries))]
+    """The ``_kernels/<kernel>.bin`` of a kernel module: its variants' contracts and plans, in order (the
+    format of ``_protocol.unpack_table``, which the loader reads it with)."""
+    parts = [p.TABLE_MAGIC, struct.pack("<q", len(entries))]
     for entry in entries:
         parts.append(struct.pack("<q", -1 if entry is None else len(entry)))
         parts.append(entry or b"")
     return b"".join(parts)
-
-
-def unpack_table(data: bytes) -> list[bytes | None]:
-    """The entries of a table (what the loader's ``_runtime.table`` reads; here for tests)."""
-    if data[:4] != TABLE_MAGIC:
-        raise ValueError("not a tkc table")
-    (count,), offset = struct.unpack_from("<q", data, 4), 12
-    entries: list[bytes | None] = []
-    for _ in range(count):
-        (length,) = struct.unpack_from("<q", data, offset)
-        offset += 8
-        entries.append(None if length < 0 else data[offset:offset + length])
-        offset += max(length, 0)
-    return entries

@@ -8,6 +8,8 @@ below is a ``#define`` of the same name there. Words are little-endian int64.
 
 from __future__ import annotations
 
+import struct
+
 # ---- contract: what check() compares a launcher's tensors with ----------------------------------
 # [CONTRACT_VERSION, n_tensors, n_sizes, alignment - 1, device type, written mask,
 #  per size (tensor slot, 0 shape | 1 stride, dim, limit or 0),
@@ -73,3 +75,22 @@ DLPACK_DTYPES = {
     "int64": 0 | 64 << 8 | 1 << 16,
     "bool": 6 | 8 << 8 | 1 << 16,
 }
+
+
+# ---- a kernel module's table: each variant's packed contract and plan ----------------------------
+# b"TKCT", the count, then per entry its length (-1: none) and its words (tkc/pack.py writes it).
+TABLE_MAGIC = b"TKCT"
+
+
+def unpack_table(data: bytes) -> list[bytes | None]:
+    """The entries of a ``_kernels/<kernel>.bin`` table, in order; ValueError for anything else."""
+    if data[:4] != TABLE_MAGIC:
+        raise ValueError("not a tkc table")
+    (count,), offset = struct.unpack_from("<q", data, 4), 12
+    entries: list[bytes | None] = []
+    for _ in range(count):
+        (length,) = struct.unpack_from("<q", data, offset)
+        offset += 8
+        entries.append(None if length < 0 else data[offset:offset + length])
+        offset += max(length, 0)
+    return entries

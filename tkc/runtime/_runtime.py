@@ -461,20 +461,13 @@ _TABLES = Path(__file__).parent / "_kernels"
 
 
 def table(kernel: str) -> list[bytes | None]:
-    """The packed contracts and plans of ``kernel``'s variants (``_kernels/<kernel>.bin``), in the
-    order its launcher module takes them: b"TKCT", the count, then per entry its length (-1: none)
-    and its words (tkc/pack.py writes it)."""
-    data = (_TABLES / f"{kernel}.bin").read_bytes()
-    if data[:4] != b"TKCT":
-        raise RuntimeError(f"{_TABLES / kernel}.bin is not a tkc table: reinstall {info.PACKAGE}")
-    (count,), offset = struct.unpack_from("<q", data, 4), 12
-    entries: list[bytes | None] = []
-    for _ in range(count):
-        (length,) = struct.unpack_from("<q", data, offset)
-        offset += 8
-        entries.append(None if length < 0 else data[offset:offset + length])
-        offset += max(length, 0)
-    return entries
+    """The packed contracts and plans of ``kernel``'s variants (``_kernels/<kernel>.bin``), in the order
+    its launcher module takes them."""
+    path = _TABLES / f"{kernel}.bin"
+    try:
+        return protocol.unpack_table(path.read_bytes())
+    except ValueError:
+        raise RuntimeError(f"{path} is not a tkc table: reinstall {info.PACKAGE}") from None
 
 
 def _no_run(contract: bytes | None, plan: bytes | None, handles: dict[int, int], *arguments: Any) -> bool:

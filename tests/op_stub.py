@@ -157,6 +157,8 @@ def stub_package(root: Path, package: str, family: str,
         shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)
     for op in ops:
         shutil.copy(REPO / "ops" / family / f"{op}.py", base / family / f"_{op}.py")
+    for helper in (REPO / "ops" / family).glob("_*.py"):  # the family's helpers, as tkc installs them
+        shutil.copy(helper, base / family / helper.name)
     sys.path.insert(0, str(root))
     try:
         runtime = importlib.import_module(f"{package}._runtime")

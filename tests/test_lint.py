@@ -36,6 +36,8 @@ def _tree(root: Path) -> Path:
             module.mkdir(exist_ok=True)
             (module / "__init__.py").write_text("")
             shutil.copy(spec_set.ops / kernel.op, module / f"_{Path(kernel.op).stem}.py")
+            for helper in (spec_set.ops / kernel.op).parent.glob("_*.py"):
+                shutil.copy(helper, module / helper.name)
     return package
 
 

@@ -9,6 +9,7 @@ import sys
 import venv
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -61,7 +62,8 @@ def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, lis
                          "_protocol.h", "_args.py", "_build_info.py", "errors.py", "manifest.json",
                          "_kernels/per_token_cast.py", "_kernels/per_token_cast.bin", "_kernels/batched_transpose.py",
                          "_kernels/batched_transpose.bin", "quant/__init__.py",
-                         "quant/_per_token_cast.py", "transpose/__init__.py", "transpose/_batched_transpose.py"):
+                         "quant/_per_token_cast.py", "quant/_scales.py", "transpose/__init__.py",
+                         "transpose/_batched_transpose.py"):
             assert f"tkc_small_kernels/{required}" in names
         # Nothing of the build machine travels: no TileLang sources, no CUDA sources.
         assert not [n for n in names if n.endswith((".cu", ".j2"))]
@@ -147,3 +149,50 @@ def test_public_names_prefers_dunder_all(tmp_path: Path) -> None:
     assert public_names(op) == ["a"]
     op.write_text("def a(): pass\ndef _hidden(): pass\n")
     assert public_names(op) == ["a"]
+
+
+def _one_variant(tmp_path: Path, op_files: dict[str, str]) -> tuple[Any, Any]:
+    """A spec set of one kernel (module fam, op fam/k.py) whose ops/ folder holds op_files, and its one built variant."""
+    from tkc.arch import ARCHS
+    from tkc.lower import KernelArg, Launch, LaunchContract, TensorParam
+    from tkc.package import BuiltVariant
+    from tkc.spec import expand, load_specs
+
+    (tmp_path / "kernels" / "fam").mkdir(parents=True)
+    (tmp_path / "kernels" / "fam" / "k.py.j2").write_text("prim_func = None\n")
+    for rel, text in op_files.items():
+        (tmp_path / "ops" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "ops" / rel).write_text(text)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("package: {name: p, version: '1'}\nkernels:\n  k:\n    module: fam\n    template: fam/k.py.j2\n"
+                    "    op: fam/k.py\n    grid: {n: [1]}\n")
+    specs = load_specs([spec], tmp_path / "kernels")
+    launch = Launch(symbol="k_kernel", args=(KernelArg(name="x", kind="tensor", ctype="pointer", expr="x"),),
+                    grid=("1", "1", "1"), block=(32, 1, 1), dynamic_smem=0, cooperative=False, cluster=None)
+    contract = LaunchContract(params=(TensorParam(name="x", dtype="float32", shape=(4,), strides=(1,), written=True),),
+                              sizes=(), tma=(), launches=(launch,))
+    built = BuiltVariant(variant=expand(specs.kernels[0])[0], arch=ARCHS["sm90"], cubin=b"", contract=contract,
+                         resources={}, cached=True)
+    return specs, built
+
+
+def test_an_op_familys_private_helpers_install_beside_its_op_modules(tmp_path: Path) -> None:
+    from tkc.arch import ARCHS
+    from tkc.package import package_files
+
+    specs, built = _one_variant(tmp_path, {"fam/k.py": "from ._shared import twice\n__all__ = ['k']\n"
+                                                       "def k(x):\n    return twice(x)\n",
+                                           "fam/_shared.py": "def twice(x):\n    return 2 * x\n"})
+    files = package_files(specs, ARCHS["sm90"], [built], tmp_path / "kernels", {})
+    assert files["p/fam/_shared.py"].endswith(b"def twice(x):\n    return 2 * x\n")
+    assert b"from ._shared import twice" in files["p/fam/_k.py"]
+
+
+def test_a_helper_where_an_op_module_installs_is_an_error(tmp_path: Path) -> None:
+    from tkc.arch import ARCHS
+    from tkc.errors import PackageError
+    from tkc.package import package_files
+
+    specs, built = _one_variant(tmp_path, {"fam/k.py": "def k(x):\n    return x\n", "fam/_k.py": "X = 1\n"})
+    with pytest.raises(PackageError, match="a helper installs as p/fam/_k.py, which is an op module's place"):
+        package_files(specs, ARCHS["sm90"], [built], tmp_path / "kernels", {})

@@ -15,16 +15,17 @@ cover.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from .._args import column_storage, matrix, not_built, one_of, out_tensors, positive_int
+from .._args import matrix, not_built, one_of, out_tensors, positive_int
 from .._build_info import ALIGNMENT
 from .._op import Empty, Plan, Result, empty, launch, op, result, size, stride_multiple
 from .._op import out as output  # the plans take a parameter named out
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
+from ._scales import ColumnMajor, check_scales, column_major_storage, given_scales, ue8m0_bytes
 
 __all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]
 
@@ -42,76 +43,6 @@ def _codes(x: torch.Tensor, fmt: str) -> Empty:
     """q for x: e4m3 codes, or e2m1 ones two to an int8."""
     e4m3 = fmt == "e4m3"
     return empty(torch.float8_e4m3fn if e4m3 else torch.int8, size(x, 0), int(x.shape[1]) // (1 if e4m3 else 2))
-
-
-def _scale_width(hidden: int, npc: int, sf_layout: str) -> tuple[int, torch.dtype]:
-    """(columns, dtype) of the (T, columns) scale tensor the op returns in sf_layout."""
-    groups = hidden // npc
-    return ((groups + 3) // 4, torch.int32) if sf_layout == "ue8m0" else (groups, torch.float32)
-
-
-class _ColumnMajor(NamedTuple):
-    """Allocates uninitialised (q, sf) for x with sf = storage.T[:T] of a (columns, align(T, 4)) storage, as
-    TileKernels does: strides (1, align(T, 4)); the padding tokens T .. align(T, 4) - 1 are never written.
-    (A value, so that torch.compile sees the same recipe on every trace.)"""
-
-    fmt: str
-    npc: int
-    sf_layout: str
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        num_tokens, hidden = x.shape
-        e4m3 = self.fmt == "e4m3"
-        q = x.new_empty((num_tokens, hidden // (1 if e4m3 else 2)), dtype=torch.float8_e4m3fn if e4m3 else torch.int8)
-        width, dtype = _scale_width(hidden, self.npc, self.sf_layout)
-        return q, x.new_empty((width, (num_tokens + 3) // 4 * 4), dtype=dtype).T[:num_tokens]
-
-
-def _storage(sf: torch.Tensor) -> torch.Tensor:
-    """The (columns, P) storage behind a column-major sf of the op's shape (an out sf must be a view with strides
-    (1, P), P >= T, over whole storage, as the op returns it): what the kernel takes for col_major."""
-    storage = column_storage(sf)
-    if storage is not None:
-        return storage
-    if sf.shape[0] == 0:  # nothing is written: any storage of that rank will do
-        return sf.new_empty((sf.shape[1], 0))
-    raise KernelArgumentError(
-        f"sf: expected the column-major layout per_token_cast returns with these flags, strides (1, P) "
-        f"with P >= {sf.shape[0]} over whole storage, got strides {tuple(sf.stride())}; pass the sf of an "
-        "earlier call with the same flags, or torch.empty((G, align(T, 4)), ...).T[:T]")
-
-
-def _ue8m0_bytes(sf: torch.Tensor) -> torch.Tensor:
-    """What the kernel takes for UE8M0 words sf: the bytes (columns, P, 4) of their storage."""
-    storage = _storage(sf)
-    return storage.view(torch.uint8).view(*storage.shape, 4)
-
-
-def _check_scales(sf: torch.Tensor, x: torch.Tensor, npc: int, sf_layout: str) -> None:
-    """sf of the dtype and shape the op returns for the flags, or an error naming sf."""
-    num_tokens, hidden = x.shape
-    width, dtype = _scale_width(hidden, npc, sf_layout)
-    if sf.dtype != dtype or tuple(sf.shape) != (num_tokens, width):
-        raise KernelArgumentError(f"sf: expected {dtype} of shape {(num_tokens, width)} for this layout, "
-                                  f"got {sf.dtype} of shape {tuple(sf.shape)}")
-
-
-def _given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torch.Tensor:
-    """The tensor the kernel reads for user scales in ``sf_layout``; errors name sf.
-
-    row_major: float32 (T, G) as given (the launcher checks it is contiguous). col_major: the
-    float32 (T, G) values as the (G, P) storage, read in place when sf is a view with strides
-    (1, P) over whole storage (what per_token_cast returns), else copied. ue8m0: int32 (T, G / 4)
-    words, the same way, seen as bytes (G / 4, P, 4).
-    """
-    if not isinstance(sf, torch.Tensor):
-        raise TypeError(f"sf: expected a torch.Tensor of scale factors, got {type(sf).__name__}")
-    _check_scales(sf, x, npc, sf_layout)
-    if sf_layout == "row_major":
-        return sf
-    if column_storage(sf) is None:
-        sf = sf.t().contiguous().t()  # a column-major copy over a storage of its own
-    return _storage(sf) if sf_layout == "col_major" else _ue8m0_bytes(sf)
 
 
 def _dequantized(x: object, x_block_size: object) -> object:
@@ -194,9 +125,10 @@ def _cast(x: object, fmt: str, num_per_channels: int, x_block_size: object, col_
         outputs = (_codes(x, fmt), empty(torch.float32, size(x, 0), int(x.shape[1]) // npc))
         return launch(launcher, x, output(0), output(1), mode, outputs=outputs, rules=rules, then=then)
     if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
-        _check_scales(out_tensors(out, ("q", "sf"))[1], x, npc, sf_layout)
-    return launch(launcher, x, output(0), output(1, view=_storage if sf_layout == "col_major" else _ue8m0_bytes),
-                  mode, outputs=_ColumnMajor(fmt, npc, sf_layout),  # type: ignore[arg-type]  # a callable value
+        check_scales(out_tensors(out, ("q", "sf"))[1], x, npc, sf_layout)
+    view = column_major_storage if sf_layout == "col_major" else ue8m0_bytes
+    return launch(launcher, x, output(0), output(1, view=view), mode,
+                  outputs=ColumnMajor(fmt, npc, sf_layout),  # type: ignore[arg-type]  # a callable value
                   rules=rules, then=then)
 
 
@@ -302,7 +234,7 @@ def per_token_cast_with_precomputed_sf(
     """
     x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                                        round_sf, use_packed_ue8m0)
-    sf_arg = _given_scales(sf, x, npc, sf_layout)
+    sf_arg = given_scales(sf, x, npc, sf_layout)
     # round_sf only names the UE8M0 layout here (the scales are given): fp32 scales take the round_sf=False variant.
     launcher = _select(x, fmt, npc, sf_layout == "ue8m0", sf_layout)
     return launch(launcher, x, output(0), sf_arg, _MODE_GIVEN_SF, outputs=(_codes(x, fmt),),

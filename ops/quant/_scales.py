@@ -1,0 +1,87 @@
+"""The scale-factor layouts of the per-token casts (KERNELS.md, "Shared quantization rules"): row-major fp32,
+fp32 column-major over a (columns, align(T, 4)) storage (``use_tma_aligned_col_major_sf``), and packed UE8M0
+words laid out the same way (``use_packed_ue8m0``); what the kernels take for them, and the checks that name sf.
+
+A helper of the quant op modules (tkc copies ``ops/quant/_*.py`` beside them into the wheel).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .._args import column_storage
+from ..errors import KernelArgumentError
+
+__all__ = ["ColumnMajor", "check_scales", "column_major_storage", "given_scales", "scale_width", "ue8m0_bytes"]
+
+
+def scale_width(hidden: int, npc: int, sf_layout: str) -> tuple[int, torch.dtype]:
+    """(columns, dtype) of the (T, columns) scale tensor the op returns in sf_layout."""
+    groups = hidden // npc
+    return ((groups + 3) // 4, torch.int32) if sf_layout == "ue8m0" else (groups, torch.float32)
+
+
+class ColumnMajor(NamedTuple):
+    """Allocates uninitialised (q, sf) for x with sf = storage.T[:T] of a (columns, align(T, 4)) storage, as
+    TileKernels does: strides (1, align(T, 4)); the padding tokens T .. align(T, 4) - 1 are never written.
+    (A value, so that torch.compile sees the same recipe on every trace.)"""
+
+    fmt: str
+    npc: int
+    sf_layout: str
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens, hidden = x.shape
+        e4m3 = self.fmt == "e4m3"
+        q = x.new_empty((num_tokens, hidden // (1 if e4m3 else 2)), dtype=torch.float8_e4m3fn if e4m3 else torch.int8)
+        width, dtype = scale_width(hidden, self.npc, self.sf_layout)
+        return q, x.new_empty((width, (num_tokens + 3) // 4 * 4), dtype=dtype).T[:num_tokens]
+
+
+def column_major_storage(sf: torch.Tensor) -> torch.Tensor:
+    """The (columns, P) storage behind a column-major sf of the op's shape (an out sf must be a view with strides
+    (1, P), P >= T, over whole storage, as the op returns it): what the kernel takes for col_major."""
+    storage = column_storage(sf)
+    if storage is not None:
+        return storage
+    if sf.shape[0] == 0:  # nothing is written: any storage of that rank will do
+        return sf.new_empty((sf.shape[1], 0))
+    raise KernelArgumentError(
+        f"sf: expected the column-major layout per_token_cast returns with these flags, strides (1, P) "
+        f"with P >= {sf.shape[0]} over whole storage, got strides {tuple(sf.stride())}; pass the sf of an "
+        "earlier call with the same flags, or torch.empty((G, align(T, 4)), ...).T[:T]")
+
+
+def ue8m0_bytes(sf: torch.Tensor) -> torch.Tensor:
+    """What the kernel takes for UE8M0 words sf: the bytes (columns, P, 4) of their storage."""
+    storage = column_major_storage(sf)
+    return storage.view(torch.uint8).view(*storage.shape, 4)
+
+
+def check_scales(sf: torch.Tensor, x: torch.Tensor, npc: int, sf_layout: str) -> None:
+    """sf of the dtype and shape the op returns for the flags, or an error naming sf."""
+    num_tokens, hidden = x.shape
+    width, dtype = scale_width(hidden, npc, sf_layout)
+    if sf.dtype != dtype or tuple(sf.shape) != (num_tokens, width):
+        raise KernelArgumentError(f"sf: expected {dtype} of shape {(num_tokens, width)} for this layout, "
+                                  f"got {sf.dtype} of shape {tuple(sf.shape)}")
+
+
+def given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torch.Tensor:
+    """The tensor the kernel reads for user scales in ``sf_layout``; errors name sf.
+
+    row_major: float32 (T, G) as given (the launcher checks it is contiguous). col_major: the
+    float32 (T, G) values as the (G, P) storage, read in place when sf is a view with strides
+    (1, P) over whole storage (what per_token_cast returns), else copied. ue8m0: int32 (T, G / 4)
+    words, the same way, seen as bytes (G / 4, P, 4).
+    """
+    if not isinstance(sf, torch.Tensor):
+        raise TypeError(f"sf: expected a torch.Tensor of scale factors, got {type(sf).__name__}")
+    check_scales(sf, x, npc, sf_layout)
+    if sf_layout == "row_major":
+        return sf
+    if column_storage(sf) is None:
+        sf = sf.t().contiguous().t()  # a column-major copy over a storage of its own
+    return column_major_storage(sf) if sf_layout == "col_major" else ue8m0_bytes(sf)

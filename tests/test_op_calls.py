@@ -118,7 +118,7 @@ def test_cached_signatures_still_check_what_varies(quant: tuple[dict[str, Module
 def test_cast_is_not_cached_while_compiling(quant: tuple[dict[str, ModuleType], Any],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # While torch.compile traces, the op takes the full checks and the custom op (the stub's
-    # custom_op is the function itself), and stores nothing a traced call could depend on.
+    # launch_op runs the plan itself), and stores nothing a traced call could depend on.
     modules, runtime = quant
     cast = modules["per_token_cast"]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)

@@ -16,7 +16,10 @@ Copied verbatim by tkc into every generated package; it needs only torch and
   through ctypes);
 - ``Function`` holds one kernel's launch configuration, its handle per device, and
   the rare paths (first launch, another device's context, launch attributes, errors);
-- ``Kernel.select`` maps compile-time parameters to a variant's launcher.
+- ``Kernel.select`` maps compile-time parameters to a variant's launcher;
+- ``table`` reads a kernel module's packed contracts and plans (data tkc wrote at build time);
+- ``dispatch`` / ``remember`` and ``launch_op`` are what the op layer (``_op.py``) builds every op's
+  fast path and torch op from.
 """
 
 from __future__ import annotations
@@ -788,25 +791,6 @@ class Kernel:
                 f"to the grid of kernel {self.name} in {self.spec} and rebuild (tkc build). Built variants:\n  {have}"
             )
         return launcher
-
-
-def custom_op(name: str, fake: Callable[..., Any], schema: str | None = None,
-              mutates_args: Sequence[str] = ()) -> Callable[[Callable[..., Any]], Any]:
-    """Register a function as the torch custom op ``<package>::<name>`` with ``fake`` as its meta kernel.
-
-    ``torch.compile`` then treats the op as one opaque node (its ctypes launch would
-    otherwise break the graph) and infers output shapes from ``fake``. The ops (``_op.Op``)
-    call it only while compiling; eager callers keep the direct path, which skips the
-    dispatcher's overhead. ``schema``: the op's schema where the function's annotations do not
-    give it.
-    """
-
-    def register(fn: Callable[..., Any]) -> Any:
-        op = torch.library.custom_op(f"{info.PACKAGE}::{name}", fn, mutates_args=tuple(mutates_args), schema=schema)
-        op.register_fake(fake)
-        return op
-
-    return register
 
 
 _library: list[Any] = []  # the package's torch.library fragment, made on the first op

@@ -151,10 +151,10 @@ def test_public_names_prefers_dunder_all(tmp_path: Path) -> None:
     assert public_names(op) == ["a"]
 
 
-def _one_variant(tmp_path: Path, op_files: dict[str, str]) -> tuple[Any, Any]:
+def _one_variant(tmp_path: Path, op_files: dict[str, str], extra: str = "") -> tuple[Any, Any]:
     """A spec set of one kernel (module fam, op fam/k.py) whose ops/ folder holds op_files, and its one built variant."""
     from tkc.arch import ARCHS
-    from tkc.lower import KernelArg, Launch, LaunchContract, TensorParam
+    from tkc.lower import KernelArg, Launch, LaunchContract, SizeSource, TensorParam
     from tkc.package import BuiltVariant
     from tkc.spec import expand, load_specs
 
@@ -165,12 +165,12 @@ def _one_variant(tmp_path: Path, op_files: dict[str, str]) -> tuple[Any, Any]:
         (tmp_path / "ops" / rel).write_text(text)
     spec = tmp_path / "s.yaml"
     spec.write_text("package: {name: p, version: '1'}\nkernels:\n  k:\n    module: fam\n    template: fam/k.py.j2\n"
-                    "    op: fam/k.py\n    grid: {n: [1]}\n")
+                    "    op: fam/k.py\n    grid: {n: [1]}\n" + extra)
     specs = load_specs([spec], tmp_path / "kernels")
     launch = Launch(symbol="k_kernel", args=(KernelArg(name="x", kind="tensor", ctype="pointer", expr="x"),),
                     grid=("1", "1", "1"), block=(32, 1, 1), dynamic_smem=0, cooperative=False, cluster=None)
-    contract = LaunchContract(params=(TensorParam(name="x", dtype="float32", shape=(4,), strides=(1,), written=True),),
-                              sizes=(), tma=(), launches=(launch,))
+    contract = LaunchContract(params=(TensorParam(name="x", dtype="float32", shape=("m",), strides=(1,), written=True),),
+                              sizes=(SizeSource(name="m", tensor="x", dim=0, kind="shape"),), tma=(), launches=(launch,))
     built = BuiltVariant(variant=expand(specs.kernels[0])[0], arch=ARCHS["sm90"], cubin=b"", contract=contract,
                          resources={}, cached=True)
     return specs, built
@@ -196,3 +196,18 @@ def test_a_helper_where_an_op_module_installs_is_an_error(tmp_path: Path) -> Non
     specs, built = _one_variant(tmp_path, {"fam/k.py": "def k(x):\n    return x\n", "fam/_k.py": "X = 1\n"})
     with pytest.raises(PackageError, match="a helper installs as p/fam/_k.py, which is an op module's place"):
         package_files(specs, ARCHS["sm90"], [built], tmp_path / "kernels", {})
+
+
+def test_a_kernels_requirements_are_checked_by_its_launchers(tmp_path: Path) -> None:
+    from tkc.arch import ARCHS
+    from tkc.errors import PackageError
+    from tkc.package import package_files
+
+    op = {"fam/k.py": "def k(x):\n    return x\n"}
+    specs, built = _one_variant(tmp_path, op, "    requires: ['m % 64 == 0']\n")
+    launcher = package_files(specs, ARCHS["sm90"], [built], tmp_path / "kernels", {})["p/_kernels/k.py"].decode()
+    assert "and (m % 64) == (0)" in launcher  # the fast Python check
+    assert 'raise KernelArgumentError(f"x: the kernel requires m % 64 == 0, got m = {m}' in launcher
+    specs, built = _one_variant(tmp_path / "other", op, "    requires: ['rows % 64 == 0']\n")
+    with pytest.raises(PackageError, match=r"s.yaml:3: kernels.k: requires: 'rows % 64': not a sum.*runtime sizes \(m\)"):
+        package_files(specs, ARCHS["sm90"], [built], tmp_path / "other" / "kernels", {})

@@ -133,7 +133,7 @@ def test_check_declines_contracts_it_cannot_read(runtime: ModuleType) -> None:
     assert runtime.check(contract[:-8], x, q, sf) is None  # truncated
     assert runtime.check(contract + bytes(8), x, q, sf) is None  # trailing words
     assert runtime.check(contract, x, q) is None  # a tensor short
-    assert contract[:8] == (3).to_bytes(8, "little")  # the format check() reads
+    assert contract[:8] == (4).to_bytes(8, "little")  # the format check() reads (_protocol.CONTRACT_VERSION)
     assert runtime.check((9).to_bytes(8, "little") + contract[8:], x, q, sf) is None  # another version
 
 
@@ -322,3 +322,17 @@ def test_tensor_subclasses_are_read_too(runtime: ModuleType) -> None:
     parameter = torch.nn.Parameter(x, requires_grad=False)
     assert type(parameter) is not torch.Tensor
     assert runtime.check(contract, parameter, q, sf) == runtime.check(contract, x, q, sf) is not None
+
+
+def test_check_declines_sizes_the_kernels_requirements_refuse(runtime: ModuleType) -> None:
+    """A spec's requires ("M % 64 == 0") travel in the contract: check() accepts only sizes that meet them,
+    so a launcher called directly cannot launch a kernel on tiles it does not cover."""
+    contract = pack.contract((("x", torch.int8, ("m", "n"), pack.ROW_MAJOR),),
+                             sizes=(("m", "x", "shape", 0, 0), ("n", "x", "shape", 1, 0)), alignment=1,
+                             device_type=KDL_CPU, requires=(("m % 64", "0"), ("n // 2", "max(m, 32)")))
+    assert runtime.check(contract, torch.empty(64, 128, dtype=torch.int8)) is not None
+    assert runtime.check(contract, torch.empty(0, 64, dtype=torch.int8)) is not None  # 0 % 64 == 0, 32 == max(0, 32)
+    assert runtime.check(contract, torch.empty(32, 128, dtype=torch.int8)) is None  # 32 % 64
+    assert runtime.check(contract, torch.empty(64, 130, dtype=torch.int8)) is None  # 65 != 64
+    with pytest.raises(ValueError, match="not a sum, product"):
+        pack.contract((("x", torch.int8, ("m",), None),), sizes=(("m", "x", "shape", 0, 0),), requires=(("k", "0"),))

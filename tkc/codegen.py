@@ -7,6 +7,7 @@ was read, the grid formula, and the argument order the cubin expects.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tkc import pack
@@ -31,6 +32,7 @@ _TORCH_DTYPES = {
 # scalar type -> the loader's argument kind (a struct letter, see _runtime.Function)
 _KINDS = {"int32": "i", "int64": "q", "uint32": "I", "uint64": "Q", "float32": "f", "float64": "d"}
 _INT_LIMITS = {"int32": 2**31, "uint32": 2**32}
+Requires = tuple[tuple[str, str], ...]  # a spec's requirements on the sizes: (lhs, rhs) that must be equal
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +134,7 @@ def _size_ctypes(contract: LaunchContract) -> dict[str, str]:
     return {a.name: a.ctype for launch in contract.launches for a in launch.args if a.kind == "size"}
 
 
-def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
+def _fast_checks(contract: LaunchContract, alignment: int, requires: Requires = ()) -> list[str]:
     """One boolean expression that accepts well-formed arguments in a few attribute reads per tensor.
 
     It is conservative: anything it does not accept (a wrong type, dtype, shape, stride or
@@ -171,6 +173,7 @@ def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
     ctypes_of = _size_ctypes(contract)
     terms += [f"{s.name} < {_INT_LIMITS[ctypes_of[s.name]]}" for s in contract.sizes
               if ctypes_of.get(s.name) in _INT_LIMITS]
+    terms += [f"({lhs}) == ({rhs})" for lhs, rhs in requires]
     return [
         "try:",
         *reads,
@@ -184,7 +187,7 @@ def _fast_checks(contract: LaunchContract, alignment: int) -> list[str]:
     ]
 
 
-def _contract_words(contract: LaunchContract, alignment: int) -> bytes | None:
+def _contract_words(contract: LaunchContract, alignment: int, requires: Requires = ()) -> bytes | None:
     """The variant's tensor checks packed for ``_launch.check`` (tkc/pack.py).
 
     The same facts as the fast Python check, as data: per tensor its dtype, shape and strides
@@ -199,7 +202,11 @@ def _contract_words(contract: LaunchContract, alignment: int) -> bytes | None:
             tensors.append((p.name, p.dtype, p.shape, strides))
     sizes = [(s.name, s.tensor, s.kind, s.dim, _INT_LIMITS.get(ctypes_of.get(s.name, ""), 0)) for s in contract.sizes]
     written = [p.name for p in contract.params if isinstance(p, TensorParam) and p.written]
-    return pack.contract(tensors, sizes=sizes, written=written, alignment=alignment)
+    try:
+        return pack.contract(tensors, sizes=sizes, written=written, alignment=alignment, requires=requires)
+    except ValueError as exc:
+        names = ", ".join(s.name for s in contract.sizes) or "none"
+        raise LowerError(f"requires: {exc}; a requirement may name the kernel's runtime sizes ({names})") from None
 
 
 def _checked_lines(contract: LaunchContract, contract_var: str, fast: list[str]) -> list[str]:
@@ -225,6 +232,21 @@ def _disjoint_lines(contract: LaunchContract) -> list[str]:
     if not written or len(tensors) < 2:
         return []
     return [f"check_disjoint({_shape_tuple(written)}, {_shape_tuple(read) if read else '()'})"]
+
+
+def _requirement_checks(contract: LaunchContract, requires: Requires) -> list[str]:
+    """The spec's requirements on the sizes, each raising an error that names the tensor its first size is read
+    from (the kernel trusts them: tile multiples its grid and indexing assume)."""
+    source = {s.name: s.tensor for s in contract.sizes}
+    lines = []
+    for lhs, rhs in requires:
+        named = [n for n in re.findall(r"[A-Za-z_]\w*", f"{lhs} {rhs}") if n in source]
+        values = ", ".join(f"{n} = {{{n}}}" for n in dict.fromkeys(named))
+        tensor = source[named[0]] if named else "arguments"
+        lines += [f"if ({lhs}) != ({rhs}):",
+                  f'    raise KernelArgumentError(f"{tensor}: the kernel requires {lhs} == {rhs}, got {values}; '
+                  f'pad {tensor} to the multiple it needs")']
+    return lines
 
 
 def _size_limits(contract: LaunchContract) -> list[str]:
@@ -342,8 +364,8 @@ def _plan_words(contract: LaunchContract) -> bytes | None:
 
 
 def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract,
-                    alignment: int = 16) -> LauncherSource:
-    """The launcher function of one variant."""
+                    alignment: int = 16, requires: Requires = ()) -> LauncherSource:
+    """The launcher function of one variant; ``requires``: the spec's conditions on the runtime sizes."""
     cubin_var = f"_{func.upper()}"
     function_vars = [f"{cubin_var}_{launch.symbol.upper()}" for launch in contract.launches]
     if len(contract.launches) == 1:
@@ -351,11 +373,11 @@ def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchC
     elif len(set(function_vars)) != len(function_vars):  # one kernel launched twice: number them
         function_vars = [f"{cubin_var}_LAUNCH{i}" for i in range(len(contract.launches))]
     has_tensors = any(isinstance(p, TensorParam) for p in contract.params)
-    slow = _tensor_checks(contract.params, contract) + _size_limits(contract)
-    python_checks = [*_fast_checks(contract, alignment), "if not fast:", *(f"    {line}" for line in slow)]
+    slow = _tensor_checks(contract.params, contract) + _size_limits(contract) + _requirement_checks(contract, requires)
+    python_checks = [*_fast_checks(contract, alignment, requires), "if not fast:", *(f"    {line}" for line in slow)]
     contract_var = f"{cubin_var}_CONTRACT"
     body = _checked_lines(contract, contract_var, python_checks)
-    module_vars = [(contract_var, _contract_words(contract, alignment))] if has_tensors else []
+    module_vars = [(contract_var, _contract_words(contract, alignment, requires))] if has_tensors else []
     plan = _plan_words(contract)
     planned = ""
     if plan is not None:

@@ -67,6 +67,7 @@ def contract(
     written: Sequence[str] = (),
     alignment: int = 16,
     device_type: int = p.KDL_CUDA,
+    requires: Sequence[tuple[str, str]] = (),
 ) -> bytes | None:
     """The packed contract check() compares a launcher's tensors with; None where it cannot.
 
@@ -76,7 +77,9 @@ def contract(
     dimension, limit) per runtime size, in the order check() returns them; limit is the bound of
     the kernel parameter (0: none). written: the tensors the kernel writes; check() declines when
     one's memory overlaps another tensor's. device_type: the DLPack device the tensors must be on
-    (tests use 1, the CPU). None for a dtype without a DLPack code (check() could never accept it).
+    (tests use 1, the CPU). requires: (lhs, rhs) expressions of the sizes that must be equal (the
+    spec's ``requires``); ValueError for one that names no size. None for a dtype without a DLPack
+    code (check() could never accept it).
     """
     names = tuple(s[0] for s in sizes)
     slots = [t[0] for t in tensors]
@@ -93,7 +96,22 @@ def contract(
         words += [code, len(shape), layout]
         for item in (*shape, *(strides if layout == p.LAYOUT_STRIDES else ())):  # type: ignore[misc]
             words += (1, p.OP_CONST, item) if isinstance(item, int) else expression(item, names)
+    words.append(len(requires))
+    for lhs, rhs in requires:
+        words += (*expression(lhs, names), *expression(rhs, names))
     return array.array("q", words).tobytes()
+
+
+def requirement(text: str) -> tuple[str, str]:
+    """A spec's requirement ``"M % 64 == 0"`` as its two sides; ValueError for anything but one ``==``
+    between expressions of sizes and integers (sums, products, floor quotients, remainders, max, min)."""
+    node = ast.parse(text, mode="eval").body
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq)):
+        raise ValueError(f"{text!r}: not one comparison 'expression == expression'")
+    lhs, rhs = ast.unparse(node.left), ast.unparse(node.comparators[0])
+    names = tuple(sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)} - set(_CALLS)))
+    expression(lhs, names), expression(rhs, names)  # the grammar, over whatever names it uses
+    return lhs, rhs
 
 
 class Launchable(Protocol):

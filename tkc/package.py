@@ -28,7 +28,7 @@ from tkc.arch import Arch
 from tkc.cibw import cibuildwheel_config
 from tkc.codegen import LauncherSource, launcher_source
 from tkc.compile import Resources
-from tkc.errors import PackageError
+from tkc.errors import LowerError, PackageError
 from tkc.fsutil import sha256_bytes, write_atomic
 from tkc.lower import LaunchContract
 from tkc.native import ABI_TAG, FILENAME, HEADER, SOURCE, LaunchModule, protocol_header
@@ -141,9 +141,12 @@ def _kernel_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, 
     for b in built:
         v = b.variant
         doc = f"{kernel.name} for {arch.target}: {v.describe()}."
-        source = launcher_source(func=v.id, doc=doc, cubin=f"{v.id}.cubin",
-                                 key=repr(tuple(val for _, val in v.params)), contract=b.contract,
-                                 alignment=arch.alignment)
+        try:
+            source = launcher_source(func=v.id, doc=doc, cubin=f"{v.id}.cubin",
+                                     key=repr(tuple(val for _, val in v.params)), contract=b.contract,
+                                     alignment=arch.alignment, requires=kernel.requires)
+        except LowerError as exc:
+            raise PackageError(f"{kernel.source}:{kernel.line}: kernels.{kernel.name}: {exc}") from None
         indices = tuple((var, len(entries) + i) for i, (var, _) in enumerate(source.contract))
         entries += [words for _, words in source.contract]
         launchers.append(dataclasses.replace(source, table=indices))

@@ -48,7 +48,7 @@ DTYPES = (
 FORMATS = ("e4m3", "e2m1", "e5m6")
 TOP_KEYS = ("package", "kernels")
 PACKAGE_KEYS = ("name", "version")
-KERNEL_KEYS = ("module", "template", "op", "archs", "grid", "constraints", "pass_configs", "description")
+KERNEL_KEYS = ("module", "template", "op", "archs", "grid", "constraints", "requires", "pass_configs", "description")
 REQUIRED_KERNEL_KEYS = ("module", "template", "op", "grid")
 # Grid keys whose values come from a closed set; any other key takes free scalars.
 CLOSED_GRID_KEYS: dict[str, tuple[str, ...]] = {"fmt": FORMATS}
@@ -83,6 +83,9 @@ class KernelSpec:
     pass_configs: tuple[tuple[str, Value], ...]
     description: str
     source: str  # the spec file, for messages
+    # Conditions on the kernel's runtime sizes ("M % 64 == 0") that its launchers check before every launch:
+    # what the kernel trusts beyond the tensors' shapes (tile multiples); (lhs, rhs) pairs that must be equal.
+    requires: tuple[tuple[str, str], ...] = ()
     line: int
 
     @property
@@ -222,6 +225,25 @@ def _check_grid(node: yaml.Node, file: str, where: str,
     return tuple(grid)
 
 
+def _check_requires(node: yaml.Node, file: str, where: str, problems: _Problems) -> tuple[tuple[str, str], ...]:
+    """The kernel's requirements on its runtime sizes, as (lhs, rhs) pairs; which sizes exist is known once the
+    template is lowered (tkc.codegen names the sizes there)."""
+    from tkc.pack import requirement
+
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    out: list[tuple[str, str]] = []
+    for item in items:
+        text = _scalar(item)
+        try:
+            if not isinstance(text, str):
+                raise ValueError(f"expected a string, got {item.value!r}")
+            out.append(requirement(text))
+        except (SyntaxError, ValueError) as exc:
+            problems.add(file, item, where, f"{exc}; a requirement compares expressions of the kernel's runtime "
+                         "sizes and integers with ==, e.g. \"M % 64 == 0\"")
+    return tuple(out)
+
+
 def _check_constraints(node: yaml.Node, file: str, where: str, keys: tuple[str, ...],
                        problems: _Problems) -> tuple[str, ...]:
     items = node.value if isinstance(node, yaml.SequenceNode) else [node]
@@ -294,6 +316,8 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, ro
     keys = tuple(k for k, _ in grid)
     constraints = (_check_constraints(entries["constraints"][1], file, f"{where}.constraints", keys, problems)
                    if "constraints" in entries else ())
+    requires = _check_requires(entries["requires"][1], file, f"{where}.requires", problems) \
+        if "requires" in entries else ()
     pass_configs: list[tuple[str, Value]] = []
     if "pass_configs" in entries:
         for key, (_, value_node) in _mapping(entries["pass_configs"][1], file, f"{where}.pass_configs", (),
@@ -309,7 +333,7 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, ro
     spec = KernelSpec(
         name=name, module=str(module), template=str(paths["template"]), op=str(paths["op"]), archs=archs,
         grid=grid, constraints=constraints, pass_configs=tuple(sorted(pass_configs)), description=description,
-        source=file, line=key_node.start_mark.line + 1,
+        source=file, line=key_node.start_mark.line + 1, requires=requires,
     )
     if not expand(spec):
         problems.add(file, entries["constraints"][1] if "constraints" in entries else node, where,

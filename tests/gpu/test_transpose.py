@@ -175,3 +175,15 @@ def test_launch_from_a_thread_that_never_used_cuda() -> None:
     torch.cuda.synchronize()
     in_new_thread(lambda: launch(x, y))
     assert torch.equal(y, x.transpose(1, 2))
+
+
+def test_the_launcher_itself_refuses_partial_tiles() -> None:
+    """The spec's requires (M, N multiples of 64) are in the launcher's contract: a direct call of the launcher,
+    past the op's checks, raises naming x instead of launching on tiles the kernel does not cover."""
+    launch = runtime.get_kernel("batched_transpose").select(dtype="bfloat16")
+    x = torch.randn(1, 32, 64, device="cuda", dtype=torch.bfloat16)
+    y = torch.full((1, 64, 32), 7.0, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(errors.KernelArgumentError, match=r"^x: the kernel requires M % 64 == 0, got M = 32"):
+        launch(x, y)
+    torch.cuda.synchronize()
+    assert bool((y == 7.0).all())  # nothing was launched

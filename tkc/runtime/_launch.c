@@ -441,6 +441,14 @@ static int matches(const int64_t *words, Py_ssize_t n_words, DLTensor *const *te
         uintptr_t address = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
         if (address & (uintptr_t)align_mask) return -1;
     }
+    /* The kernel's requirements on its sizes (a spec's requires: tile multiples it trusts), each two
+     * expressions that must be equal. */
+    int64_t n_requires;
+    if (next(&r, &n_requires) || n_requires < 0) return -1;
+    for (int64_t i = 0; i < n_requires; i++) {
+        int64_t lhs, rhs;
+        if (eval(&r, sizes, n_sizes, &lhs) || eval(&r, sizes, n_sizes, &rhs) || lhs != rhs) return -1;
+    }
     if (r.left != 0) return -1;
     return disjoint(tensors, n_tensors, written);
 }

@@ -13,8 +13,9 @@ import struct
 # ---- contract: what check() compares a launcher's tensors with ----------------------------------
 # [CONTRACT_VERSION, n_tensors, n_sizes, alignment - 1, device type, written mask,
 #  per size (tensor slot, 0 shape | 1 stride, dim, limit or 0),
-#  per tensor (dtype, ndim, layout, ndim shape expressions, and for LAYOUT_STRIDES ndim stride expressions)]
-CONTRACT_VERSION = 3
+#  per tensor (dtype, ndim, layout, ndim shape expressions, and for LAYOUT_STRIDES ndim stride expressions),
+#  n_requires, per requirement two expressions that must be equal (a spec's requires: "M % 64 == 0")]
+CONTRACT_VERSION = 4
 KDL_CUDA = 2  # DLDeviceType of CUDA memory
 LAYOUT_STRIDES = 0  # strides given per dimension
 LAYOUT_ROW_MAJOR = 1  # what Tensor.is_contiguous() accepts

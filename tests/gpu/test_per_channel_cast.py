@@ -390,3 +390,17 @@ def test_runs_on_the_current_stream() -> None:
     stream.synchronize()
     ref_q, ref_sf = per_channel_cast_and_transpose_ref(x, 128)
     assert_same_codes_and_scales(q, sf, ref_q, ref_sf)
+
+
+def test_the_transposing_launcher_itself_refuses_partial_token_tiles() -> None:
+    """The spec's requires (num_tokens % 128 == 0) are in the launcher's contract: a direct call of the launcher,
+    past the op's checks, raises naming x instead of reading and writing past the last whole tile."""
+    launch = runtime.get_kernel("per_channel_cast_and_transpose").select(hidden=2048, npt=128, round_sf=False)
+    x = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+    q = torch.full((2048, 64), 0x7F, device="cuda", dtype=torch.uint8).view(torch.float8_e4m3fn)
+    sf = torch.empty(64 // 128, 2048, device="cuda")  # the shape the contract reads from num_tokens
+    with pytest.raises(errors.KernelArgumentError, match=r"^x: the kernel requires num_tokens % 128 == 0, got "
+                                                         r"num_tokens = 64"):
+        launch(x, q, sf)
+    torch.cuda.synchronize()
+    assert bool((q.view(torch.uint8) == 0x7F).all())  # nothing was launched

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One planned call on a GPU machine that has torch but no TileLang and no nvcc (the real use case):
-# install the sm90 wheels from dist/ (shipped kernels) and dist/loader/ (loader test
+# install the sm90 wheels from dist/ (shipped kernels), dist/loader/ (loader test
 # kernels: tkc build --specs tests/data/specs/loader.yaml --templates tests/data/kernels
-# --dist dist/loader) with --no-deps, run the GPU tests, then the benchmarks.
+# --dist dist/loader) and dist/examples/ (the example project: tkc build --specs
+# examples/rmsnorm/kernel_specs --templates examples/rmsnorm/kernels --dist dist/examples)
+# with --no-deps, run the GPU tests, then the benchmarks.
 # Logs and results go under $OUT (the device tool's output folder) or ./gpu-out.
 # Usage: COMMIT=<sha> benchmarks/gpu_session.sh [pytest args...]
 set -uo pipefail
@@ -10,7 +12,8 @@ cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 site=$(mktemp -d /tmp/tkc-site.XXXX)
-python3 -m pip install -q --no-deps --no-index --target "$site" dist/*+sm90-*.whl dist/loader/*+sm90-*.whl || exit 1
+python3 -m pip install -q --no-deps --no-index --target "$site" dist/*+sm90-*.whl dist/loader/*+sm90-*.whl \
+  dist/examples/*+sm90-*.whl || exit 1
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, tile_kernels_aot as tk; print('torch', torch.__version__, 'package', tk.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"

@@ -183,7 +183,7 @@ def test_an_op_familys_private_helpers_install_beside_its_op_modules(tmp_path: P
     specs, built = _one_variant(tmp_path, {"fam/k.py": "from ._shared import twice\n__all__ = ['k']\n"
                                                        "def k(x):\n    return twice(x)\n",
                                            "fam/_shared.py": "def twice(x):\n    return 2 * x\n"})
-    files = package_files(specs, ARCHS["sm90"], [built], tmp_path / "kernels", {})
+    files = package_files(specs, ARCHS["sm90"], [built], {})
     assert files["p/fam/_shared.py"].endswith(b"def twice(x):\n    return 2 * x\n")
     assert b"from ._shared import twice" in files["p/fam/_k.py"]
 
@@ -195,7 +195,7 @@ def test_a_helper_where_an_op_module_installs_is_an_error(tmp_path: Path) -> Non
 
     specs, built = _one_variant(tmp_path, {"fam/k.py": "def k(x):\n    return x\n", "fam/_k.py": "X = 1\n"})
     with pytest.raises(PackageError, match="a helper installs as p/fam/_k.py, which is an op module's place"):
-        package_files(specs, ARCHS["sm90"], [built], tmp_path / "kernels", {})
+        package_files(specs, ARCHS["sm90"], [built], {})
 
 
 def test_a_kernels_requirements_are_checked_by_its_launchers(tmp_path: Path) -> None:
@@ -205,9 +205,9 @@ def test_a_kernels_requirements_are_checked_by_its_launchers(tmp_path: Path) -> 
 
     op = {"fam/k.py": "def k(x):\n    return x\n"}
     specs, built = _one_variant(tmp_path, op, "    requires: ['m % 64 == 0']\n")
-    launcher = package_files(specs, ARCHS["sm90"], [built], tmp_path / "kernels", {})["p/_kernels/k.py"].decode()
+    launcher = package_files(specs, ARCHS["sm90"], [built], {})["p/_kernels/k.py"].decode()
     assert "and (m % 64) == (0)" in launcher  # the fast Python check
     assert 'raise KernelArgumentError(f"x: the kernel requires m % 64 == 0, got m = {m}' in launcher
     specs, built = _one_variant(tmp_path / "other", op, "    requires: ['rows % 64 == 0']\n")
     with pytest.raises(PackageError, match=r"s.yaml:3: kernels.k: requires: 'rows % 64': not a sum.*runtime sizes \(m\)"):
-        package_files(specs, ARCHS["sm90"], [built], tmp_path / "other" / "kernels", {})
+        package_files(specs, ARCHS["sm90"], [built], {})

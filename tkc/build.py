@@ -269,7 +269,7 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
             built.append(BuiltVariant(variant=variant, arch=arch, cubin=cubin, contract=contract,
                                       resources=resources, cached=compiled.hits[(variant.id, arch.name)]))
         project = options.build_dir / "pkg" / options.specs.package.name / arch.name
-        result: PackageResult = write_package(options.specs, arch, built, options.templates, project,
+        result: PackageResult = write_package(options.specs, arch, built, project,
                                               options.dist_dir, toolchain_info, launch_module)
         summaries.append(ArchSummary(
             arch=arch, variants=len(built), compiled=sum(not b.cached for b in built),

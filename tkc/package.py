@@ -192,7 +192,7 @@ def _manifest(specs: SpecSet, arch: Arch, built: list[BuiltVariant], toolchain: 
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templates: Path,
+def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
                   toolchain: dict[str, str], launch_module: LaunchModule | None = None) -> dict[str, bytes]:
     """Every file of the generated project, by path relative to the project root.
 
@@ -315,7 +315,7 @@ def build_wheel(project: Path, dist: Path) -> Path:
     return target
 
 
-def write_package(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templates: Path, project: Path,
+def write_package(specs: SpecSet, arch: Arch, built: list[BuiltVariant], project: Path,
                   dist: Path, toolchain: dict[str, str], launch_module: LaunchModule | None = None) -> PackageResult:
     """Write the project of ``arch`` and build its wheel, unless neither would change.
 
@@ -323,7 +323,7 @@ def write_package(specs: SpecSet, arch: Arch, built: list[BuiltVariant], templat
     wheel in ``dist`` is reused only if it is byte for byte the one built from these files. (Builds
     that share a build folder but not a dist folder, or a wheel replaced by hand, leave a file of the
     right name and the wrong contents.)"""
-    files = package_files(specs, arch, built, templates, toolchain, launch_module)
+    files = package_files(specs, arch, built, toolchain, launch_module)
     changed = sync_tree(project, files)
     stamp = project / ".tkc-wheel"
     previous = stamp.read_text().split() if stamp.is_file() else []

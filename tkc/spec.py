@@ -27,6 +27,7 @@ import yaml
 
 from tkc.arch import ARCHS
 from tkc.errors import SpecError
+from tkc.pack import requirement
 
 Value = str | int | bool | float
 
@@ -228,8 +229,6 @@ def _check_grid(node: yaml.Node, file: str, where: str,
 def _check_requires(node: yaml.Node, file: str, where: str, problems: _Problems) -> tuple[tuple[str, str], ...]:
     """The kernel's requirements on its runtime sizes, as (lhs, rhs) pairs; which sizes exist is known once the
     template is lowered (tkc.codegen names the sizes there)."""
-    from tkc.pack import requirement
-
     items = node.value if isinstance(node, yaml.SequenceNode) else [node]
     out: list[tuple[str, str]] = []
     for item in items:

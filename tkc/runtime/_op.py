@@ -277,9 +277,8 @@ def _template_id(key: tuple[Any, ...]) -> int:
     """The id of a template: torch.compile calls this for real while tracing and keeps the int."""
     index = _template_ids.get(key)
     if index is None:
-        index = _template_ids.setdefault(key, len(_templates))
-        if index == len(_templates):
-            _templates.append(key)
+        index = _template_ids[key] = len(_templates)
+        _templates.append(key)
     return index
 
 
@@ -358,14 +357,15 @@ class Op:
     """One declared op: its plan function, outputs, keyed dimensions, and what is derived from them."""
 
     def __init__(self, plan: Callable[..., Plan | Sequence[Plan]], name: str, outputs: tuple[str, ...],
-                 keyed: dict[str, Sequence[int]], mutates: bool) -> None:
-        self.plan, self.name, self.outputs, self.mutates = plan, name, outputs, mutates
+                 keyed: dict[str, Sequence[int]], takes_out: bool, mutates: bool) -> None:
+        self.plan, self.name, self.outputs = plan, name, outputs
         self.signature = inspect.signature(plan)
         self.inputs = tuple(keyed)  # the tensor parameters, in dispatch order
         names = list(self.signature.parameters)
         self._keywords = tuple(n for n, p in self.signature.parameters.items() if p.kind is p.KEYWORD_ONLY)
         self._positional = len(names) - len(self._keywords)
-        self.fast = rt.fast_path(tuple(keyed.values()), len(outputs)) if outputs else None
+        # The C fast path: for an op with out= (the key needs it), outputs and keyed inputs; None: no dispatch.
+        self.fast = rt.fast_path(tuple(keyed.values()), len(outputs)) if takes_out and outputs and keyed else None
         # Registered now, not on first use: torch.compile cannot trace a registration. An in-place
         # op returns nothing (torch cannot functionalize outputs beside a mutated tensor list).
         if mutates:
@@ -502,7 +502,7 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
     """
 
     def declare(plan: Callable[..., Any]) -> Callable[..., Any]:
-        declared = Op(plan, name or plan.__name__, tuple(outputs), dict(inputs or {}), mutates)
+        declared = Op(plan, name or plan.__name__, tuple(outputs), dict(inputs or {}), out, mutates)
         parameters = list(declared.signature.parameters.values())
         defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
         spelled, seen_keyword = [], False
@@ -516,10 +516,7 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
             spelled.extend([] if seen_keyword else ["*"])
             spelled.append("out=None")
         names = [p.name for p in parameters]
-        fast = declared.fast is not None and out and bool(declared.inputs)
-        if not fast:
-            declared.fast = None  # nothing calls dispatch for it: remember nothing
-        source = (_FAST_SOURCE if fast else _SOURCE).format(
+        source = (_FAST_SOURCE if declared.fast is not None else _SOURCE).format(
             parameters=", ".join(spelled), inputs="".join(f"{n}, " for n in declared.inputs),
             options=", ".join(n for n in names if n not in declared.inputs and n != "out"),
             arguments="".join(f"{n}, " for n in names), given="out" if out else "None")

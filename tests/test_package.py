@@ -188,6 +188,42 @@ def test_an_op_familys_private_helpers_install_beside_its_op_modules(tmp_path: P
     assert b"from ._shared import twice" in files["p/fam/_k.py"]
 
 
+def test_public_modules_of_the_op_tree_install_under_their_names_and_export_their_all(tmp_path: Path) -> None:
+    """ops/<name>.py and ops/<family>/<name>.py that no spec names as an op are API (TileKernels'
+    tile_kernels.config, tile_kernels.quant.types): installed as such, their __all__ exported lazily."""
+    from tkc.arch import ARCHS
+    from tkc.package import package_files
+
+    specs, built = _one_variant(tmp_path, {"fam/k.py": "__all__ = ['k']\ndef k(x):\n    return x\n",
+                                           "fam/kinds.py": "__all__ = ['Kind']\nclass Kind:\n    pass\n",
+                                           "config.py": "__all__ = ['knob']\ndef knob():\n    return 7\n"})
+    files = package_files(specs, ARCHS["sm90"], [built], {})
+    assert files["p/fam/kinds.py"].endswith(b"class Kind:\n    pass\n")
+    assert files["p/config.py"].endswith(b"def knob():\n    return 7\n")
+    for rel, data in files.items():
+        (tmp_path / "site" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / rel).write_bytes(data)
+    script = ("import sys, p\nassert 'p.config' not in sys.modules\n"  # the root imports nothing it exports
+              "assert p.knob() == 7 and p.config.knob is p.knob\n"
+              "assert p.fam.Kind is p.fam.kinds.Kind\n"
+              "assert {'knob', 'config'} <= set(p.__all__) and {'Kind', 'kinds', 'k'} <= set(p.fam.__all__)\n"
+              "print('ok')")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path / "site")
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_a_public_module_with_a_name_the_package_has_is_an_error(tmp_path: Path) -> None:
+    from tkc.arch import ARCHS
+    from tkc.errors import PackageError
+    from tkc.package import package_files
+
+    specs, built = _one_variant(tmp_path, {"fam/k.py": "__all__ = ['k']\ndef k(x):\n    return x\n",
+                                           "errors.py": "X = 1\n"})
+    with pytest.raises(PackageError, match="ops/errors.py: a public module of the op tree installs as p/errors.py, "
+                                           "a name the package already has; rename it"):
+        package_files(specs, ARCHS["sm90"], [built], {})
+
+
 def test_a_helper_where_an_op_module_installs_is_an_error(tmp_path: Path) -> None:
     from tkc.arch import ARCHS
     from tkc.errors import PackageError

@@ -78,7 +78,9 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {{__name__!r}} has no attribute {{name!r}}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = importlib.import_module(module, __name__)
+    if module != "." + name:  # a public submodule is its own value
+        value = getattr(value, name)
     globals()[name] = value
     return value
 
@@ -127,6 +129,22 @@ def helper_modules(op_file: Path) -> list[Path]:
     """The private helpers beside an op module (``ops/<family>/_*.py``), installed under their own names next
     to it: shared semantics of an op family (the quant casts' scale layouts), no public API of their own."""
     return sorted(op_file.parent.glob("_*.py"))
+
+
+def support_modules(folder: Path, ops: set[Path]) -> list[Path]:
+    """The public modules of an op folder that no spec names as an op (``ops/config.py``,
+    ``ops/quant/common.py``): API of the package or of a family beside its ops (TileKernels'
+    ``tile_kernels.config``, ``tile_kernels.quant.types``), installed under their own names.
+    Their ``__all__`` is exported from the module above them."""
+    return sorted(p for p in folder.glob("[!_]*.py") if p.resolve() not in ops)
+
+
+def _support_exports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return [str(e.value) for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
+    return []
 
 
 def _header(what: str, spec: str) -> str:
@@ -258,21 +276,45 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
             raise PackageError(f"{helper}: a helper installs as {installed}, which is an op module's place (op "
                                f"{helper.parent / helper.name[1:]}); rename the helper")
         files[installed] = text
+    named_ops = {(specs.ops / k.op).resolve() for k in specs.kernels}  # built or not: an op is never public
+    families = sorted({(Path(k.op).parent, k.module) for k in kernels if Path(k.op).parent != Path(".")})
+    root_exports: dict[str, str] = {}
+    for folder, module in [(Path("."), None), *families]:
+        where = f"{name}/{module}" if module else name
+        taken = ({*modules, "errors", "cubins", "ARCH", "TARGET", "VERSION"} if module is None
+                 else {line.rsplit(" ", 1)[1] for line in modules[module]})
+        for path in support_modules(specs.ops / folder, named_ops):
+            if not path.stem.isidentifier() or path.stem in taken:
+                why = "a name the package already has" if path.stem in taken else "not a Python module name"
+                raise PackageError(f"{path}: a public module of the op tree installs as {where}/{path.name}, "
+                                   f"{why}; rename it (or prefix '_' for a private helper)")
+            files[f"{where}/{path.name}"] = (_header(f"ops/{(folder / path.name).as_posix()}", "public module")
+                                             + path.read_text())
+            exports = {n: f".{path.stem}" for n in _support_exports(path)}
+            if module is None:
+                root_exports |= exports | {path.stem: f".{path.stem}"}
+            else:
+                modules[module] += [f"from {stem} import {n}" for n, stem in exports.items()]
     for module, imports in sorted(modules.items()):
         # Op modules load on first use (PEP 562 __getattr__): importing the package then costs
         # neither the launcher modules of every kernel nor the torch custom-op registrations.
         exports = {line.rsplit(" ", 1)[1]: line.split()[1] for line in sorted(set(imports))}
+        exports |= {stem.removeprefix("."): stem for stem in set(exports.values()) if not stem.startswith("._")}
         files[f"{name}/{module}/__init__.py"] = (
             _header("the kernel specs", ", ".join(specs.files)) + f'"""Kernels of module ``{module}``."""\n\n'
             + LAZY_MODULE.format(exports=json.dumps(exports, indent=4, sort_keys=True),
                                  names=sorted(exports))
         )
+    root_names = sorted([*modules, *root_exports, "ARCH", "TARGET", "__version__"])
+    lazy = LAZY_MODULE.format(exports=json.dumps(root_exports, indent=4, sort_keys=True), names=root_names)
+    imports, _, body = lazy.partition("\n\n")  # the lazy part's own imports go first
     files[f"{name}/__init__.py"] = (
         _header("the kernel specs", ", ".join(specs.files))
         + f'"""Prebuilt TileLang kernels for {arch.gpus} ({arch.target}). Needs only torch at run time."""\n\n'
+        + (f"{imports}\n\n" if root_exports else "")
         + "".join(f"from . import {m}\n" for m in sorted(modules))
         + "from ._build_info import ARCH, TARGET, VERSION\n\n__version__ = VERSION\n"
-        + f"__all__ = {sorted([*modules, 'ARCH', 'TARGET', '__version__'])!r}\n"
+        + (f"\n{body}" if root_exports else f"__all__ = {root_names!r}\n")
     )
     files[f"{name}/manifest.json"] = _manifest(specs, arch, built, toolchain)
     return {path: data.encode() if isinstance(data, str) else data for path, data in sorted(files.items())}

@@ -292,14 +292,38 @@ class _LaunchConfig(ctypes.Structure):
 
 
 _sm_counts: dict[int, int] = {}
+_num_sms = 0  # set_num_sms's cap; 0: every SM of the device
+
+
+def set_num_sms(num_sms: int) -> None:
+    """Run persistent and cooperative kernels on at most ``num_sms`` SMs of each device (to leave SMs to
+    kernels running beside them, such as communication); TileKernels' ``set_num_sms``."""
+    global _num_sms
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or not 0 < num_sms <= get_device_num_sms():
+        raise ValueError(f"set_num_sms: num_sms must be an int in 1..{get_device_num_sms()} (the current "
+                         f"device's SMs), got {num_sms!r}")
+    _num_sms = num_sms
+
+
+def get_device_num_sms() -> int:
+    """The current CUDA device's multiprocessors."""
+    return _device_sm_count(_current_device())
+
+
+def get_num_sms() -> int:
+    """The SMs persistent kernels use on the current device: ``set_num_sms``'s value, else all of them."""
+    return sm_count(_current_device())
 
 
 def sm_count(device: torch.device | int) -> int:
-    """Multiprocessors of ``device``, read from the driver at run time (never the build machine's).
-
-    Ops size persistent and cooperative grids with it.
-    """
+    """Multiprocessors persistent and cooperative grids are sized with on ``device``: the device's own
+    count, read from the driver at run time (never the build machine's), capped by ``set_num_sms``."""
     index = device if isinstance(device, int) else (device.index if device.index is not None else _current_device())
+    count = _device_sm_count(index)
+    return min(count, _num_sms) if _num_sms else count
+
+
+def _device_sm_count(index: int) -> int:
     count = _sm_counts.get(index)
     if count is None:
         drv = driver()

@@ -247,3 +247,25 @@ def test_a_kernels_requirements_are_checked_by_its_launchers(tmp_path: Path) -> 
     specs, built = _one_variant(tmp_path / "other", op, "    requires: ['rows % 64 == 0']\n")
     with pytest.raises(PackageError, match=r"s.yaml:3: kernels.k: requires: 'rows % 64': not a sum.*runtime sizes \(m\)"):
         package_files(specs, ARCHS["sm90"], [built], {})
+
+
+def test_requirements_may_name_grid_keys_bound_per_variant(tmp_path: Path) -> None:
+    """A grid key that is no runtime size of the variant is its value (hidden: [0, 2048] is a runtime size in one
+    variant and a constant in the other); a requirement of constants only is decided at build time."""
+    from tkc.arch import ARCHS
+    from tkc.errors import PackageError
+    from tkc.package import package_files
+    from tkc.pack import bind
+
+    op = {"fam/k.py": "def k(x):\n    return x\n"}
+    specs, built = _one_variant(tmp_path, op, "    requires: ['m % (64 * n) == 0', 'n % 2 == 1']\n")
+    launcher = package_files(specs, ARCHS["sm90"], [built], {})["p/_kernels/k.py"].decode()
+    assert "and (m % (64 * 1)) == (0)" in launcher and "n % 2" not in launcher
+    specs, built = _one_variant(tmp_path / "other", op, "    requires: ['n % 2 == 0']\n")
+    with pytest.raises(PackageError, match=r"s.yaml:3: kernels.k.requires: n % 2 == 0 does not hold for n=1"):
+        package_files(specs, ARCHS["sm90"], [built], {})
+    assert bind([("hidden % max(npc, 64)", "0")], {"hidden": 0, "npc": 128}, ["hidden"]) == (
+        ("hidden % max(128, 64)", "0"),)
+    assert bind([("hidden % 64", "0")], {"hidden": 2048}, ["num_tokens"]) == ()
+    with pytest.raises(ValueError, match="grid key fmt is 'e4m3' here, not an integer"):
+        bind([("m % fmt", "0")], {"fmt": "e4m3"}, ["m"])

@@ -124,6 +124,9 @@ class _FakeKernel:
     def variant(self, *values: Any) -> Callable[..., None]:
         return self.select(**dict(zip(self.keys, values)))
 
+    def find(self, *values: Any) -> Callable[..., None] | None:
+        return self.variant(*values)
+
     def select(self, **values: Any) -> Callable[..., None]:
         def launcher(*args: Any) -> None:
             self.selected.append(values)

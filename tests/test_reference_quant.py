@@ -55,9 +55,9 @@ class TestFp4Encode:
     def test_every_representable_value(self) -> None:
         values = torch.tensor(FP4_VALUES)
         assert fp4_encode(values).tolist() == list(range(8))
-        # Negative values carry the sign bit; -0.0 is not < 0 and keeps code 0.
+        # Negative values carry the float's sign bit, -0.0 and negatives that round to zero included (KERNELS.md).
         assert fp4_encode(-values[1:]).tolist() == list(range(9, 16))
-        assert fp4_encode(torch.tensor([-0.0])).tolist() == [0]
+        assert fp4_encode(torch.tensor([-0.0, 0.0, -1e-3])).tolist() == [8, 0, 8]
 
     @pytest.mark.parametrize(
         ("tie", "lower"),
@@ -192,10 +192,15 @@ class TestPerTokenCast:
     def test_argument_errors(self) -> None:
         with pytest.raises(ValueError, match="fmt"):
             per_token_cast_ref(torch.ones(1, 32), "e5m2", 32)
-        with pytest.raises(ValueError, match="npc"):
-            per_token_cast_ref(torch.ones(1, 48), "e4m3", 32)
         with pytest.raises(ValueError, match="2-D"):
             per_token_cast_ref(torch.ones(32), "e4m3", 32)
+
+    def test_a_partial_last_group_scales_the_channels_it_has(self) -> None:
+        # H = 48, npc = 32: G = 2, the second group holds channels 32..47 only (TileKernels' hidden 576, npc 128).
+        x = torch.cat([torch.full((1, 32), 448.0), torch.full((1, 16), 2.0)], dim=1)
+        q, sf = per_token_cast_ref(x, "e4m3", 32)
+        assert q.shape == (1, 48) and torch.equal(sf, torch.tensor([[448.0, 2.0]]) / 448.0)
+        assert q.float().tolist() == [[448.0] * 48]
 
     def test_cast_error_measure(self) -> None:
         x = torch.randn(1000, dtype=torch.float64)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -168,21 +170,35 @@ def test_shipped_kernels_take_the_sweep_winners() -> None:
     # codes, and registers capped at 64 (1024 // threads blocks per SM: 8 of 128 threads, 16 of 64 since sweep 36).
     assert "def e2m1_nibble_bits(v, below_7=False):" in e2m1_32 and "T.annotate_min_blocks_per_sm(1024 // threads)" in e2m1_32
     assert "def e2m1_code" not in e2m1_32
-    e2m1_token = _shipped("per_token_cast", fmt="e2m1", npc=32)
-    assert "\nCHUNK_VECTORS = 4" in e2m1_token and "def e2m1_nibble_bits(v, finite_below_7=False):" in e2m1_token
-    assert "if mode != MODE_GIVEN_SF:" in e2m1_token and "T.annotate_min_blocks_per_sm(8)" in e2m1_token
-    assert "def e2m1_code" not in e2m1_token
-    assert "T.annotate_min_blocks_per_sm(5)" in _shipped("per_token_cast", fmt="e2m1", npc=0, hidden=7168)
-    # Sweep 20: bf16 -> e2m1 reads x as words (shift / AND widening, packed 16-bit amax); fp32 inputs and e4m3 do not.
-    words = "x_words = T.alloc_fragment((block_m, block_k // 2), \"uint32\")"
-    assert words in e2m1_token and "__vimax3_u16x2" in e2m1_token and "x_value(x_words, i, q_unit * j + k)" in e2m1_token
-    for npc in (0, 16):
-        assert words in _shipped("per_token_cast", in_dtype="bfloat16", fmt="e2m1", npc=npc)
-    assert words not in _shipped("per_token_cast", in_dtype="float32", fmt="e2m1", npc=32)
-    assert words not in _shipped("per_token_cast", in_dtype="bfloat16", fmt="e4m3", npc=128)
-    assert "annotate_min_blocks_per_sm" not in _shipped("per_token_cast", fmt="e4m3", npc=128)
-    assert "\nCHUNK_VECTORS = 2" in _shipped("per_token_cast", fmt="e4m3", npc=128)
+    # per_token_cast takes its knobs from default_config (a sweep sets them on the factory's last line).
+    e2m1_token = _shipped("per_token_cast", fmt="e2m1", npc=32, hidden=7168)
+    assert "def e2m1_nibble_bits(v, finite_below_7=False):" in e2m1_token and "if mode != MODE_GIVEN_SF:" in e2m1_token
+    assert "def e2m1_code" not in e2m1_token and "chunk_vectors=None," in e2m1_token
+    module = _rendered_module("per_token_cast", fmt="e2m1", npc=32, hidden=7168)
+    config, default = module.Config, module.default_config
+    # Sweep 19: four vectors per thread and registers capped (8 blocks per SM for groups, 5 for one scale per row);
+    # sweep 20: bf16 -> e2m1 reads x as words; sweep 39: e4m3 runs its blocks in row order.
+    assert default("e2m1", "bfloat16", 32) == config(chunk_vectors=4, x_words=True, min_blocks=8)
+    assert default("e2m1", "bfloat16", 0) == config(chunk_vectors=4, x_words=True, min_blocks=5)
+    assert default("e2m1", "float32", 32) == config(chunk_vectors=4, x_words=False, min_blocks=8)
+    assert default("e4m3", "bfloat16", 128) == default("e4m3", "float32", 32) == config(block_order="row")
+    assert config().chunk_vectors == 2 and config().min_blocks == 0 and config().elems_per_thread == 32
+    # A runtime hidden reads no words (the word view needs hidden even at parse time).
+    assert default("e2m1", "bfloat16", 32, generic=True).x_words is False
     assert "\nTILE = 64" in _shipped("batched_transpose", dtype="float8_e4m3fn")  # the sweep found no better
+
+
+def _rendered_module(kernel: str, **problem: Any) -> Any:
+    """The rendered module of the shipped variant of ``kernel`` with these grid values, imported (sm90)."""
+    variants = expand(load_specs([REPO / "kernel_specs"], TEMPLATES).kernel(kernel))
+    match = next(v for v in variants if all(v.param_dict[k] == x for k, x in problem.items()))
+    path = Path(tempfile.mkdtemp()) / f"{match.id}.py"
+    path.write_text(render_source(match, ARCHS["sm90"], TEMPLATES))
+    spec = importlib.util.spec_from_file_location(f"rendered_{match.id}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_baseline_is_the_pre_sweep_setting() -> None:
@@ -1184,19 +1200,16 @@ def test_thirty_eighth_sweep_winners_render_the_shipped_per_block_cast(arch: str
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_thirty_ninth_sweep_winners_render_the_shipped_kernels(arch: str) -> None:
-    """Row order (a 1-D grid, row tile b / k_tiles) for per_token_cast to e4m3 (bf16 in sweep 39, fp32 in sweep 40)
-    and every lossless re-cast, column for e2m1 (the knob's defaults), render the shipped variants byte for byte."""
+    """Row order (a 1-D grid, row tile b / k_tiles, the knob's default) renders every shipped lossless re-cast
+    byte for byte."""
     shipped = load_specs([REPO / "kernel_specs"], TEMPLATES)
     rows = 0
-    for name in ("per_token_cast", "per_block_cast_lossless"):
-        for match in expand(shipped.kernel(name)):
-            p = match.param_dict
-            row = name == "per_block_cast_lossless" or p["fmt"] == "e4m3"
-            rows += row
-            plain, knobbed = _renders(match, (("block_order", "row" if row else "column"),), arch)
-            assert knobbed == plain, match.params
-            assert ("pid_m = bid // k_tiles" in plain) == row
-    assert rows == 110 + 15  # per_token_cast to e4m3 (in dtype x H x npc x round_sf x sf layouts), lossless (H x blocks)
+    for match in expand(shipped.kernel("per_block_cast_lossless")):
+        rows += 1
+        plain, knobbed = _renders(match, (("block_order", "row"),), arch)
+        assert knobbed == plain, match.params
+        assert "pid_m = bid // k_tiles" in plain
+    assert rows == 15  # lossless (H x blocks); per_token_cast's order is default_config's (the sweep-winners test)
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])

@@ -114,6 +114,46 @@ def requirement(text: str) -> tuple[str, str]:
     return lhs, rhs
 
 
+def bind(requires: Sequence[tuple[str, str]], values: dict[str, object],
+         sizes: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """A spec's requirements for one variant: names of grid keys that are no runtime size of the variant
+    become its values (a grid key may be a compile-time value in some variants, ``hidden: [0, 2048]``, and a
+    runtime size in others), and a requirement left over constants only is decided now: dropped when it
+    holds, ValueError when it does not."""
+
+    class Bind(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id not in values or node.id in sizes:
+                return node
+            if type(values[node.id]) is not int:
+                raise ValueError(f"{lhs} == {rhs}: grid key {node.id} is {values[node.id]!r} here, not an integer")
+            return ast.Constant(values[node.id])
+
+    out = []
+    for lhs, rhs in requires:
+        sides = [Bind().visit(ast.parse(text, mode="eval")).body for text in (lhs, rhs)]
+        if any(isinstance(n, ast.Name) and n.id not in _CALLS for side in sides for n in ast.walk(side)):
+            out.append((ast.unparse(sides[0]), ast.unparse(sides[1])))
+        elif _constant(sides[0]) != _constant(sides[1]):
+            raise ValueError(f"{lhs} == {rhs} does not hold for {', '.join(f'{k}={v}' for k, v in values.items())}")
+    return tuple(out)
+
+
+_FOLD = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.FloorDiv: int.__floordiv__,
+         ast.Mod: int.__mod__}
+
+
+def _constant(node: ast.AST) -> int:
+    """The value of an expression of integers (the grammar of ``expression``, without sizes)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _FOLD:
+        return _FOLD[type(node.op)](_constant(node.left), _constant(node.right))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS:
+        return (max if node.func.id == "max" else min)(*(_constant(arg) for arg in node.args))
+    raise ValueError(f"{ast.unparse(node)}: not an expression of integers")
+
+
 class Launchable(Protocol):
     """What plan() reads of a launch: its configuration as the loader's Function holds it."""
 

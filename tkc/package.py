@@ -160,9 +160,12 @@ def _kernel_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, 
         v = b.variant
         doc = f"{kernel.name} for {arch.target}: {v.describe()}."
         try:
+            requires = pack.bind(kernel.requires, dict(v.params), [s.name for s in b.contract.sizes])
             source = launcher_source(func=v.id, doc=doc, cubin=f"{v.id}.cubin",
                                      key=repr(tuple(val for _, val in v.params)), contract=b.contract,
-                                     alignment=arch.alignment, requires=kernel.requires)
+                                     alignment=arch.alignment, requires=requires)
+        except ValueError as exc:
+            raise PackageError(f"{kernel.source}:{kernel.line}: kernels.{kernel.name}.requires: {exc}") from None
         except LowerError as exc:
             raise PackageError(f"{kernel.source}:{kernel.line}: kernels.{kernel.name}: {exc}") from None
         indices = tuple((var, len(entries) + i) for i, (var, _) in enumerate(source.contract))

@@ -110,6 +110,9 @@ BASELINE: dict[str, Any] = {
     "tile": 64,
     "segments_per_thread": 4,
     "block_order": "column",  # per_block_cast's grid: row tiles on blockIdx.x (sweeps 18, 37 and 38 turned it)
+    "x_words": False,  # x read as values, not as words of two
+    "min_blocks": 0,  # no launch bound
+    "generic_block_k": 512,  # per_token_cast's tile width where hidden is a runtime size
 }
 
 Inputs = tuple[Any, ...]

@@ -18,8 +18,9 @@ __all__ = ["ColumnMajor", "check_scales", "column_major_storage", "given_scales"
 
 
 def scale_width(hidden: int, npc: int, sf_layout: str) -> tuple[int, torch.dtype]:
-    """(columns, dtype) of the (T, columns) scale tensor the op returns in sf_layout."""
-    groups = hidden // npc
+    """(columns, dtype) of the (T, columns) scale tensor the op returns in sf_layout: G = ceil(hidden / npc)
+    groups (the last one partial where npc does not divide hidden), UE8M0 four to a word."""
+    groups = -(-hidden // npc)
     return ((groups + 3) // 4, torch.int32) if sf_layout == "ue8m0" else (groups, torch.float32)
 
 

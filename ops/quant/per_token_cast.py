@@ -3,8 +3,10 @@
 The public API follows TileKernels' ``tile_kernels.quant.per_token_cast``,
 ``per_token_cast_with_sf_only`` and ``per_token_cast_with_precomputed_sf``; this build covers
 plain-tensor inputs whose rows may be strided (x[:, :hidden] of a wider tensor, row stride a
-multiple of the arch's vector width), npc in {16, 32, 64, 128} or npc = hidden (one scale per
-row, grid value npc = 0), and the three scale layouts of KERNELS.md: (a) row-major fp32,
+multiple of the arch's vector width), any hidden that is a multiple of 64 with npc in
+{16, 32, 64, 128} (G = ceil(hidden / npc) groups, the last one partial where npc does not divide
+hidden, as TileKernels), npc = hidden (one scale per row, grid value npc = 0, built per hidden),
+and the three scale layouts of KERNELS.md: (a) row-major fp32,
 (b) ``use_tma_aligned_col_major_sf`` (fp32, column-major, token dimension padded to a multiple
 of 4) and (c) ``use_packed_ue8m0`` (int32 words of four UE8M0 exponents, laid out as (b)). The
 launcher validates the tensors (dtype, device, shape, strides, alignment) and names the argument
@@ -33,6 +35,7 @@ _kernel = get_kernel("per_token_cast")
 
 _FORMATS = ("e4m3", "e2m1", "e5m6")
 _KERNEL_FORMATS = _FORMATS[:2]  # what this module's kernel casts; e5m6 has its own op
+_GROUPS = (16, 32, 64, 128)  # npc of the grouped casts (TileKernels' domain), besides one scale per row
 # The kernel's runtime ``mode`` (kernels/quant/per_token_cast.py.j2).
 _MODE_CAST, _MODE_SF_ONLY, _MODE_GIVEN_SF = 0, 1, 2
 # Packages built from a spec without the sf_layout grid key hold the row-major layout only.
@@ -86,24 +89,31 @@ def _check_options(x: object, fmt: str, num_per_channels: int, x_block_size: obj
         raise not_built("use_tma_aligned_col_major_sf", "the column-major TMA-aligned scale layout",
                         "per_token_cast")
     x = matrix("x", _dequantized(x, x_block_size))  # the options are checked before any launch
+    if npc not in _GROUPS and npc != x.shape[1]:
+        raise ValueError(f"num_per_channels: groups of {', '.join(map(str, _GROUPS))} channels, or one scale per "
+                         f"row (num_per_channels = hidden = {x.shape[1]}); got {npc}")
     # The row stride keeps every row on a vector boundary (the launcher cannot see rows; a rule re-checks it).
     row_stride, column_stride = x.stride()
     if (row_stride * x.element_size()) % ALIGNMENT != 0 and column_stride == 1 and x.shape[0] > 1:
         raise KernelArgumentError(
             f"x: the row stride ({row_stride} elements) must be a multiple of {ALIGNMENT} bytes "
             f"({ALIGNMENT // x.element_size()} elements) for the kernel's vector loads; pass x.contiguous()")
-    hidden = int(x.shape[1])
-    if hidden % npc != 0:
-        raise ValueError(f"num_per_channels: hidden ({hidden}) must be a multiple of num_per_channels ({npc})")
     return x, npc, sf_layout
 
 
 def _select(x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str) -> Callable[..., None]:
     """The launcher of the variant, by its grid values in grid order (sf_layout last, where the spec has
-    the key); npc == hidden is the grid's npc = 0 (one scale per row)."""
+    the key). npc == hidden is the grid's npc = 0 (one scale per row, built per hidden); groups of npc
+    channels take the variant built for this hidden where there is one, else the one for any hidden
+    (the grid's hidden = 0, which the launcher requires to be a multiple of 64)."""
     hidden = int(x.shape[1])
-    values = (dtype_name(x.dtype), hidden, fmt, 0 if npc == hidden else npc, round_sf)
-    return _kernel.variant(*values, sf_layout) if _HAS_LAYOUTS else _kernel.variant(*values)
+    dtype = dtype_name(x.dtype)
+    layout = (sf_layout,) if _HAS_LAYOUTS else ()
+    # npc == hidden of a group size (hidden 64 or 128) is one group per row either way.
+    launcher = (_kernel.find(dtype, hidden, fmt, 0 if npc == hidden else npc, round_sf, *layout)
+                or _kernel.find(dtype, 0, fmt, npc, round_sf, *layout))
+    # Neither: the error names the hidden asked for and lists what the build has.
+    return launcher or _kernel.variant(dtype, hidden, fmt, 0 if npc == hidden else npc, round_sf, *layout)
 
 
 def _scales_only(q: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
@@ -122,7 +132,7 @@ def _cast(x: object, fmt: str, num_per_channels: int, x_block_size: object, col_
     rules = (stride_multiple("x", x, 0, ALIGNMENT),)
     then = _scales_only if mode == _MODE_SF_ONLY else None
     if sf_layout == "row_major":
-        outputs = (_codes(x, fmt), empty(torch.float32, size(x, 0), int(x.shape[1]) // npc))
+        outputs = (_codes(x, fmt), empty(torch.float32, size(x, 0), -(-int(x.shape[1]) // npc)))
         return launch(launcher, x, output(0), output(1), mode, outputs=outputs, rules=rules, then=then)
     if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
         check_scales(out_tensors(out, ("q", "sf"))[1], x, npc, sf_layout)
@@ -161,7 +171,8 @@ def per_token_cast(
             quantized (data, sf) pair with x_block_size.
         fmt: ``'e4m3'`` (FP8), ``'e2m1'`` (FP4, two codes per int8), or ``'e5m6'`` (routed to
             ``per_token_cast_e5m6`` when the package holds it).
-        num_per_channels: channels sharing one scale factor (npc): 16..128 or hidden.
+        num_per_channels: channels sharing one scale factor (npc): 16, 32, 64, 128 (any hidden that is a
+            multiple of 64; the last group is partial where npc does not divide hidden) or hidden.
         x_block_size: for a quantized input x = (data, sf) (fp8 e4m3 or packed e2m1 codes with
             scales as per_token_cast returns them), its scale block (1, npc_in); the pair is
             dequantized to fp32 first (KERNELS.md), then cast. None for a plain tensor.
@@ -179,10 +190,10 @@ def per_token_cast(
     Returns:
         ``(q, sf)``: q is float8_e4m3fn (num_tokens, hidden) for e4m3, or int8
         (num_tokens, hidden / 2) for e2m1 (element 2i in the low nibble, 2i + 1 in the high
-        one). With G = hidden / num_per_channels, sf is float32 (num_tokens, G), row-major by
+        one). With G = ceil(hidden / num_per_channels), sf is float32 (num_tokens, G), row-major by
         default, so that ``decode(q) * sf`` (per group) approximates x; with
         use_tma_aligned_col_major_sf the same values column-major; with use_packed_ue8m0 int32
-        (num_tokens, G / 4), column-major, byte g % 4 of word g / 4 holding the biased exponent
+        (num_tokens, ceil(G / 4)), column-major, byte g % 4 of word g / 4 holding the biased exponent
         of group g's scale (scale = float with bits byte << 23). The padding behind the
         column-major views (tokens num_tokens .. align(num_tokens, 4) - 1) is uninitialised.
         A group holding a NaN or an Inf gets the scale NaN (UE8M0 byte 0xFF) and the codes

@@ -32,8 +32,9 @@ tile_kernels_aot, quant, errors, runtime = installed_package()
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-HIDDEN = (2048, 2560, 4096, 6144, 7168)
-NPC = {"e4m3": (32, 64, 128), "e2m1": (16, 32)}
+HIDDEN = (576, 2048, 3584, 7168)  # groups: any multiple of 64 (576 with npc 128: a partial last group)
+ROW_HIDDEN = (2048, 2560, 3072, 4096, 6144, 7168)  # one scale per row: built per hidden
+NPC = {"e4m3": (16, 32, 64, 128), "e2m1": (16, 32, 64, 128)}
 TOKENS = (0, 1, 4001)
 ERROR_BOUND = {"e4m3": 1e-3, "e2m1": 2e-2}
 NAN_BITS = 0x7FC00000
@@ -77,7 +78,7 @@ def assert_same_codes(q: torch.Tensor, ref_q: torch.Tensor) -> None:
 
 # --- new hidden sizes and one scale per row ----------------------------------------------------
 
-PER_ROW = list(itertools.product(DTYPES, HIDDEN, NPC, (False, True)))
+PER_ROW = list(itertools.product(DTYPES, ROW_HIDDEN, NPC, (False, True)))
 
 
 @pytest.mark.parametrize("num_tokens", [*TOKENS, 8192])
@@ -89,6 +90,20 @@ def test_one_scale_per_row(v: tuple[str, int, str, bool], num_tokens: int) -> No
     assert sf.shape == (num_tokens, 1)
     ref_q, ref_sf = per_token_cast_ref(x, fmt, hidden, round_sf)
     assert_same_codes_and_scales(q, sf, ref_q, ref_sf)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5, 4001])
+@pytest.mark.parametrize("sf_layout", ["col_major", "ue8m0"])
+@pytest.mark.parametrize("v", [v for v in PER_ROW if v[1] in (2560, 7168) and v[3]], ids=vid)
+def test_one_scale_per_row_in_the_column_major_layouts(v: tuple[str, int, str, bool], sf_layout: str,
+                                                       num_tokens: int) -> None:
+    """G = 1: a UE8M0 word holds the row's byte and three zero bytes (TileKernels' packing of G % 4 != 0)."""
+    in_dtype, hidden, fmt, round_sf = v
+    x = random_rows(num_tokens, hidden, DTYPES[in_dtype])
+    q, sf = quant.per_token_cast(x, fmt, hidden, round_sf=round_sf, **layout_flags(sf_layout))
+    ref_q, ref_sf = per_token_cast_ref(x, fmt, hidden, round_sf, sf_layout)
+    assert_same_codes(q, ref_q)
+    assert_same_sf(sf, ref_sf)
 
 
 @pytest.mark.parametrize("v", [v for v in grouped() if v[1] in (2560, 6144)], ids=vid)
@@ -138,7 +153,7 @@ def test_precomputed_sf(v: tuple[str, int, str, int, str, bool], num_tokens: int
     flags = layout_flags(sf_layout)
     _, sf = quant.per_token_cast(other, fmt, npc, round_sf=round_sf, **flags)
     q = quant.per_token_cast_with_precomputed_sf(x, fmt, npc, sf, round_sf=round_sf, **flags)
-    values = ue8m0_unpack(sf, hidden // npc) if sf_layout == "ue8m0" else sf
+    values = ue8m0_unpack(sf, -(-hidden // npc)) if sf_layout == "ue8m0" else sf
     assert_same_codes(q, precomputed_sf_cast_ref(x, fmt, npc, values.float()))
     if round_sf:  # power-of-two scales: 1 / sf is exact, so the own scales reproduce the cast
         q_own, sf_own = quant.per_token_cast(x, fmt, npc, round_sf=True, **flags)
@@ -194,7 +209,7 @@ def test_strided_rows_leave_the_rest_of_the_row_alone() -> None:
     before = wide.clone()
     x = wide[:, :2048]
     launch = runtime.get_kernel("per_token_cast").select(
-        in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128, round_sf=False, sf_layout="row_major")
+        in_dtype="bfloat16", hidden=0, fmt="e4m3", npc=128, round_sf=False, sf_layout="row_major")
     q = torch.full((127, 2048), POISON_BYTE, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
     sf = torch.full((127, 16), float("nan"), device="cuda")
     launch(x, q, sf, 0)
@@ -229,8 +244,8 @@ def test_nan_and_inf_never_pass_silently(case: tuple[str, int, bool, str], in_dt
     ref_q, ref_sf = per_token_cast_ref(x, fmt, npc, round_sf, sf_layout)
     assert_same_codes(q, ref_q)
     assert_same_sf(sf, ref_sf)
-    values = ue8m0_unpack(sf, hidden // npc) if sf_layout == "ue8m0" else sf
-    bad = [(1, 0), (2, 1 if npc < hidden else 0), (3, hidden // npc - 1)]
+    values = ue8m0_unpack(sf, -(-hidden // npc)) if sf_layout == "ue8m0" else sf
+    bad = [(1, 0), (2, 1 if npc < hidden else 0), (3, -(-hidden // npc) - 1)]
     for row, group in bad:
         if sf_layout == "ue8m0":
             assert (int(sf[row, group // 4]) >> (8 * (group % 4))) & 0xFF == 0xFF
@@ -266,7 +281,8 @@ def test_floor_and_format_maximum(fmt: str, npc: int, in_dtype: str) -> None:
 
 # --- round trips -------------------------------------------------------------------------------
 
-ROUND_TRIPS = [(d, h, f, n) for d, h, f, n in grouped() if h in (2560, 7168)]
+CAST_BACK_NPC = {"e4m3": (32, 64, 128), "e2m1": (16, 32)}  # the groups per_token_cast_back is built for
+ROUND_TRIPS = [(d, h, f, n) for d, h, f, n in grouped() if h in (2560, 7168) and n in CAST_BACK_NPC[f]]
 ROUND_TRIPS += [(d, h, f, 0) for d, h, f in itertools.product(DTYPES, (2560, 7168), NPC)]
 
 

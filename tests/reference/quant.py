@@ -9,7 +9,7 @@ scale factors must equal these. Two traps a "natural" torch reference falls into
   implementations check each other.
 
 Scale-factor layouts (KERNELS.md (a), (b), (c)), selected by ``sf_layout``:
-- "row_major": float32 (T, G), G = H / npc, contiguous.
+- "row_major": float32 (T, G), G = ceil(H / npc), contiguous.
 - "col_major" (``use_tma_aligned_col_major_sf``): the same values column-major with the token
   dimension padded to a multiple of 4: strides (1, align(T, 4)).
 - "ue8m0" (``use_packed_ue8m0``, needs round_sf): int32 (T, ceil(G/4)) in the col_major layout;
@@ -57,13 +57,18 @@ def round_sf_up(sf: torch.Tensor) -> torch.Tensor:
 
 
 def scales(x: torch.Tensor, fmt: str, npc: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sf, q_scale) of shape (T, H / npc): sf dequantizes, x_f32 * q_scale quantizes."""
+    """(sf, q_scale) of shape (T, G = ceil(H / npc)): sf dequantizes, x_f32 * q_scale quantizes. Where npc
+    does not divide H the last group holds the H % npc channels there are (as TileKernels')."""
     _check_fmt(fmt)
-    num_tokens, hidden = x.shape
-    if hidden % npc != 0:
-        raise ValueError(f"hidden ({hidden}) must be a multiple of npc ({npc})")
-    groups = x.float().reshape(num_tokens, hidden // npc, npc)
+    groups = _groups(x.float(), npc)
     return scales_from_amax(groups.abs().amax(dim=-1), fmt, round_sf)
+
+
+def _groups(values: torch.Tensor, npc: int) -> torch.Tensor:
+    """(T, H) -> (T, G, npc), the last group padded with zeros (which change no amax: it is clamped from below)."""
+    num_tokens, hidden = values.shape
+    padded = torch.nn.functional.pad(values, (0, -hidden % npc))
+    return padded.reshape(num_tokens, padded.shape[1] // npc, npc)
 
 
 def scales_from_amax(amax: torch.Tensor, fmt: str, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,8 +107,8 @@ def fp4_encode(v: torch.Tensor) -> torch.Tensor:
     half = one << (shift - 1)
     n = n + ((rem > half) | ((rem == half) & ((n & 1) == 1))).to(torch.int64)
     code = torch.where(exp >= 0, 2 * exp + n, n).clamp(max=7)
-    # Sign bit when the value is < 0 (so -0.0 keeps code 0): negative sign and non-zero magnitude.
-    negative = (bits < 0) & (mag != 0)
+    # The float's sign bit (KERNELS.md): -0.0 and negatives that round to zero give code 8, as TileKernels'.
+    negative = bits < 0
     return (code | (negative.to(torch.int64) << 3)).to(torch.int32)
 
 
@@ -194,7 +199,7 @@ def per_token_cast_ref(
     """Reference per-token cast of x (T, H) bf16/fp32: (q, sf).
 
     q: float8_e4m3fn (T, H) for 'e4m3', int8 (T, H / 2) packed FP4 for 'e2m1';
-    sf: float32 (T, H / npc), row-major; with sf_layout "col_major" the same values in
+    sf: float32 (T, ceil(H / npc)), row-major; with sf_layout "col_major" the same values in
     tma_aligned_col_major storage; with "ue8m0" (round_sf only) ue8m0_pack of them, also
     column-major.
     """
@@ -217,8 +222,8 @@ def per_token_cast_ref(
 def _encode(x: torch.Tensor, q_scale: torch.Tensor, fmt: str, npc: int) -> torch.Tensor:
     """Codes of x_f32 * q_scale (per group of npc channels)."""
     num_tokens, hidden = x.shape
-    scaled = x.float().reshape(num_tokens, hidden // npc, npc) * q_scale.unsqueeze(-1)
-    return codes(scaled.reshape(num_tokens, hidden), fmt)
+    scaled = _groups(x.float(), npc) * q_scale.unsqueeze(-1)
+    return codes(scaled.reshape(num_tokens, scaled.shape[1] * npc)[:, :hidden], fmt)
 
 
 def codes(scaled: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -235,24 +240,25 @@ def codes(scaled: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def precomputed_sf_cast_ref(x: torch.Tensor, fmt: str, npc: int, sf: torch.Tensor) -> torch.Tensor:
-    """Codes of x (T, H) cast with given fp32 scales sf (T, H / npc), any strides: x_f32 * (1 / sf)."""
+    """Codes of x (T, H) cast with given fp32 scales sf (T, ceil(H / npc)), any strides: x_f32 * (1 / sf)."""
     _check_fmt(fmt)
     num_tokens, hidden = x.shape
-    if hidden % npc != 0 or tuple(sf.shape) != (num_tokens, hidden // npc) or sf.dtype != torch.float32:
-        raise ValueError(f"sf must be float32 ({num_tokens}, {hidden} / {npc}), got {sf.dtype} {tuple(sf.shape)}")
+    if tuple(sf.shape) != (num_tokens, -(-hidden // npc)) or sf.dtype != torch.float32:
+        raise ValueError(f"sf must be float32 ({num_tokens}, ceil({hidden} / {npc})), got {sf.dtype} {tuple(sf.shape)}")
     return _encode(x, _full(sf, 1.0) / sf, fmt, npc)
 
 
 def dequant(q: torch.Tensor, sf: torch.Tensor, fmt: str, npc: int) -> torch.Tensor:
     """float32 (T, H) = decode(q) * sf, each scale applied to its npc channels.
 
-    sf: float32 (T, H / npc) in either layout, or int32 UE8M0 words (T, ceil(H / npc / 4)).
+    sf: float32 (T, G = ceil(H / npc)) in either layout, or int32 UE8M0 words (T, ceil(G / 4)).
     """
     _check_fmt(fmt)
     values = q.float() if fmt == "e4m3" else fp4_decode(q)
+    hidden = values.shape[-1]
     if sf.dtype == torch.int32:
-        sf = ue8m0_unpack(sf, values.shape[-1] // npc)
-    return values * sf.float().repeat_interleave(npc, dim=-1)
+        sf = ue8m0_unpack(sf, -(-hidden // npc))
+    return values * sf.float().repeat_interleave(npc, dim=-1)[..., :hidden]
 
 
 def cast_error(x: torch.Tensor, y: torch.Tensor) -> float:

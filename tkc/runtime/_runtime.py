@@ -795,6 +795,11 @@ class Kernel:
         launcher = self.variants.get(values)
         return launcher if launcher is not None else self.select(**dict(zip(self.keys, values)))
 
+    def find(self, *values: Any) -> Callable[..., None] | None:
+        """The launcher of the variant built for ``values`` (grid order), or None: for ops that prefer a
+        specialized variant where the build has one and fall back to a generic one."""
+        return self.variants.get(values)
+
     def select(self, **values: Any) -> Callable[..., None]:
         """The launcher of the variant built for ``values`` (every grid key, by name)."""
         # Ops pass the keys in grid order, so the values already form the key: one dict lookup.

@@ -1,0 +1,122 @@
+"""A variant built for any hidden against the variants built per hidden, on the same GPU in one run.
+
+Two wheels of tile_kernels_aot cannot share a process, so each is timed in its own, with the same
+timer (benchmarks/bench.py: median kernel time over rotating inputs that defeat the L2 cache):
+
+    python benchmarks/generic_vs_specialized.py time --site /tmp/new --generic --label generic --out generic.json
+    python benchmarks/generic_vs_specialized.py time --site /tmp/new --label specialized --out specialized.json
+    python benchmarks/generic_vs_specialized.py table specialized.json generic.json > generic.md
+
+(``--generic`` makes the op skip the variants built for the case's hidden; a second wheel, such as
+the one before a template change, can be timed the same way and compared with ``table``.)
+
+``table`` prints one row per case: the times, their ratio (specialized / generic: above 1 the
+generic variant is faster) and the kernel's bandwidth as a share of the card's copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HIDDEN = (2048, 2560, 4096, 6144, 7168)  # the hidden sizes the specialized variants were built for
+TOKENS = 8192
+# (in_dtype, fmt, npc, flags): the per-token casts of the old grid, every layout it had.
+CASES = [
+    ("bfloat16", "e4m3", 128, {}), ("bfloat16", "e4m3", 32, {}), ("float32", "e4m3", 128, {}),
+    ("bfloat16", "e2m1", 32, {}), ("bfloat16", "e2m1", 16, {}), ("float32", "e2m1", 32, {}),
+    ("bfloat16", "e4m3", 128, {"use_tma_aligned_col_major_sf": True}),
+    ("bfloat16", "e4m3", 128, {"use_tma_aligned_col_major_sf": True, "round_sf": True, "use_packed_ue8m0": True}),
+    ("bfloat16", "e2m1", 32, {"use_tma_aligned_col_major_sf": True, "round_sf": True, "use_packed_ue8m0": True}),
+]
+
+
+def _name(in_dtype: str, fmt: str, npc: int, flags: dict[str, bool], hidden: int) -> str:
+    layout = "ue8m0" if flags.get("use_packed_ue8m0") else "col_major" if flags else "row_major"
+    return f"per_token_cast {in_dtype} {fmt} npc={npc} {layout} H={hidden}"
+
+
+def time_cases(label: str, out: Path, generic: bool) -> None:
+    import importlib
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tile_kernels_aot
+    from bench import Settings, Timer, copy_bandwidth, rotating_inputs
+
+    quant = tile_kernels_aot.quant
+    if generic:  # the op's dispatch without the variants built per hidden (grid key 1), for groups of channels
+        kernel = importlib.import_module("tile_kernels_aot.quant._per_token_cast")._kernel
+        find = kernel.find
+        kernel.find = lambda *values: None if values[1] and values[3] else find(*values)
+    timer = Timer(Settings(reps=200, warmup=10))
+    copy_gb_s = copy_bandwidth(timer)
+    results = {"label": label, "gpu": torch.cuda.get_device_name(), "copy_gb_s": copy_gb_s, "cases": {}}
+    for in_dtype, fmt, npc, flags in CASES:
+        for hidden in HIDDEN:
+            dtype = getattr(torch, in_dtype)
+            inputs = rotating_inputs(lambda h=hidden, d=dtype: (torch.randn(TOKENS, h, device="cuda").to(d),))
+            q, sf = quant.per_token_cast(inputs[0][0], fmt, npc, **flags)
+            moved = inputs[0][0].nbytes + q.nbytes + sf.untyped_storage().nbytes()
+            us = timer.median_us(lambda x, f=fmt, n=npc, k=flags: quant.per_token_cast(x, f, n, **k), inputs)
+            results["cases"][_name(in_dtype, fmt, npc, flags, hidden)] = {"us": us, "bytes": moved}
+            print(f"{label}: {_name(in_dtype, fmt, npc, flags, hidden)}: {us:.1f} us", flush=True)
+    out.write_text(json.dumps(results, indent=1))
+
+
+def table(specialized: Path, generic: Path) -> str:
+    old, new = json.loads(specialized.read_text()), json.loads(generic.read_text())
+    copy = new["copy_gb_s"]
+    lines = [f"# {new['label']} vs {old['label']} variants ({new['gpu']}, T = {TOKENS}, copy {copy:.0f} GB/s)", "",
+             f"| case | {old['label']} us | {new['label']} us | {old['label']} / {new['label']} | "
+             f"{new['label']} % of copy |", "|---|---|---|---|---|"]
+    ratios = []
+    for name, case in new["cases"].items():
+        before = old["cases"].get(name)
+        if before is None:
+            continue
+        ratio = before["us"] / case["us"]
+        ratios.append(ratio)
+        share = 100 * case["bytes"] / (case["us"] * 1e-6) / (copy * 1e9)
+        lines.append(f"| {name} | {before['us']:.1f} | {case['us']:.1f} | {ratio:.3f} | {share:.0f}% |")
+    geomean = 1.0
+    for r in ratios:
+        geomean *= r ** (1 / len(ratios))
+    lines += ["", f"{len(ratios)} cases: geometric mean {geomean:.3f}, worst {min(ratios):.3f}, best {max(ratios):.3f} "
+              f"({old['label']} time / {new['label']} time)."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("time", help="time the cases with the wheel installed under --site")
+    t.add_argument("--site", type=Path, required=True)
+    t.add_argument("--label", required=True)
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--generic", action="store_true", help="time the variants for any hidden even where the "
+                   "wheel has one built for the case's hidden")
+    t.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    m = sub.add_parser("table")
+    m.add_argument("specialized", type=Path)
+    m.add_argument("generic", type=Path)
+    args = parser.parse_args()
+    if args.command == "table":
+        print(table(args.specialized, args.generic), end="")
+        return 0
+    if args.inner:
+        time_cases(args.label, args.out, args.generic)
+        return 0
+    env_path = str(args.site.resolve())
+    return subprocess.run([sys.executable, __file__, "time", "--site", env_path, "--label", args.label,
+                           "--out", str(args.out), "--inner", *(["--generic"] if args.generic else [])],
+                          env={**os.environ, "PYTHONPATH": env_path}).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,8 @@
 # examples/rmsnorm/kernel_specs --templates examples/rmsnorm/kernels --dist dist/examples)
 # with --no-deps, run the GPU tests, then the benchmarks.
 # Logs and results go under $OUT (the device tool's output folder) or ./gpu-out.
-# Usage: COMMIT=<sha> benchmarks/gpu_session.sh [pytest args...]
+# Usage: COMMIT=<sha> [GVS=1] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
+#        [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-gpu-out}
@@ -31,6 +32,22 @@ for case in ${NCU_CASES:-}; do
     --section WarpStateStats --section SchedulerStats python3 benchmarks/profile_kernel.py "$case" \
     > "$OUT/ncu-$case.txt" 2>&1
 done
+# The per-token cast's variants for any hidden against those built per hidden (GVS=1).
+if [ "${GVS:-0}" = 1 ]; then
+  python3 benchmarks/generic_vs_specialized.py time --site "$site" --generic --label generic --out "$OUT/generic.json"
+  python3 benchmarks/generic_vs_specialized.py time --site "$site" --label specialized --out "$OUT/specialized.json"
+  python3 benchmarks/generic_vs_specialized.py table "$OUT/specialized.json" "$OUT/generic.json" \
+    > "$OUT/generic_vs_specialized.md"
+fi
+# TileKernels' own tests through the import alias, for $TK_SUITE_S seconds (benchmarks/tilekernels_suite.py;
+# prepare build/tilekernels first and carry it). Its per-file reports go into one archive ($OUT takes few files).
+if [ "${TK_SUITE_S:-0}" -gt 0 ]; then
+  suite=$(mktemp -d /tmp/tk-suite.XXXX)
+  timeout "$TK_SUITE_S" python3 benchmarks/tilekernels_suite.py run --root build/tilekernels --out "$suite" \
+    --deadline "$((TK_SUITE_S - 15))" ${TK_SUITE_FILES:-} > "$OUT/tilekernels-suite.log" 2>&1
+  cp "$suite/tilekernels-suite.md" "$OUT/" 2>/dev/null
+  tar czf "$OUT/tilekernels-suite.tgz" -C "$suite" .
+fi
 tail -n 30 "$OUT/bench.log"; tail -n 12 "$OUT/runtime_overhead.log"
 echo "exit codes: tests $tests, bench $bench, runtime_overhead $overhead"
 exit $((tests || bench || overhead))

@@ -173,7 +173,8 @@ def random_fp8(shape: tuple[int, ...]) -> torch.Tensor:
     return (torch.randn(shape, device="cuda") * 64).clamp(-448, 448).to(FP8)
 
 
-EXPAND_CASES = [(h, t, k) for h in HIDDEN for t, k in [(0, 8), (1, 1), (4001, 6), (1000, 2)]] + [(7168, 16384, 8)]
+EXPAND_HIDDEN = [2048, 2560, 3072, 4096, 6144, 7168]
+EXPAND_CASES = [(h, t, k) for h in EXPAND_HIDDEN for t, k in [(0, 8), (1, 1), (4001, 6), (1000, 2)]] + [(7168, 16384, 8)]
 
 
 @pytest.mark.parametrize("hidden,num_tokens,num_topk", EXPAND_CASES)

@@ -254,8 +254,8 @@ def test_requirements_may_name_grid_keys_bound_per_variant(tmp_path: Path) -> No
     variant and a constant in the other); a requirement of constants only is decided at build time."""
     from tkc.arch import ARCHS
     from tkc.errors import PackageError
-    from tkc.package import package_files
     from tkc.pack import bind
+    from tkc.package import package_files
 
     op = {"fam/k.py": "def k(x):\n    return x\n"}
     specs, built = _one_variant(tmp_path, op, "    requires: ['m % (64 * n) == 0', 'n % 2 == 1']\n")

@@ -22,7 +22,14 @@ import torch
 
 from tests.conftest import REPO
 from tests.op_stub import WritingKernel, grid_keys, marked, poisoned, stub_package
-from tests.reference.quant import dequant, per_token_cast_ref, precomputed_sf_cast_ref, ue8m0_unpack
+from tests.reference.quant import (
+    dequant,
+    per_token_cast_ref,
+    precomputed_sf_cast_ref,
+    tma_aligned_col_major,
+    ue8m0_pack,
+    ue8m0_unpack,
+)
 from tests.reference.quant_cast_back import per_block_cast_back_ref, per_token_cast_back_ref
 from tkc.build import ArchSummary, BuildOptions
 
@@ -222,6 +229,25 @@ def test_cast_back_per_block_scales(ops: tuple[ModuleType, ModuleType], fmt: str
         _same(back.cast_back((q, scales), "bf16", block), per_block_cast_back_ref(q, sf, "bf16", block))
     # FP4 is built for npc 16 and 32: 128-wide blocks are read as four 32-channel groups
     assert back._kernel.selected[-1]["npc"] == (32 if fmt == "e2m1" else block[1])
+
+
+@pytest.mark.parametrize("block", [(32, 32), (128, 128)], ids=str)
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_cast_back_reads_packed_ue8m0_block_scales(ops: tuple[ModuleType, ModuleType], fmt: str,
+                                                   block: tuple[int, int]) -> None:
+    """TileKernels' per-block UE8M0 scales: int32 words of four exponents (ceil(T / bm), ceil(G / 4)), any layout;
+    G = 2560 / bk is 20 or 80 groups, and 2304 / 128 = 18 leaves two zero bytes in the last word."""
+    _, back = ops
+    for hidden in (2560, 2304):
+        q, _ = per_token_cast_ref(torch.randn(300, hidden), fmt, 32)
+        exponents = torch.randint(100, 140, (-(-300 // block[0]), hidden // block[1]), dtype=torch.int32)
+        sf = (exponents << 23).view(torch.float32)  # powers of two, as round_sf makes them
+        words = ue8m0_pack(sf)
+        for packed in (words, tma_aligned_col_major(words)):
+            _same(back.cast_back((q, packed), "bf16", block), per_block_cast_back_ref(q, sf, "bf16", block))
+        errors = importlib.import_module("tkc_small_kernels.errors")
+        with pytest.raises(errors.KernelArgumentError, match=r"x\[1\] \(sf\): expected float32 per-block scales .*\(or int32 UE8M0 words"):
+            back.cast_back((q, words[:, :-1]), "bf16", block)
 
 
 def _poisoned(t: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,8 @@ import torch
 from .._args import column_storage
 from ..errors import KernelArgumentError
 
-__all__ = ["ColumnMajor", "check_scales", "column_major_storage", "given_scales", "scale_width", "ue8m0_bytes"]
+__all__ = ["ColumnMajor", "check_scales", "column_major_storage", "given_scales", "scale_width", "ue8m0_bytes",
+           "ue8m0_values"]
 
 
 def scale_width(hidden: int, npc: int, sf_layout: str) -> tuple[int, torch.dtype]:
@@ -86,3 +87,12 @@ def given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torch
     if column_storage(sf) is None:
         sf = sf.t().contiguous().t()  # a column-major copy over a storage of its own
     return column_major_storage(sf) if sf_layout == "col_major" else ue8m0_bytes(sf)
+
+
+def ue8m0_values(words: torch.Tensor, groups: int) -> torch.Tensor:
+    """The float32 scales (R, groups) of int32 UE8M0 words (R, ceil(groups / 4)) in any layout: byte g % 4 of word
+    g / 4 is the biased exponent e of scale g, read as the float with bits e << 23, as the kernels read them
+    (torch integer ops on the small scale tensor; the codes are not touched)."""
+    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=words.device)
+    exponents = (words.unsqueeze(-1) >> shifts) & 0xFF  # (R, W, 4); the AND undoes the sign's arithmetic shift
+    return (exponents.reshape(words.shape[0], -1)[:, :groups] << 23).contiguous().view(torch.float32)

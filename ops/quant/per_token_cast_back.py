@@ -25,6 +25,7 @@ from .._op import Plan, Result, empty, launch, op, result, size
 from .._op import out as output
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
+from ._scales import ue8m0_values
 
 __all__ = ["cast_back", "per_token_cast_back"]
 
@@ -162,7 +163,8 @@ _BLOCK_SIDES = (32, 128)  # per-block scales: (32 | 128) x (32 | 128) blocks, as
 def _per_token_scales(
     x: object, num_per_tokens: int, num_per_channels: int
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
-    """Per-block fp32 scales (ceil(T / bm), H / bk) spread to per-token ones: ((q, sf (T, H / npc)), npc).
+    """Per-block scales (ceil(T / bm), H / bk), fp32 or packed UE8M0 int32 words (ceil(T / bm), ceil(H / bk / 4)),
+    spread to per-token fp32 ones: ((q, sf (T, H / npc)), npc).
 
     Each block scale is repeated over its bm tokens (and, for FP4 with bk = 128, over four
     32-channel groups: e2m1 is built for npc 16 and 32), so per_token_cast_back computes the
@@ -177,9 +179,13 @@ def _per_token_scales(
     if hidden % num_per_channels != 0:
         raise ValueError(f"x_block_size: hidden ({hidden}) must be a multiple of num_per_channels ({num_per_channels})")
     expected = ((num_tokens + num_per_tokens - 1) // num_per_tokens, hidden // num_per_channels)
+    words = (expected[0], (expected[1] + 3) // 4)
+    if sf.dtype == torch.int32 and tuple(sf.shape) == words:  # packed UE8M0 block scales, four to a word
+        sf = ue8m0_values(sf, expected[1])
     if sf.dtype != torch.float32 or tuple(sf.shape) != expected:
-        raise KernelArgumentError(f"x[1] (sf): expected float32 per-block scales of shape {expected} for codes of "
-                                  f"shape {tuple(q.shape)}, got {sf.dtype} {tuple(sf.shape)}")
+        raise KernelArgumentError(f"x[1] (sf): expected float32 per-block scales of shape {expected} (or int32 "
+                                  f"UE8M0 words {words}) for codes of shape {tuple(q.shape)}, got {sf.dtype} "
+                                  f"{tuple(sf.shape)}")
     sf = sf.repeat_interleave(num_per_tokens, dim=0)[:num_tokens]
     npc = num_per_channels
     if q.dtype == torch.int8 and npc == 128:
@@ -199,8 +205,10 @@ def cast_back(
 
     Per-token blocks (1, npc) go to ``per_token_cast_back`` (every scale layout it reads).
     Per-block scales, blocks (32 | 128) x (32 | 128) as ``per_block_cast`` makes them, are fp32
-    (ceil(T / bm), H / bk), row- or column-major; they are spread to per-token scales (a
-    T x H / bk fp32 tensor) and decoded by the same kernel, so out = decode(q) * sf exactly.
+    (ceil(T / bm), H / bk), row- or column-major, or their packed UE8M0 exponents, int32 words
+    (ceil(T / bm), ceil(H / bk / 4)) in any layout (scale = float with bits byte << 23); they are
+    spread to per-token scales (a T x H / bk fp32 tensor) and decoded by the same kernel, so
+    out = decode(q) * sf exactly.
     out: as for ``per_token_cast_back``.
     """
     try:

@@ -117,6 +117,17 @@ def test_shipped_specs_are_valid() -> None:
         ("version: 1.2.3", "version: one", "'one' is not a PEP 440 version"),
         ("name: my_kernels", "name: my-kernels", "is not a Python package name"),
         ("package:", "packages:", "(top level).packages: unknown key; valid keys: package, kernels (did you mean 'package'?)"),
+        # Values reach the rendered module and the generated launchers: words and finite numbers only.
+        ("hidden: [2048, 7168]", "hidden: [\"0 or __import__('os').system('touch /tmp/x') or 2048\"]",
+         "a string value is pasted into the template, so it must be a word"),
+        ("hidden: [2048, 7168]", "hidden: ['x\"\"\"; import os; \"\"\"']", "must be a word"),
+        ("hidden: [2048, 7168]", "hidden: [None]", "must be a word (letters, digits, '_', not a Python keyword)"),
+        ("hidden: [2048, 7168]", "hidden: [.inf]", "bad value inf; give a finite number"),
+        # Paths stay in their folders.
+        ("op: quant/per_token_cast.py", "op: /etc/evil.py", "'/etc/evil.py' leaves"),
+        ("op: quant/per_token_cast.py", "op: ../ops/quant/per_token_cast.py", "without '..'"),
+        ("template: quant/per_token_cast.py.j2", "template: quant/../quant/per_token_cast.py.j2", "leaves"),
+        ("template: quant/per_token_cast.py.j2", "template: \"quant/x\\\"y.py.j2\"", "give a relative path of words"),
     ],
 )
 def test_validation_errors_name_file_line_key_value_and_fix(tmp_path: Path, templates: Path, old: str, new: str,
@@ -183,3 +194,21 @@ def test_op_paths_resolve_under_the_ops_folder(tmp_path: Path, templates: Path) 
     (tmp_path / "ops" / "quant" / "per_token_cast.py").unlink()
     with pytest.raises(SpecError, match=f"'quant/per_token_cast.py' does not exist under {tmp_path / 'ops'}"):
         load_specs([path], templates)
+
+
+def test_a_template_or_op_symlinked_out_of_its_folder_is_refused(tmp_path: Path, templates: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "evil.py.j2").write_text("prim_func = None\n")
+    (templates / "quant" / "evil.py.j2").symlink_to(outside / "evil.py.j2")
+    message = error_of(tmp_path, templates, GOOD.replace("quant/per_token_cast.py.j2", "quant/evil.py.j2"))
+    assert "kernels.per_token_cast.template: 'quant/evil.py.j2' leaves" in message and "symlink" in message
+
+
+@pytest.mark.parametrize("name", ['spec".yaml', "spec\nimport os.yaml", "spec\\x.yaml"], ids=["quote", "newline", "backslash"])
+def test_a_spec_file_whose_path_could_break_generated_code_is_refused(tmp_path: Path, templates: Path,
+                                                                      name: str) -> None:
+    path = write(tmp_path, GOOD, name=name)
+    with pytest.raises(SpecError, match="may not hold quotes, backslashes or control characters; rename") as info:
+        load_specs([path], templates)
+    assert info.value.exit_code == 2

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import itertools
 import keyword
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -189,6 +190,18 @@ def _string(entries: Mapping[str, tuple[yaml.Node, yaml.Node]], key: str, file: 
     return value
 
 
+# Path parts and string grid values reach generated code and file names: words only.
+SAFE_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
+SAFE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _inside(root: Path, relative: str) -> bool:
+    """Whether ``relative`` is a plain relative path (words, no '..') that resolves inside ``root``."""
+    if not SAFE_PATH.fullmatch(relative) or ".." in relative.split("/"):
+        return False
+    return (root / relative).resolve().is_relative_to(root.resolve())
+
+
 def _identifier(value: str) -> bool:
     return value.isidentifier() and not keyword.iskeyword(value)
 
@@ -208,6 +221,13 @@ def _check_grid(node: yaml.Node, file: str, where: str,
             value = _scalar(item)
             if value is None:
                 problems.add(file, item, here, f"expected scalars (str, int, bool, float), got {item.value!r}")
+                continue
+            if isinstance(value, str) and (not SAFE_WORD.fullmatch(value) or keyword.iskeyword(value)):
+                problems.add(file, item, here, f"bad value {value!r}; a string value is pasted into the template, "
+                             "so it must be a word (letters, digits, '_', not a Python keyword), e.g. bfloat16")
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                problems.add(file, item, here, f"bad value {value!r}; give a finite number")
                 continue
             choices = DTYPES if key.endswith("dtype") else CLOSED_GRID_KEYS.get(key)
             if choices is not None and value not in choices:
@@ -295,6 +315,10 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, ro
             continue
         if not value.endswith(suffix):
             problems.add(file, entries[key][1], f"{where}.{key}", f"{value!r} should end in {suffix}")
+        elif not _inside(roots[key], value):
+            problems.add(file, entries[key][1], f"{where}.{key}",
+                         f"{value!r} leaves {roots[key]}; give a relative path of words ({SAFE_PATH.pattern}) "
+                         "under it, without '..' (nor a symlink out of it)")
         elif not (roots[key] / value).is_file():
             problems.add(file, entries[key][1], f"{where}.{key}",
                          f"{value!r} does not exist under {roots[key]}; create it or fix the path")
@@ -397,6 +421,11 @@ def load_specs(paths: Iterable[Path], templates: Path, ops: Path | None = None) 
     for path in files:
         if not path.is_file():
             problems.items.append(f"{path}: no such spec file")
+            continue
+        if not str(path).isprintable() or any(c in str(path) for c in "\"'\\"):
+            # The path is written into generated comments and strings.
+            problems.items.append(f"{str(path)!r}: a spec file's path may not hold quotes, backslashes or control "
+                                  "characters; rename the file or its folder")
             continue
         pkg, found = _load_file(path, roots, problems)
         if pkg is not None and package is not None and pkg != package:

@@ -123,6 +123,7 @@ def test_shipped_specs_are_valid() -> None:
         ("hidden: [2048, 7168]", "hidden: ['x\"\"\"; import os; \"\"\"']", "must be a word"),
         ("hidden: [2048, 7168]", "hidden: [None]", "must be a word (letters, digits, '_', not a Python keyword)"),
         ("hidden: [2048, 7168]", "hidden: [.inf]", "bad value inf; give a finite number"),
+        ("archs: [sm90]", "archs: []", "kernels.per_token_cast.archs: empty list; name the archs to build"),
         # Paths stay in their folders.
         ("op: quant/per_token_cast.py", "op: /etc/evil.py", "'/etc/evil.py' leaves"),
         ("op: quant/per_token_cast.py", "op: ../ops/quant/per_token_cast.py", "without '..'"),

@@ -334,6 +334,9 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, ro
                              f"{', '.join(ARCHS)}{_did_you_mean(str(arch), ARCHS)}")
             elif arch not in picked:
                 picked.append(str(arch))
+        if not items:
+            problems.add(file, arch_node, f"{where}.archs", f"empty list; name the archs to build ({', '.join(ARCHS)}) "
+                         "or leave the key out for all of them")
         archs = tuple(picked)
     grid = _check_grid(entries["grid"][1], file, f"{where}.grid", problems) if "grid" in entries else ()
     keys = tuple(k for k, _ in grid)

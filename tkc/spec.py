@@ -149,9 +149,12 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def _scalar(node: yaml.Node) -> Value | None:
     """The Python value of a YAML scalar node, or None if the node is not a scalar."""
-    if not isinstance(node, yaml.ScalarNode):
+    if not isinstance(node, yaml.ScalarNode) or not node.tag.startswith("tag:yaml.org,2002:"):
+        return None  # a YAML tag of its own (!foo, !!python/...) makes no plain value
+    try:
+        value = yaml.safe_load(yaml.serialize(node))
+    except yaml.YAMLError:
         return None
-    value = yaml.safe_load(yaml.serialize(node))
     return value if isinstance(value, str | int | bool | float) else None
 
 
@@ -190,6 +193,9 @@ def _string(entries: Mapping[str, tuple[yaml.Node, yaml.Node]], key: str, file: 
     return value
 
 
+RESERVED_GRID_KEYS = ("arch", "variant_id", "self")
+MAX_GRID_POINTS = 65536  # per kernel, before the constraints: beyond it a spec is a mistake, not a catalog
+MAX_CONSTRAINT_CHARS = 2000
 # Path parts and string grid values reach generated code and file names: words only.
 SAFE_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
 SAFE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -203,7 +209,9 @@ def _inside(root: Path, relative: str) -> bool:
 
 
 def _identifier(value: str) -> bool:
-    return value.isidentifier() and not keyword.iskeyword(value)
+    """A Python name that is no keyword, of ASCII letters, digits and '_' (it names files, modules and
+    keyword arguments), at most 100 characters."""
+    return value.isidentifier() and value.isascii() and len(value) <= 100 and not keyword.iskeyword(value)
 
 
 def _check_grid(node: yaml.Node, file: str, where: str,
@@ -215,12 +223,18 @@ def _check_grid(node: yaml.Node, file: str, where: str,
             problems.add(file, key_node, here, "grid keys must be Python identifiers (they become template "
                          "variables and keyword arguments of select())")
             continue
+        if key in RESERVED_GRID_KEYS or key.startswith("_"):
+            problems.add(file, key_node, here, f"{key!r} is taken ({', '.join(RESERVED_GRID_KEYS)}: the templates' "
+                         "own variables and select()'s self; names starting with '_' are Python's); rename the key")
+            continue
         items = values_node.value if isinstance(values_node, yaml.SequenceNode) else [values_node]
         values: list[Value] = []
         for item in items:
             value = _scalar(item)
             if value is None:
-                problems.add(file, item, here, f"expected scalars (str, int, bool, float), got {item.value!r}")
+                tagged = isinstance(item, yaml.ScalarNode) and not item.tag.startswith("tag:yaml.org,2002:")
+                problems.add(file, item, here, f"YAML tag {item.tag!r} not allowed; give plain values" if tagged else
+                             f"expected scalars (str, int, bool, float), got {item.value!r}")
                 continue
             if isinstance(value, str) and (not SAFE_WORD.fullmatch(value) or keyword.iskeyword(value)):
                 problems.add(file, item, here, f"bad value {value!r}; a string value is pasted into the template, "
@@ -271,6 +285,10 @@ def _check_constraints(node: yaml.Node, file: str, where: str, keys: tuple[str, 
         text = _scalar(item)
         if not isinstance(text, str):
             problems.add(file, item, where, f"expected a Python expression string, got {item.value!r}")
+            continue
+        if len(text) > MAX_CONSTRAINT_CHARS:
+            problems.add(file, item, where, f"a constraint of {len(text)} characters; at most {MAX_CONSTRAINT_CHARS}: "
+                         "split it into several")
             continue
         try:
             tree = ast.parse(text, mode="eval")
@@ -361,6 +379,12 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, ro
         grid=grid, constraints=constraints, pass_configs=tuple(sorted(pass_configs)), description=description,
         source=file, line=key_node.start_mark.line + 1, requires=requires,
     )
+    points = math.prod(len(values) for _, values in grid)
+    if points > MAX_GRID_POINTS:
+        problems.add(file, entries["grid"][1], f"{where}.grid", f"{points} grid points "
+                     f"({' x '.join(f'{k} {len(v)}' for k, v in grid)}); at most {MAX_GRID_POINTS} per kernel: "
+                     "narrow the grid or split the kernel")
+        return None
     if not expand(spec):
         problems.add(file, entries["constraints"][1] if "constraints" in entries else node, where,
                      "the constraints exclude every grid point; relax them or widen the grid")
@@ -371,7 +395,14 @@ def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, ro
 def _load_file(path: Path, roots: dict[str, Path], problems: _Problems) -> tuple[Package | None, list[KernelSpec]]:
     file = str(path)
     try:
-        root = yaml.compose(path.read_text())
+        root = yaml.compose(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        problems.items.append(f"{file}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                              "save the spec as UTF-8")
+        return None, []
+    except RecursionError:
+        problems.items.append(f"{file}: nested too deeply for a spec; a grid is a mapping of flat lists")
+        return None, []
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

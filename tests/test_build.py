@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,59 @@ def test_rebuild_into_another_dist_replaces_a_stale_wheel_of_the_same_name(
         assert b.wheel.read_bytes() == a.wheel.read_bytes()
     # The first dist folder's wheels are still the stamped ones: reused, not rebuilt.
     assert [s.wheel.read_bytes() for s in build(options)] == [s.wheel.read_bytes() for s in first]
+
+
+def _entries(options: BuildOptions) -> list[Path]:
+    return sorted(p.parent for p in (options.build_dir / "cache").glob("*/*/meta.json"))
+
+
+def test_damaged_cache_entries_are_rebuilt_with_a_warning(small_build: tuple[BuildOptions, list[ArchSummary]],
+                                                          tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A truncated cubin, a flipped byte, another variant's cubin, a meta.json that is no JSON, and an entry
+    without its recorded sha256 whose cubin is garbage: each is named on stderr, removed and compiled again, and
+    the wheels come out byte-identical to the first build's."""
+    import shutil
+
+    options, first = small_build
+    copy = dataclasses.replace(options, build_dir=tmp_path / "build", dist_dir=tmp_path / "dist")
+    shutil.copytree(options.build_dir / "cache", copy.build_dir / "cache")
+    entries = _entries(copy)
+    assert len(entries) == 6
+    a, b, c, d, e, _ = entries
+    cubin = (a / "kernel.cubin").read_bytes()
+    (a / "kernel.cubin").write_bytes(cubin[: len(cubin) // 2])
+    flipped = bytearray((b / "kernel.cubin").read_bytes())
+    flipped[len(flipped) // 2] ^= 0x01
+    (b / "kernel.cubin").write_bytes(bytes(flipped))
+    (c / "kernel.cubin").write_bytes((d / "kernel.cubin").read_bytes())
+    (d / "meta.json").write_text("{not json")
+    meta = json.loads((e / "meta.json").read_text())
+    del meta["cubin_sha256"]
+    (e / "meta.json").write_text(json.dumps(meta))
+    (e / "kernel.cubin").write_bytes(b"\x7fELF garbage")
+    capsys.readouterr()
+    again = build(copy)
+    warned = capsys.readouterr().err
+    for entry in (a, b, c, d, e):
+        assert f"cache entry {entry}" in warned and "rebuilding it" in warned
+    assert sum(s.compiled for s in again) == 5
+    assert [s.wheel.read_bytes() for s in again] == [s.wheel.read_bytes() for s in first]
+
+
+def test_nvcc_output_is_checked(small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
+    """Not a cubin, a cubin of the other arch, a cubin without the kernel: each named, never packaged."""
+    from tkc.arch import ARCHS
+    from tkc.build import check_cubin, read_entry
+
+    options, _ = small_build
+    by_arch = {}
+    for entry in _entries(options):
+        meta = json.loads((entry / "meta.json").read_text())
+        by_arch.setdefault(meta["arch"], entry)
+    cubin, contract, _ = read_entry(by_arch["sm90"], ARCHS["sm90"])  # type: ignore[misc]
+    assert check_cubin(cubin, ARCHS["sm90"], contract) is None
+    assert check_cubin(b"random bytes", ARCHS["sm90"], contract).startswith("not a cubin")  # type: ignore[union-attr]
+    assert check_cubin(cubin, ARCHS["sm100"], contract) == "a cubin for sm_90a, not sm_100a"
+    renamed = dataclasses.replace(contract, launches=tuple(dataclasses.replace(launch, symbol="other_kernel")
+                                                           for launch in contract.launches))
+    assert check_cubin(cubin, ARCHS["sm90"], renamed) == "no kernel other_kernel in it"

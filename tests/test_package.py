@@ -269,3 +269,17 @@ def test_requirements_may_name_grid_keys_bound_per_variant(tmp_path: Path) -> No
     assert bind([("hidden % 64", "0")], {"hidden": 2048}, ["num_tokens"]) == ()
     with pytest.raises(ValueError, match="grid key fmt is 'e4m3' here, not an integer"):
         bind([("m % fmt", "0")], {"fmt": "e4m3"}, ["m"])
+
+
+@pytest.mark.parametrize("broken", ["fam/k.py", "fam/_shared.py", "config.py"])
+def test_an_op_tree_module_with_a_syntax_error_is_a_package_error_naming_it(tmp_path: Path, broken: str) -> None:
+    from tkc.arch import ARCHS
+    from tkc.errors import PackageError
+    from tkc.package import package_files
+
+    files = {"fam/k.py": "__all__ = ['k']\ndef k(x):\n    return x\n", "fam/_shared.py": "X = 1\n",
+             "config.py": "__all__ = []\n"}
+    files[broken] = "def k(:\n"
+    specs, built = _one_variant(tmp_path, files)
+    with pytest.raises(PackageError, match=rf"ops/{broken}:1: not valid Python \(.*\); fix the module"):
+        package_files(specs, ARCHS["sm90"], [built], {})

@@ -18,6 +18,8 @@ import importlib.metadata
 import json
 import os
 import shutil
+import struct
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,8 +32,9 @@ from pathlib import Path
 import tkc.compile
 import tkc.lower
 from tkc.arch import Arch
-from tkc.compile import NVCC_FLAGS, Resources, Toolchain, compile_cubin, find_toolchain
-from tkc.errors import UsageError
+from tkc.compile import NVCC_FLAGS, Resources, Toolchain, compile_cubin, cubin_target, find_toolchain
+from tkc.errors import ToolchainError, UsageError
+from tkc.fsutil import sha256_bytes, write_atomic
 from tkc.lower import (
     KernelArg,
     Launch,
@@ -131,14 +134,54 @@ def _contract_from_json(data: dict) -> LaunchContract:
     )
 
 
-def read_entry(entry: Path) -> tuple[bytes, LaunchContract, dict[str, Resources]] | None:
-    """A complete cache entry, or None."""
+def check_cubin(cubin: bytes, arch: Arch, contract: LaunchContract) -> str | None:
+    """What is wrong with a cubin for ``arch`` that should hold the contract's kernels, or None: an ELF of the
+    arch's target (header and ptxas note agree) with every launched kernel's symbol in its string table."""
+    try:
+        target = cubin_target(cubin)
+    except (ToolchainError, struct.error) as exc:
+        return f"not a cubin: {exc}"
+    if target != arch.target:
+        return f"a cubin for {target}, not {arch.target}"
+    missing = [launch.symbol for launch in contract.launches if launch.symbol.encode() + b"\0" not in cubin]
+    return f"no kernel {missing[0]} in it" if missing else None
+
+
+def read_entry(entry: Path, arch: Arch | None = None) -> tuple[bytes, LaunchContract, dict[str, Resources]] | None:
+    """A complete, intact cache entry, or None (no entry); ToolchainError for a damaged one.
+
+    Intact: meta.json parses, and the cubin has the sha256 meta.json records for it (entries written before
+    the hash was recorded get it here, once their cubin passes ``check_cubin`` for ``arch``).
+    """
     meta = entry / "meta.json"
     if not meta.is_file():
         return None
-    data = json.loads(meta.read_text())
-    resources = {k: Resources(**v) for k, v in data["resources"].items()}
-    return (entry / "kernel.cubin").read_bytes(), _contract_from_json(data["contract"]), resources
+    try:
+        data = json.loads(meta.read_text())
+        contract = _contract_from_json(data["contract"])
+        resources = {k: Resources(**v) for k, v in data["resources"].items()}
+        cubin = (entry / "kernel.cubin").read_bytes()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ToolchainError(f"cache entry {entry}: unreadable ({type(exc).__name__}: {exc})") from None
+    recorded = data.get("cubin_sha256")
+    if recorded is not None and sha256_bytes(cubin) != recorded:
+        raise ToolchainError(f"cache entry {entry}: kernel.cubin does not have the sha256 its meta.json records")
+    if recorded is None:
+        problem = check_cubin(cubin, arch, contract) if arch is not None else "no recorded sha256"
+        if problem is not None:
+            raise ToolchainError(f"cache entry {entry}: {problem}")
+        write_atomic(meta, json.dumps({**data, "cubin_sha256": sha256_bytes(cubin)}, indent=1, sort_keys=True))
+    return cubin, contract, resources
+
+
+def _intact(entry: Path, arch: Arch) -> bool:
+    """Whether ``entry`` is a usable cache hit; a damaged one is removed, with a warning naming it."""
+    try:
+        return read_entry(entry, arch) is not None
+    except ToolchainError as exc:
+        print(f"tkc: {exc}; rebuilding it", file=sys.stderr)
+        shutil.rmtree(entry, ignore_errors=True)
+        return False
 
 
 def run_job(job: Job) -> float:
@@ -146,6 +189,10 @@ def run_job(job: Job) -> float:
     start = time.perf_counter()
     lowered = lower(job.rendered, job.rendered.arch)
     compiled = compile_cubin(lowered.cuda_source, job.rendered.arch, job.toolchain, name=job.rendered.variant.id)
+    problem = check_cubin(compiled.cubin, job.rendered.arch, lowered.contract)
+    if problem is not None:
+        raise ToolchainError(f"nvcc gave no usable cubin for {job.rendered.variant.id} ({job.rendered.arch.target}): "
+                             f"{problem}; check the nvcc at {job.toolchain.nvcc}")
     job.entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=job.entry.parent, prefix=f".{job.entry.name}."))
     try:
@@ -154,7 +201,7 @@ def run_job(job: Job) -> float:
         (tmp / "ptxas.log").write_text(compiled.log)
         (tmp / "meta.json").write_text(json.dumps({
             "variant": job.rendered.variant.id, "arch": job.rendered.arch.name,
-            "contract": dataclasses.asdict(lowered.contract),
+            "contract": dataclasses.asdict(lowered.contract), "cubin_sha256": sha256_bytes(compiled.cubin),
             "resources": {k: dataclasses.asdict(v) for k, v in compiled.resources.items()},
         }, indent=1, sort_keys=True))
         try:
@@ -215,7 +262,7 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
         rendered = render(variant, arch, options.templates, options.build_dir / "src")
         key = cache_key(rendered, toolchain)
         entry = cache / key[:2] / key
-        hit = (entry / "meta.json").is_file()
+        hit = _intact(entry, arch)
         hits[(variant.id, arch.name)] = hit
         entries[(variant.id, arch.name)] = entry
         if hit:
@@ -263,7 +310,7 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
         for variant, a in work:
             if a != arch:
                 continue
-            found = read_entry(compiled.entries[(variant.id, arch.name)])
+            found = read_entry(compiled.entries[(variant.id, arch.name)], arch)
             assert found is not None, f"cache entry of {variant.id} ({arch.name}) vanished during the build"
             cubin, contract, resources = found
             built.append(BuiltVariant(variant=variant, arch=arch, cubin=cubin, contract=contract,

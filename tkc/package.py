@@ -113,9 +113,19 @@ def local_version(version: str, arch: Arch) -> str:
     return f"{version}+{arch.name}"
 
 
+def _parse(path: Path) -> ast.Module:
+    """An op tree module's syntax tree, or a PackageError naming the file and line."""
+    try:
+        return ast.parse(path.read_bytes().decode("utf-8"), filename=str(path))
+    except SyntaxError as exc:
+        raise PackageError(f"{path}:{exc.lineno}: not valid Python ({exc.msg}); fix the module") from None
+    except UnicodeDecodeError:
+        raise PackageError(f"{path}: not UTF-8 text; save the module as UTF-8") from None
+
+
 def public_names(op_file: Path) -> list[str]:
     """What an op module exports: its ``__all__``, else its public top-level functions."""
-    tree = ast.parse(op_file.read_text(), filename=str(op_file))
+    tree = _parse(op_file)
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             return [str(e.value) for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
@@ -140,7 +150,7 @@ def support_modules(folder: Path, ops: set[Path]) -> list[Path]:
 
 
 def _support_exports(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _parse(path)
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             return [str(e.value) for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
@@ -271,6 +281,7 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
             modules.setdefault(kernel.module, []).extend(
                 f"from .{stem} import {n}" for n in public_names(op_path))
         for helper in helper_modules(op_path):  # the family's private helpers the op modules import
+            _parse(helper)  # a syntax error names the helper here, not at the wheel's first import
             relative = helper.relative_to(specs.ops).as_posix()
             helpers[f"{name}/{kernel.module}/{helper.name}"] = (helper, _header(f"ops/{relative}", "helper")
                                                                 + helper.read_text())

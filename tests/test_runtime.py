@@ -7,6 +7,7 @@ import ctypes
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -619,3 +620,32 @@ def test_generated_launchers_carry_what_dispatch_launches_with(package: ModuleTy
         contract, plan, handles = launch.planned
         assert contract is getattr(module, f"{prefix}_CONTRACT") and plan is getattr(module, f"{prefix}_PLAN")
         assert handles is getattr(module, f"{prefix}_KERNEL").handles
+
+
+def test_a_tampered_cubin_is_refused_before_the_driver_sees_it(package: ModuleType, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each launcher module's cubins carry the sha256 the manifest records; a flipped byte in an installed cubin
+    is a CorruptPackageError naming the file, raised on reading it (no GPU needed: the driver comes after)."""
+    import hashlib
+    import json
+    import shutil
+
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    kernels = importlib.import_module("tkc_small_kernels._kernels.per_token_cast")
+    cubins = [value for value in vars(kernels).values() if isinstance(value, runtime.Cubin)]
+    manifest = json.loads((runtime._CUBIN_DIR.parent / "manifest.json").read_text())
+    recorded = {v["cubin"].removeprefix("cubins/"): v["sha256"] for v in manifest["kernels"]["per_token_cast"]["variants"]}
+    assert cubins and {c.filename: c.sha256 for c in cubins} == recorded
+    for cubin in cubins:
+        assert hashlib.sha256(cubin.data()).hexdigest() == cubin.sha256
+    tampered = tmp_path / "cubins"
+    shutil.copytree(runtime._CUBIN_DIR, tampered)
+    data = bytearray((tampered / cubins[0].filename).read_bytes())
+    data[len(data) // 2] ^= 0x40
+    (tampered / cubins[0].filename).write_bytes(bytes(data))
+    monkeypatch.setattr(runtime, "_CUBIN_DIR", tampered)
+    monkeypatch.setattr(runtime, "driver", lambda: pytest.fail("the driver was asked to load a tampered cubin"))
+    with pytest.raises(errors.CorruptPackageError, match=rf"{cubins[0].filename}: not the cubin .* reinstall it"):
+        runtime.Cubin(cubins[0].filename, cubins[0].sha256)._load()
+    assert runtime.Cubin(cubins[1].filename, cubins[1].sha256).data() == (tampered / cubins[1].filename).read_bytes()

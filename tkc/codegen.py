@@ -51,6 +51,8 @@ class LauncherSource:
     planned: str = ""
     # (variable, index) of each contract entry in the kernel module's table (set by tkc.package)
     table: tuple[tuple[str, int], ...] = ()
+    # the cubin's sha256, which the loader checks before loading it (set by tkc.package)
+    cubin_sha256: str = ""
 
 
 def torch_dtype(name: str) -> str:

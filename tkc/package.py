@@ -180,7 +180,7 @@ def _kernel_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, 
             raise PackageError(f"{kernel.source}:{kernel.line}: kernels.{kernel.name}: {exc}") from None
         indices = tuple((var, len(entries) + i) for i, (var, _) in enumerate(source.contract))
         entries += [words for _, words in source.contract]
-        launchers.append(dataclasses.replace(source, table=indices))
+        launchers.append(dataclasses.replace(source, table=indices, cubin_sha256=sha256_bytes(b.cubin)))
     text = env.get_template("kernel_module.py.j2").render(
         tkc_version=tkc.__version__, package=specs.package.name, version=specs.package.version, arch=arch,
         kernel=kernel, variants=launchers, keys=repr(kernel.grid_keys),

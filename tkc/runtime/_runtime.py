@@ -39,6 +39,7 @@ from . import _build_info as info  # type: ignore[attr-defined]  # generated int
 from . import _protocol as protocol
 from .errors import (
     ArchMismatchError,
+    CorruptPackageError,
     CudaDriverError,
     KernelArgumentError,
     NoGpuError,
@@ -502,18 +503,32 @@ def _no_run(contract: bytes | None, plan: bytes | None, handles: dict[int, int],
 
 
 class Cubin:
-    """One cubin of the package, loaded lazily as a context-independent library."""
+    """One cubin of the package, loaded lazily as a context-independent library, after its bytes are checked
+    against the sha256 the build recorded (``sha256``; once, before the driver sees them)."""
 
-    def __init__(self, filename: str) -> None:
+    def __init__(self, filename: str, sha256: str = "") -> None:
         self.filename = filename
+        self.sha256 = sha256
         self._lock = threading.Lock()
         self._library: ctypes.c_void_p | None = None
         self._kernels: dict[str, ctypes.c_void_p] = {}
 
+    def data(self) -> bytes:
+        """The cubin's bytes; CorruptPackageError if they are not the ones the build wrote."""
+        import hashlib
+
+        path = _CUBIN_DIR / self.filename
+        data = path.read_bytes()
+        if self.sha256 and hashlib.sha256(data).hexdigest() != self.sha256:
+            raise CorruptPackageError(f"{path}: not the cubin {info.PACKAGE} {info.VERSION} was built with (its "
+                                      "sha256 differs from the build's); the installed package is damaged or was "
+                                      f"modified: reinstall it (pip install --force-reinstall {info.PACKAGE})")
+        return data
+
     def _load(self) -> ctypes.c_void_p:
         with self._lock:
             if self._library is None:
-                data = (_CUBIN_DIR / self.filename).read_bytes()
+                data = self.data()
                 library = ctypes.c_void_p()
                 drv = driver()
                 drv.check(drv.lib.cuLibraryLoadData(ctypes.byref(library), data, None, None, 0, None, None, 0),

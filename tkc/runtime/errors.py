@@ -25,3 +25,7 @@ class NoGpuError(KernelError, RuntimeError):
 
 class CudaDriverError(KernelError, RuntimeError):
     """A CUDA driver call failed."""
+
+
+class CorruptPackageError(KernelError, RuntimeError):
+    """A file of the installed package differs from what its build recorded (damaged or modified)."""

@@ -135,3 +135,16 @@ def test_nvcc_output_is_checked(small_build: tuple[BuildOptions, list[ArchSummar
     renamed = dataclasses.replace(contract, launches=tuple(dataclasses.replace(launch, symbol="other_kernel")
                                                            for launch in contract.launches))
     assert check_cubin(cubin, ARCHS["sm90"], renamed) == "no kernel other_kernel in it"
+
+
+def test_an_unwritable_dist_folder_is_a_package_error_and_leaves_nothing(
+        small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path) -> None:
+    from tkc.errors import PackageError
+
+    options, _ = small_build
+    blocked = tmp_path / "dist"
+    blocked.write_text("a file where the dist folder should be")
+    with pytest.raises(PackageError, match=rf"cannot write the wheel into {blocked}/wheels: .*writable --dist folder"):
+        build(dataclasses.replace(options, dist_dir=blocked / "wheels"))
+    assert blocked.read_text() == "a file where the dist folder should be"
+    assert not list(tmp_path.glob("**/*.tmp"))

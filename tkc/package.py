@@ -364,10 +364,21 @@ def build_wheel(project: Path, dist: Path) -> Path:
         wheels = list(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise PackageError(f"the backend produced {len(wheels)} wheels for {project}, expected one")
-        dist.mkdir(parents=True, exist_ok=True)
         target = dist / wheels[0].name
-        shutil.move(str(wheels[0]), str(target.with_suffix(".whl.tmp")))
-        os.replace(target.with_suffix(".whl.tmp"), target)
+        try:
+            dist.mkdir(parents=True, exist_ok=True)
+            # A temporary name of this build's own: two builds into one dist folder never share one.
+            fd, staged = tempfile.mkstemp(dir=dist, prefix=f".{wheels[0].name}.", suffix=".tmp")
+            os.close(fd)
+            try:
+                shutil.move(str(wheels[0]), staged)
+                os.replace(staged, target)
+            finally:
+                if os.path.exists(staged):
+                    os.unlink(staged)
+        except OSError as exc:
+            raise PackageError(f"cannot write the wheel into {dist}: {exc.strerror or exc}; free space or pick a "
+                               "writable --dist folder") from None
     return target
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
 from pathlib import Path
@@ -81,3 +82,37 @@ def test_not_a_tkc_wheel(tmp_path: Path) -> None:
         z.writestr("x/__init__.py", "")
     result = CliRunner().invoke(main, ["inspect", str(plain)])
     assert result.exit_code == 5 and "no tkc manifest.json" in result.output
+
+
+def _rewritten(original: Path, out: Path, change: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(original) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, change.get(info.filename, src.read(info)))
+    return out
+
+
+def test_inspect_checks_the_record_and_the_launchers_against_the_manifest(
+        small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path) -> None:
+    """A consistent forgery (cubin and manifest hash changed together) still fails: the RECORD and the launcher
+    module's recorded hash disagree; an edited launcher alone fails the RECORD and the manifest comparison."""
+    _, summaries = small_build
+    original = summaries[0].wheel
+    with zipfile.ZipFile(original) as wheel:
+        root = next(n for n in wheel.namelist() if n.endswith("/manifest.json")).split("/")[0]
+        manifest = json.loads(wheel.read(f"{root}/manifest.json"))
+        variant = manifest["kernels"]["per_token_cast"]["variants"][0]
+        cubin = f"{root}/{variant['cubin']}"
+        data = wheel.read(cubin)
+        forged = data[:-1] + bytes([data[-1] ^ 0xFF])
+        launcher = f"{root}/_kernels/per_token_cast.py"
+        source = wheel.read(launcher).decode()
+    variant["sha256"] = hashlib.sha256(forged).hexdigest()
+    consistent = _rewritten(original, tmp_path / "a.whl", {cubin: forged, f"{root}/manifest.json":
+                                                           json.dumps(manifest).encode()})
+    out = CliRunner().invoke(main, ["inspect", str(consistent)]).output
+    assert f"problem: {cubin}: its hash or size differs from the wheel's RECORD" in out
+    assert f"problem: {launcher}: its cubins and hashes differ from the manifest's" in out
+    edited = _rewritten(original, tmp_path / "b.whl", {launcher: source.replace(
+        variant["cubin"].removeprefix("cubins/"), "other.cubin", 1).encode()})
+    out = CliRunner().invoke(main, ["inspect", str(edited)]).output
+    assert f"problem: {launcher}: its hash or size differs" in out and "differ from the manifest's" in out

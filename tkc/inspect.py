@@ -11,7 +11,12 @@ mismatch makes the result not ``ok``.
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+import io
 import json
+import re
 import struct
 import zipfile
 from dataclasses import dataclass, field
@@ -174,10 +179,55 @@ def inspect_wheel(path: Path) -> WheelReport:
         for name in wheel.namelist():
             if name.endswith(".cubin") and name not in listed:
                 problems.append(f"{name}: a cubin the manifest does not list")
+        _check_record(wheel, problems)
+        _check_launchers(wheel, root, manifest, problems)
         launch_module = _launch_module(wheel, root, problems)
     return WheelReport(wheel=str(path), package=manifest["package"], version=manifest["version"],
                        arch=manifest["arch"], target=manifest["target"], cubins=tuple(reports),
                        launch_module=launch_module, problems=tuple(problems))
+
+
+def _check_record(wheel: zipfile.ZipFile, problems: list[str]) -> None:
+    """Every file of the wheel is in its RECORD with the hash and size it has (PEP 376 / 427)."""
+    records = [n for n in wheel.namelist() if n.endswith(".dist-info/RECORD")]
+    if len(records) != 1:
+        problems.append("the wheel has no RECORD (or several); rebuild with tkc build")
+        return
+    recorded: dict[str, tuple[str, str]] = {}
+    for row in csv.reader(io.StringIO(wheel.read(records[0]).decode())):
+        if row:
+            recorded[row[0]] = (row[1], row[2]) if len(row) == 3 else ("", "")
+    for name in wheel.namelist():
+        if name == records[0] or name.endswith("/"):
+            continue
+        data = wheel.read(name)
+        digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        if name not in recorded:
+            problems.append(f"{name}: in the wheel but not in its RECORD")
+        elif recorded[name] != (digest, str(len(data))):
+            problems.append(f"{name}: its hash or size differs from the wheel's RECORD; the wheel was modified")
+    for name in sorted(set(recorded) - set(wheel.namelist())):
+        problems.append(f"{name}: in the RECORD but missing from the wheel")
+
+
+_CUBIN_LINE = re.compile(r'^_\w+ = Cubin\("([^"]+)", "([0-9a-f]*)"\)$', re.MULTILINE)
+
+
+def _check_launchers(wheel: zipfile.ZipFile, root: str, manifest: dict, problems: list[str]) -> None:
+    """The launcher modules load the cubins the manifest lists, and check the hashes it records."""
+    for kernel, entry in sorted(manifest["kernels"].items()):
+        member = f"{root}/_kernels/{kernel}.py"
+        try:
+            source = wheel.read(member).decode()
+        except KeyError:
+            problems.append(f"{member}: missing: the manifest lists kernel {kernel}")
+            continue
+        loaded = dict(_CUBIN_LINE.findall(source))
+        expected = {v["cubin"].removeprefix("cubins/"): v["sha256"] for v in entry["variants"]}
+        if loaded != expected:
+            wrong = sorted(set(loaded.items()) ^ set(expected.items()))[:1]
+            problems.append(f"{member}: its cubins and hashes differ from the manifest's (e.g. {wrong[0][0]}); "
+                            "rebuild with tkc build")
 
 
 def _launch_module(wheel: zipfile.ZipFile, root: str, problems: list[str]) -> str:

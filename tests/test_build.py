@@ -148,3 +148,19 @@ def test_an_unwritable_dist_folder_is_a_package_error_and_leaves_nothing(
         build(dataclasses.replace(options, dist_dir=blocked / "wheels"))
     assert blocked.read_text() == "a file where the dist folder should be"
     assert not list(tmp_path.glob("**/*.tmp"))
+
+
+def test_nvcc_exiting_0_without_a_cubin_is_a_toolchain_error(small_build: tuple[BuildOptions, list[ArchSummary]],
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tkc.errors import ToolchainError
+
+    options, _ = small_build
+    fresh = dataclasses.replace(options, build_dir=tmp_path / "build", dist_dir=tmp_path / "dist", jobs=1)
+
+    def no_output(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "kernel.cubin")
+
+    monkeypatch.setattr(tkc.build, "compile_cubin", no_output)
+    with pytest.raises(ToolchainError, match=r"nvcc exited 0 for .* without writing kernel.cubin; check the nvcc"):
+        build(fresh)
+    assert not (tmp_path / "dist").exists()

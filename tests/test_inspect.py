@@ -116,3 +116,16 @@ def test_inspect_checks_the_record_and_the_launchers_against_the_manifest(
         variant["cubin"].removeprefix("cubins/"), "other.cubin", 1).encode()})
     out = CliRunner().invoke(main, ["inspect", str(edited)]).output
     assert f"problem: {launcher}: its hash or size differs" in out and "differ from the manifest's" in out
+
+
+def test_a_malformed_manifest_is_a_package_error_not_a_traceback(
+        small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path) -> None:
+    _, summaries = small_build
+    original = summaries[0].wheel
+    with zipfile.ZipFile(original) as wheel:
+        manifest = next(n for n in wheel.namelist() if n.endswith("/manifest.json"))
+    for text in (b'{"package": 1', b'{"package": "p"}', b"[]"):
+        bad = _rewritten(original, tmp_path / "m.whl", {manifest: text})
+        result = CliRunner().invoke(main, ["inspect", str(bad)])
+        assert result.exit_code == 5 and isinstance(result.exception, SystemExit), result.output
+        assert f"{manifest} is malformed" in result.output and "rebuild it with tkc build" in result.output

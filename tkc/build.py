@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -188,7 +189,12 @@ def run_job(job: Job) -> float:
     """Lower and compile one variant into its cache entry; returns the seconds spent. Runs in a worker."""
     start = time.perf_counter()
     lowered = lower(job.rendered, job.rendered.arch)
-    compiled = compile_cubin(lowered.cuda_source, job.rendered.arch, job.toolchain, name=job.rendered.variant.id)
+    try:
+        compiled = compile_cubin(lowered.cuda_source, job.rendered.arch, job.toolchain, name=job.rendered.variant.id)
+    except FileNotFoundError as exc:
+        raise ToolchainError(f"nvcc exited 0 for {job.rendered.variant.id} ({job.rendered.arch.target}) without "
+                             f"writing {Path(exc.filename or 'kernel.cubin').name}; check the nvcc at "
+                             f"{job.toolchain.nvcc}") from None
     problem = check_cubin(compiled.cubin, job.rendered.arch, lowered.contract)
     if problem is not None:
         raise ToolchainError(f"nvcc gave no usable cubin for {job.rendered.variant.id} ({job.rendered.arch.target}): "
@@ -284,7 +290,14 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
         else:
             futures = {pool.submit(run_job, job): job for job in jobs}
             for future in as_completed(futures):
-                seconds[futures[future].rendered.arch.name] += future.result()
+                try:
+                    seconds[futures[future].rendered.arch.name] += future.result()
+                except BrokenProcessPool:
+                    job = futures[future]
+                    raise ToolchainError(f"a build worker died (killed, or out of memory) while compiling "
+                                         f"{job.rendered.variant.id} ({job.rendered.arch.name}); the variants "
+                                         "compiled so far are cached: run the build again, with a smaller -j "
+                                         "if memory is short") from None
                 if progress:
                     progress(1)
     return _Compiled(entries=entries, hits=hits, seconds=seconds)

@@ -134,54 +134,63 @@ def inspect_wheel(path: Path) -> WheelReport:
         if len(manifests) != 1:
             raise PackageError(f"{path}: no tkc manifest.json in the wheel; was it built by tkc build?")
         root = manifests[0].split("/")[0]
-        manifest = json.loads(wheel.read(manifests[0]))
-        problems: list[str] = []
-        arch = ARCHS.get(manifest["arch"])  # None: an arch this tkc does not know (no occupancy then)
-        listed = set()
-        reports = []
-        for kernel, entry in sorted(manifest["kernels"].items()):
-            for v in entry["variants"]:
-                member = f"{root}/{v['cubin']}"
-                listed.add(member)
-                try:
-                    data = wheel.read(member)
-                except KeyError:
-                    problems.append(f"{member}: listed in the manifest but missing from the wheel")
-                    continue
-                sha_ok = sha256_bytes(data) == v["sha256"]
-                if not sha_ok:
-                    problems.append(f"{member}: sha256 {sha256_bytes(data)[:16]}... does not match the manifest "
-                                    f"({v['sha256'][:16]}...); the cubin was modified after the build: rebuild")
-                try:
-                    target = cubin_target(data)
-                    registers, static_smem = cubin_resources(data)
-                except (ToolchainError, struct.error, ValueError) as exc:
-                    problems.append(f"{member}: not a valid cubin ({exc})")
-                    target, registers, static_smem = "?", {}, {}
-                if target != manifest["target"]:
-                    problems.append(f"{member}: built for {target}, but the wheel is for {manifest['target']}")
-                launches = v["contract"]["launches"]
-                occupancy = {}
-                if arch is not None:
-                    for launch in launches:
-                        symbol = launch["symbol"]
-                        occupancy[symbol] = str(arch.occupancy(
-                            threads=launch["block"][0] * launch["block"][1] * launch["block"][2],
-                            registers=registers.get(symbol, 0),
-                            shared_memory=static_smem.get(symbol, 0) + launch["dynamic_smem"]))
-                reports.append(CubinReport(
-                    kernel=kernel, variant=v["id"], params=v["params"], path=member, bytes=len(data),
-                    target=target, registers=registers, static_smem=static_smem,
-                    dynamic_smem={launch["symbol"]: launch["dynamic_smem"] for launch in launches},
-                    spill_bytes={s: r["spill_stores"] + r["spill_loads"] for s, r in v["resources"].items()},
-                    occupancy=occupancy, sha256_ok=sha_ok,
-                ))
-        for name in wheel.namelist():
-            if name.endswith(".cubin") and name not in listed:
-                problems.append(f"{name}: a cubin the manifest does not list")
-        _check_record(wheel, problems)
-        _check_launchers(wheel, root, manifest, problems)
-        launch_module = _launch_module(wheel, root, problems)
+        try:
+            manifest = json.loads(wheel.read(manifests[0]))
+            return _report(path, wheel, root, manifest)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PackageError(f"{path}: {manifests[0]} is malformed ({type(exc).__name__}: {exc}); the wheel is "
+                               "damaged: rebuild it with tkc build") from None
+
+
+def _report(path: Path, wheel: zipfile.ZipFile, root: str, manifest: dict) -> WheelReport:
+    """The report of a tkc wheel whose manifest parsed (a key it lacks raises KeyError)."""
+    problems: list[str] = []
+    arch = ARCHS.get(manifest["arch"])  # None: an arch this tkc does not know (no occupancy then)
+    listed = set()
+    reports = []
+    for kernel, entry in sorted(manifest["kernels"].items()):
+        for v in entry["variants"]:
+            member = f"{root}/{v['cubin']}"
+            listed.add(member)
+            try:
+                data = wheel.read(member)
+            except KeyError:
+                problems.append(f"{member}: listed in the manifest but missing from the wheel")
+                continue
+            sha_ok = sha256_bytes(data) == v["sha256"]
+            if not sha_ok:
+                problems.append(f"{member}: sha256 {sha256_bytes(data)[:16]}... does not match the manifest "
+                                f"({v['sha256'][:16]}...); the cubin was modified after the build: rebuild")
+            try:
+                target = cubin_target(data)
+                registers, static_smem = cubin_resources(data)
+            except (ToolchainError, struct.error, ValueError) as exc:
+                problems.append(f"{member}: not a valid cubin ({exc})")
+                target, registers, static_smem = "?", {}, {}
+            if target != manifest["target"]:
+                problems.append(f"{member}: built for {target}, but the wheel is for {manifest['target']}")
+            launches = v["contract"]["launches"]
+            occupancy = {}
+            if arch is not None:
+                for launch in launches:
+                    symbol = launch["symbol"]
+                    occupancy[symbol] = str(arch.occupancy(
+                        threads=launch["block"][0] * launch["block"][1] * launch["block"][2],
+                        registers=registers.get(symbol, 0),
+                        shared_memory=static_smem.get(symbol, 0) + launch["dynamic_smem"]))
+            reports.append(CubinReport(
+                kernel=kernel, variant=v["id"], params=v["params"], path=member, bytes=len(data),
+                target=target, registers=registers, static_smem=static_smem,
+                dynamic_smem={launch["symbol"]: launch["dynamic_smem"] for launch in launches},
+                spill_bytes={s: r["spill_stores"] + r["spill_loads"] for s, r in v["resources"].items()},
+                occupancy=occupancy, sha256_ok=sha_ok,
+            ))
+    for name in wheel.namelist():
+        if name.endswith(".cubin") and name not in listed:
+            problems.append(f"{name}: a cubin the manifest does not list")
+    _check_record(wheel, problems)
+    _check_launchers(wheel, root, manifest, problems)
+    launch_module = _launch_module(wheel, root, problems)
     return WheelReport(wheel=str(path), package=manifest["package"], version=manifest["version"],
                        arch=manifest["arch"], target=manifest["target"], cubins=tuple(reports),
                        launch_module=launch_module, problems=tuple(problems))

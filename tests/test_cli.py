@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -54,3 +55,14 @@ def test_list_and_render() -> None:
     assert "for sm100 (sm_100a)" in rendered.output and "fmt=e2m1" in rendered.output
     missing = CliRunner().invoke(main, ["render", *args, "per_token_cast", "--set", "fmt=e5m6"])
     assert missing.exit_code == 2 and "no variant of per_token_cast" in missing.output
+
+
+def test_build_progress_in_a_log_is_lines(small_build: tuple[Any, Any], tmp_path: Path) -> None:
+    """Without a terminal (CI) the progress is lines with counts and times, not one 'compiling' label."""
+    options, _ = small_build
+    result = CliRunner().invoke(main, ["build", "--specs", str(SMALL_SPEC), "--templates", str(TEMPLATES),
+                                       "--build-dir", str(options.build_dir), "--dist", str(tmp_path / "dist")])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("compiling")]
+    assert lines[0] == "compiling: 6 variants" and lines[-1].startswith("compiling: 6/6 (100%), ")
+    assert "s left" in lines[-1]

@@ -195,6 +195,41 @@ def _parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+class _LogProgress:
+    """Progress for a log that is no terminal (CI): a line every 10% of the variants or every minute, whichever
+    comes first, with the elapsed time and an estimate of what is left (click's bar prints only its label)."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label, self.done = total, label, 0
+        self.start = self.last = time.monotonic()
+        self.step = max(1, total // 10)
+        click.echo(f"{label}: {total} variants", file=sys.stderr)
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.done < self.total and self.done % self.step and now - self.last < 60:
+            return
+        self.last = now
+        elapsed = now - self.start
+        left = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+        click.echo(f"{self.label}: {self.done}/{self.total} ({100 * self.done // max(self.total, 1)}%), "
+                   f"{elapsed:.0f} s, about {left:.0f} s left", file=sys.stderr)
+
+    def __enter__(self) -> _LogProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _progress(total: int, label: str) -> Any:
+    """click's bar on a terminal, else lines a log can show."""
+    if sys.stderr.isatty():
+        return click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True)
+    return _LogProgress(total, label)
+
+
 @main.command(name="build")
 @_build_flags
 @click.option("--shard", default=None, metavar="I/N",
@@ -216,11 +251,11 @@ def build_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: s
         index, count = _parse_shard(shard)
         out = shard_out or options.build_dir / "shards" / f"shard-{index}-of-{count}"
         total = len(shard_of(plan(options), index, count))
-        with click.progressbar(length=total, label=f"shard {index}/{count}", file=sys.stderr, show_pos=True) as bar:
+        with _progress(total, f"shard {index}/{count}") as bar:
             n = build_shard(options, index, count, out, progress=bar.update)
         click.echo(f"shard {index}/{count}: {n} variants in {out} ({time.perf_counter() - start:.1f} s)")
         return
-    with click.progressbar(length=len(plan(options)), label="compiling", file=sys.stderr, show_pos=True) as bar:
+    with _progress(len(plan(options)), "compiling") as bar:
         summaries = build(options, progress=bar.update)
     _print_summary(summaries, time.perf_counter() - start, options.dist_dir)
 

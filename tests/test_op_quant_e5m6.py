@@ -31,7 +31,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, 
 
 def test_exports(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
     module, _, _ = ops
-    assert sorted(module.__all__) == ["cast_back_e5m6", "per_token_cast_e5m6"]
+    assert sorted(module.__all__) == ["cast_back_e5m6", "per_token_cast_e5m6", "per_token_cast_to_e5m6"]
 
 
 @pytest.mark.parametrize("col_major", [False, True])
@@ -48,6 +48,21 @@ def test_cast_passes_word_and_token_views(ops: tuple[ModuleType, ModuleType, lis
     assert x_arg is x
     assert q_arg.dtype == torch.int32 and q_arg.shape == (5, 768) and q_arg.data_ptr() == q.data_ptr()
     assert sf_arg.shape == (5,) and sf_arg.stride() == (1,) and sf_arg.data_ptr() == sf.data_ptr()
+
+
+@pytest.mark.parametrize("col_major", [False, True])
+def test_tilekernels_spelling_takes_the_flags_positionally(ops: tuple[ModuleType, ModuleType, list[Any]],
+                                                           col_major: bool) -> None:
+    """per_token_cast_to_e5m6(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)."""
+    module, errors, calls = ops
+    calls.clear()
+    x = torch.randn(5, 2048, dtype=torch.bfloat16)
+    q, sf = module.per_token_cast_to_e5m6(x, 2048, col_major, True)
+    assert q.shape == (5, 3072) and sf.stride() == ((1, 8) if col_major else (1, 1))
+    ((_, values, _),) = calls
+    assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": True}
+    with pytest.raises(NotImplementedError, match="use_packed_ue8m0"):
+        module.per_token_cast_to_e5m6(x, 2048, True, True, True)
 
 
 def test_cast_argument_errors_fire_before_any_launch(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:

@@ -24,7 +24,7 @@ from .._op import out as output  # the cast's plan takes a parameter named out
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
-__all__ = ["cast_back_e5m6", "per_token_cast_e5m6"]
+__all__ = ["cast_back_e5m6", "per_token_cast_e5m6", "per_token_cast_to_e5m6"]
 
 _cast_kernel = get_kernel("per_token_cast_e5m6")
 _cast_back_kernel = get_kernel("cast_back_e5m6")
@@ -72,6 +72,29 @@ def _check_out(out: object, num_tokens: int) -> None:
                                   f"got shape {tuple(sf.shape)} and strides {tuple(sf.stride())}")
 
 
+def _cast(x: object, num_per_channels: int | None, round_sf: bool, use_tma_aligned_col_major_sf: bool,
+          use_packed_ue8m0: bool, out: tuple[torch.Tensor, torch.Tensor] | None) -> Plan:
+    """The launch of the E5M6 cast, shared by both spellings of the op."""
+    x = matrix("x", x)
+    hidden = int(x.shape[1])
+    if num_per_channels is not None:
+        npc = positive_int("num_per_channels", num_per_channels)
+        if npc != hidden:
+            raise ValueError(
+                f"num_per_channels: E5M6 has one scale per token, so it must be hidden ({hidden}) or None, got {npc}"
+            )
+    if use_packed_ue8m0:
+        raise not_built("use_packed_ue8m0", "the packed UE8M0 scale layout for E5M6", "per_token_cast_e5m6")
+    if hidden % 8 != 0:
+        raise ValueError(f"x: hidden ({hidden}) must be a multiple of 8 (eight codes per three words)")
+    if out is not None:
+        _check_out(out, x.shape[0])
+    launcher = _cast_kernel.variant(dtype_name(x.dtype), hidden, bool(round_sf))
+    outputs = _column_major if use_tma_aligned_col_major_sf else \
+        (empty(torch.uint8, size(x, 0), hidden // 8 * _GROUP_BYTES), empty(torch.float32, size(x, 0), 1))
+    return launch(launcher, x, output(0, view=_words), output(1, view=_tokens), outputs=outputs)
+
+
 @op(outputs=("q", "sf"))
 def per_token_cast_e5m6(
     x: torch.Tensor,
@@ -104,24 +127,21 @@ def per_token_cast_e5m6(
         of x * 65024 / amax, rounded to nearest even); sf float32 (num_tokens, 1) =
         max(amax, 1e-4) / 65024, so that decode(q) * sf approximates x. NaN inputs give NaN codes.
     """
-    x = matrix("x", x)
-    hidden = int(x.shape[1])
-    if num_per_channels is not None:
-        npc = positive_int("num_per_channels", num_per_channels)
-        if npc != hidden:
-            raise ValueError(
-                f"num_per_channels: E5M6 has one scale per token, so it must be hidden ({hidden}) or None, got {npc}"
-            )
-    if use_packed_ue8m0:
-        raise not_built("use_packed_ue8m0", "the packed UE8M0 scale layout for E5M6", "per_token_cast_e5m6")
-    if hidden % 8 != 0:
-        raise ValueError(f"x: hidden ({hidden}) must be a multiple of 8 (eight codes per three words)")
-    if out is not None:
-        _check_out(out, x.shape[0])
-    launcher = _cast_kernel.variant(dtype_name(x.dtype), hidden, bool(round_sf))
-    outputs = _column_major if use_tma_aligned_col_major_sf else \
-        (empty(torch.uint8, size(x, 0), hidden // 8 * _GROUP_BYTES), empty(torch.float32, size(x, 0), 1))
-    return launch(launcher, x, output(0, view=_words), output(1, view=_tokens), outputs=outputs)
+    return _cast(x, num_per_channels, round_sf, use_tma_aligned_col_major_sf, use_packed_ue8m0, out)
+
+
+@op(outputs=("q", "sf"))
+def per_token_cast_to_e5m6(
+    x: torch.Tensor,
+    num_per_channels: int | None = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Plan:
+    """``per_token_cast_e5m6`` under TileKernels' name, with its positional order of the flags."""
+    return _cast(x, num_per_channels, round_sf, use_tma_aligned_col_major_sf, use_packed_ue8m0, out)
 
 
 def _launch_back(launcher: Callable[..., None], q: torch.Tensor, sf: torch.Tensor, out: torch.Tensor) -> None:

@@ -100,6 +100,18 @@ def test_per_token_cast_e5m6(v: tuple[str, int, bool], num_tokens: int) -> None:
     assert_cast_matches_reference(x, q, sf, round_sf)
 
 
+@pytest.mark.parametrize("col_major", [False, True])
+@pytest.mark.parametrize("v", [v for v in CAST if v[1] == 2048], ids=cast_id)
+def test_tilekernels_spelling_per_token_cast_to_e5m6(v: tuple[str, int, bool], col_major: bool) -> None:
+    """TileKernels' name and positional order: (x, num_per_channels, use_tma_aligned_col_major_sf, round_sf)."""
+    in_dtype, hidden, round_sf = v
+    x = random_rows(4001, hidden, DTYPES[in_dtype])
+    q, sf = quant.per_token_cast_to_e5m6(x, hidden, col_major, round_sf)
+    ref_q, ref_sf = quant.per_token_cast_e5m6(x, hidden, round_sf=round_sf, use_tma_aligned_col_major_sf=col_major)
+    assert torch.equal(q, ref_q) and sf.stride() == ref_sf.stride()
+    assert torch.equal(sf.view(torch.int32), ref_sf.view(torch.int32))
+
+
 @pytest.mark.parametrize("v", [v for v in CAST if v[1] == 7168], ids=cast_id)
 def test_per_token_cast_e5m6_8192_tokens(v: tuple[str, int, bool]) -> None:
     x = random_rows(8192, v[1], DTYPES[v[0]])

@@ -54,7 +54,7 @@ def test_cast_passes_word_and_token_views(ops: tuple[ModuleType, ModuleType, lis
 def test_tilekernels_spelling_takes_the_flags_positionally(ops: tuple[ModuleType, ModuleType, list[Any]],
                                                            col_major: bool) -> None:
     """per_token_cast_to_e5m6(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)."""
-    module, errors, calls = ops
+    module, _, calls = ops
     calls.clear()
     x = torch.randn(5, 2048, dtype=torch.bfloat16)
     q, sf = module.per_token_cast_to_e5m6(x, 2048, col_major, True)

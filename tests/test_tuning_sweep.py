@@ -183,8 +183,10 @@ def test_shipped_kernels_take_the_sweep_winners() -> None:
     assert default("e2m1", "float32", 32) == config(chunk_vectors=4, x_words=False, min_blocks=8)
     assert default("e4m3", "bfloat16", 128) == default("e4m3", "float32", 32) == config(block_order="row")
     assert config().chunk_vectors == 2 and config().min_blocks == 0 and config().elems_per_thread == 32
-    # A runtime hidden reads no words (the word view needs hidden even at parse time).
+    # A runtime hidden reads no words (the word view needs hidden even at parse time), and keeps the 2-D grid
+    # (row order would divide by a tile count known only at run time).
     assert default("e2m1", "bfloat16", 32, generic=True).x_words is False
+    assert default("e4m3", "bfloat16", 128, generic=True).block_order == "column"
     assert "\nTILE = 64" in _shipped("batched_transpose", dtype="float8_e4m3fn")  # the sweep found no better
 
 

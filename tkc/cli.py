@@ -202,15 +202,16 @@ class _LogProgress:
     def __init__(self, total: int, label: str) -> None:
         self.total, self.label, self.done = total, label, 0
         self.start = self.last = time.monotonic()
-        self.step = max(1, total // 10)
+        self.mark = 0  # the last tenth reported
         click.echo(f"{label}: {total} variants", file=sys.stderr)
 
     def update(self, n: int) -> None:
         self.done += n
         now = time.monotonic()
-        if self.done < self.total and self.done % self.step and now - self.last < 60:
+        tenth = 10 * self.done // max(self.total, 1)
+        if self.done < self.total and tenth == self.mark and now - self.last < 60:
             return
-        self.last = now
+        self.mark, self.last = tenth, now
         elapsed = now - self.start
         left = elapsed / self.done * (self.total - self.done) if self.done else 0.0
         click.echo(f"{self.label}: {self.done}/{self.total} ({100 * self.done // max(self.total, 1)}%), "

@@ -124,6 +124,9 @@ def test_shipped_specs_are_valid() -> None:
         ("hidden: [2048, 7168]", "hidden: [None]", "must be a word (letters, digits, '_', not a Python keyword)"),
         ("hidden: [2048, 7168]", "hidden: [.inf]", "bad value inf; give a finite number"),
         ("archs: [sm90]", "archs: []", "kernels.per_token_cast.archs: empty list; name the archs to build"),
+        ("hidden: [2048, 7168]", "hidden: [-2048]", "bad value -2048; grid numbers are sizes, counts and factors"),
+        ("hidden: [2048, 7168]", "hidden: [2048, true]", "bad value True: a bool among int values"),
+        ("hidden: [2048, 7168]", "hidden: [2048, 7168.0]", "a float among int values; give every value of a key one type"),
         # Paths stay in their folders.
         ("op: quant/per_token_cast.py", "op: /etc/evil.py", "'/etc/evil.py' leaves"),
         ("op: quant/per_token_cast.py", "op: ../ops/quant/per_token_cast.py", "without '..'"),

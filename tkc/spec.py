@@ -243,6 +243,14 @@ def _check_grid(node: yaml.Node, file: str, where: str,
             if isinstance(value, float) and not math.isfinite(value):
                 problems.add(file, item, here, f"bad value {value!r}; give a finite number")
                 continue
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                problems.add(file, item, here, f"bad value {value!r}; grid numbers are sizes, counts and factors: "
+                             "give a value >= 0")
+                continue
+            if values and type(value) is not type(values[0]):
+                problems.add(file, item, here, f"bad value {value!r}: a {type(value).__name__} among "
+                             f"{type(values[0]).__name__} values; give every value of a key one type")
+                continue
             choices = DTYPES if key.endswith("dtype") else CLOSED_GRID_KEYS.get(key)
             if choices is not None and value not in choices:
                 problems.add(file, item, here, f"bad value {value!r}; valid choices: {', '.join(choices)}"

@@ -57,3 +57,31 @@ def test_arch_names() -> None:
     assert ARCHS["sm90"].gencode == "arch=compute_90a,code=sm_90a"
     with pytest.raises(UsageError, match="choose from sm90, sm100"):
         parse_arch_list("sm75")
+
+
+def test_nvcc_works_in_a_folder_private_to_the_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """<tmp>/tkc-nvcc must be this user's own directory that nobody else can write (else a planted symlink would
+    redirect nvcc's files): made so when missing or too open, refused when a symlink or another user's."""
+    import os
+    import stat
+    import tempfile
+
+    from tkc.build import private_nvcc_root
+    from tkc.errors import ToolchainError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = private_nvcc_root()
+    assert root == tmp_path / "tkc-nvcc" and stat.S_IMODE(root.stat().st_mode) == 0o700
+    root.chmod(0o777)
+    assert stat.S_IMODE(private_nvcc_root().stat().st_mode) == 0o700
+    root.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    root.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ToolchainError, match="not a directory of its own .*; remove .* or point TMPDIR"):
+        private_nvcc_root()
+    root.unlink()
+    if os.getuid() == 0:  # root can hand the folder to another user, as an attacker's would be
+        root.mkdir()
+        os.chown(root, 65534, 65534)
+        with pytest.raises(ToolchainError, match="belongs to another user"):
+            private_nvcc_root()

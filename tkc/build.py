@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import stat
 import struct
 import sys
 import tempfile
@@ -256,6 +257,24 @@ class _Compiled:
     seconds: dict[str, float]
 
 
+def private_nvcc_root() -> Path:
+    """The folder tkc.compile runs nvcc in (<tmp>/tkc-nvcc/<digest>: a fixed path, so that cubins do not depend
+    on where a build ran), made private to this user: a directory of ours, not a symlink, that nobody else can
+    write, so nobody can plant a symlink in it that nvcc's outputs would follow. ToolchainError otherwise."""
+    root = Path(tempfile.gettempdir()) / "tkc-nvcc"
+    root.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(root)
+    fix = f"remove {root} or point TMPDIR at a folder of your own"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ToolchainError(f"{root}: not a directory of its own (a symlink or a file); {fix}")
+    if st.st_uid != os.getuid():
+        raise ToolchainError(f"{root} belongs to another user (uid {st.st_uid}), who could redirect nvcc's files; "
+                             f"{fix}")
+    if st.st_mode & 0o077:
+        os.chmod(root, 0o700)
+    return root
+
+
 def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain: Toolchain,
              progress: Callable[[int], None] | None, cached_only: bool = False) -> _Compiled:
     """Render everything, then lower and compile the cache misses (in a pool when jobs > 1)."""
@@ -276,6 +295,8 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
                 progress(1)
         else:
             jobs.append(Job(rendered=rendered, key=key, entry=entry, toolchain=toolchain))
+    if jobs and not cached_only:
+        private_nvcc_root()
     if cached_only and jobs:
         missing = ", ".join(f"{j.rendered.variant.id} ({j.rendered.arch.name})" for j in jobs[:5])
         raise UsageError(f"{len(jobs)} variants are in none of the merged shards (e.g. {missing}); merge the "

@@ -164,3 +164,20 @@ def test_nvcc_exiting_0_without_a_cubin_is_a_toolchain_error(small_build: tuple[
     with pytest.raises(ToolchainError, match=r"nvcc exited 0 for .* without writing kernel.cubin; check the nvcc"):
         build(fresh)
     assert not (tmp_path / "dist").exists()
+
+
+def test_two_concurrent_builds_into_one_build_and_dist_folder_agree(
+        small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import SMALL_SPEC, TEMPLATES
+
+    options, first = small_build
+    command = [sys.executable, "-m", "tkc", "build", "--specs", str(SMALL_SPEC), "--templates", str(TEMPLATES),
+               "--build-dir", str(options.build_dir), "--dist", str(options.dist_dir)]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    assert [s.wheel.read_bytes() for s in first] == [s.wheel.read_bytes() for s in build(options)]
+    assert not list(options.dist_dir.glob(".*.tmp"))

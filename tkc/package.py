@@ -123,12 +123,20 @@ def _parse(path: Path) -> ast.Module:
         raise PackageError(f"{path}: not UTF-8 text; save the module as UTF-8") from None
 
 
-def public_names(op_file: Path) -> list[str]:
-    """What an op module exports: its ``__all__``, else its public top-level functions."""
-    tree = _parse(op_file)
+def _dunder_all(tree: ast.Module) -> list[str] | None:
+    """A module's literal ``__all__``, or None where it has none."""
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             return [str(e.value) for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
+    return None
+
+
+def public_names(op_file: Path) -> list[str]:
+    """What an op module exports: its ``__all__``, else its public top-level functions."""
+    tree = _parse(op_file)
+    exported = _dunder_all(tree)
+    if exported is not None:
+        return exported
     names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
     if not names:
         raise PackageError(f"{op_file}: defines no public function; an op module must export the kernel's API")
@@ -150,11 +158,8 @@ def support_modules(folder: Path, ops: set[Path]) -> list[Path]:
 
 
 def _support_exports(path: Path) -> list[str]:
-    tree = _parse(path)
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-            return [str(e.value) for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
-    return []
+    """What a public module of the op tree exports: its ``__all__`` only."""
+    return _dunder_all(_parse(path)) or []
 
 
 def _header(what: str, spec: str) -> str:

@@ -32,7 +32,7 @@ from tkc.errors import LowerError, PackageError
 from tkc.fsutil import sha256_bytes, write_atomic
 from tkc.lower import LaunchContract
 from tkc.native import ABI_TAG, FILENAME, HEADER, SOURCE, LaunchModule, protocol_header
-from tkc.spec import KernelSpec, SpecSet, Variant
+from tkc.spec import RESERVED_MODULES, KernelSpec, SpecSet, Variant
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 # The generated project's build hook. With the compiled launch module (tkc/native.py) the wheel
@@ -297,6 +297,18 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
         files[installed] = text
     named_ops = {(specs.ops / k.op).resolve() for k in specs.kernels}  # built or not: an op is never public
     families = sorted({(Path(k.op).parent, k.module) for k in kernels if Path(k.op).parent != Path(".")})
+    # A folder of public modules that holds no kernel's op is a layer over the kernel modules (TileKernels'
+    # ``modeling``): it installs as the module of its name.
+    kernel_folders = {folder for folder, _ in families}
+    layers = [(Path(d.name), d.name) for d in sorted(specs.ops.iterdir()) if d.is_dir() and d.name.isidentifier()
+              and not d.name.startswith("_") and Path(d.name) not in kernel_folders
+              and support_modules(d, named_ops)]
+    for _, module in layers:
+        if module in RESERVED_MODULES:
+            raise PackageError(f"{specs.ops / module}: a folder of public modules installs as {name}/{module}, "
+                               "a name the package reserves; rename it")
+        modules.setdefault(module, [])
+    families = sorted([*families, *layers])
     root_exports: dict[str, str] = {}
     for folder, module in [(Path("."), None), *families]:
         where = f"{name}/{module}" if module else name

@@ -50,9 +50,9 @@ def _check(hidden_states: object, k: object, v: object) -> tuple[torch.Tensor, t
     hidden_states, k, v = _rows("hidden_states", hidden_states), _rows("k", k), _rows("v", v, 2)
     if k.shape != hidden_states.shape:
         raise ValueError(f"k: expected the shape of hidden_states {tuple(hidden_states.shape)}, got {tuple(k.shape)}")
-    if v.shape != (hidden_states.shape[0], hidden_states.shape[2]):
-        raise ValueError(f"v: expected shape (num_tokens, hidden) = {(hidden_states.shape[0], hidden_states.shape[2])}, "
-                         f"got {tuple(v.shape)}")
+    rows = (hidden_states.shape[0], hidden_states.shape[2])
+    if v.shape != rows:
+        raise ValueError(f"v: expected shape (num_tokens, hidden) = {rows}, got {tuple(v.shape)}")
     return hidden_states, k, v
 
 

@@ -212,6 +212,42 @@ def test_public_modules_of_the_op_tree_install_under_their_names_and_export_thei
     assert out.stdout.strip() == "ok", out.stdout + out.stderr
 
 
+def test_a_folder_of_public_modules_without_kernels_installs_as_a_module(tmp_path: Path) -> None:
+    """ops/<layer>/ holding only public modules (TileKernels' modeling, a layer over the kernel modules)
+    installs as module <layer>, its modules' __all__ exported lazily, importing the kernel modules."""
+    from tkc.arch import ARCHS
+    from tkc.package import package_files
+
+    specs, built = _one_variant(tmp_path, {"fam/k.py": "__all__ = ['k']\ndef k(x):\n    return x + 1\n",
+                                           "layer/block.py": "from ..fam import k\n__all__ = ['Block']\n"
+                                                             "class Block:\n    def __call__(self, x):\n"
+                                                             "        return 2 * k(x)\n",
+                                           "layer/_private.py": "X = 1\n"})
+    files = package_files(specs, ARCHS["sm90"], [built], {})
+    assert "p/layer/block.py" in files and "p/layer/_private.py" not in files
+    for rel, data in files.items():
+        (tmp_path / "site" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / rel).write_bytes(data)
+    script = ("import sys, p\nassert 'p.layer.block' not in sys.modules\n"
+              "assert p.layer.Block()(3) == 8 and p.layer.block.Block is p.layer.Block\n"
+              "assert 'layer' in p.__all__ and {'Block', 'block'} <= set(p.layer.__all__)\n"
+              "print('ok')")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path / "site")
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_a_layer_folder_with_a_reserved_name_is_an_error(tmp_path: Path) -> None:
+    from tkc.arch import ARCHS
+    from tkc.errors import PackageError
+    from tkc.package import package_files
+
+    specs, built = _one_variant(tmp_path, {"fam/k.py": "__all__ = ['k']\ndef k(x):\n    return x\n",
+                                           "cubins/thing.py": "__all__ = ['T']\nT = 1\n"})
+    with pytest.raises(PackageError, match="a folder of public modules installs as p/cubins, a name the package "
+                                           "reserves; rename it"):
+        package_files(specs, ARCHS["sm90"], [built], {})
+
+
 def test_a_public_module_with_a_name_the_package_has_is_an_error(tmp_path: Path) -> None:
     from tkc.arch import ARCHS
     from tkc.errors import PackageError

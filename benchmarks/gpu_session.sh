@@ -6,7 +6,7 @@
 # examples/rmsnorm/kernel_specs --templates examples/rmsnorm/kernels --dist dist/examples)
 # with --no-deps, run the GPU tests, then the benchmarks.
 # Logs and results go under $OUT (the device tool's output folder) or ./gpu-out.
-# Usage: COMMIT=<sha> [GVS=1] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
+# Usage: COMMIT=<sha> [BENCH=all|none|<sections>] [OVERHEAD=0] [GVS=1] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
 #        [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -21,10 +21,20 @@ python3 -c "import torch, tile_kernels_aot as tk; print('torch', torch.__version
 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE --junitxml="$OUT/gpu-tests.xml" "$@" > "$OUT/gpu-tests.log" 2>&1
 tests=$?
 tail -n 25 "$OUT/gpu-tests.log"
-python3 benchmarks/bench.py --out "$OUT" --commit "${COMMIT:-unknown}" > "$OUT/bench.log" 2>&1
-bench=$?
-python3 benchmarks/runtime_overhead.py --out "$OUT" > "$OUT/runtime_overhead.log" 2>&1
-overhead=$?
+# BENCH=none skips the benchmarks, BENCH=<sections> (bench.py --only) runs some of them.
+bench=0
+if [ "${BENCH:-all}" = all ]; then
+  python3 benchmarks/bench.py --out "$OUT" --commit "${COMMIT:-unknown}" > "$OUT/bench.log" 2>&1
+  bench=$?
+elif [ "${BENCH}" != none ]; then
+  python3 benchmarks/bench.py --out "$OUT" --commit "${COMMIT:-unknown}" --only "$BENCH" > "$OUT/bench.log" 2>&1
+  bench=$?
+fi
+overhead=0
+if [ "${OVERHEAD:-1}" = 1 ]; then
+  python3 benchmarks/runtime_overhead.py --out "$OUT" > "$OUT/runtime_overhead.log" 2>&1
+  overhead=$?
+fi
 # Hardware counters of the kernels named in $NCU_CASES (space-separated profile_kernel.py cases).
 for case in ${NCU_CASES:-}; do
   ncu --clock-control none --launch-skip 2 --launch-count 1 -k "regex:${case%_e*}" \
@@ -48,6 +58,6 @@ if [ "${TK_SUITE_S:-0}" -gt 0 ]; then
   cp "$suite/tilekernels-suite.md" "$OUT/" 2>/dev/null
   tar czf "$OUT/tilekernels-suite.tgz" -C "$suite" .
 fi
-tail -n 30 "$OUT/bench.log"; tail -n 12 "$OUT/runtime_overhead.log"
+tail -n 30 "$OUT/bench.log" 2>/dev/null; tail -n 12 "$OUT/runtime_overhead.log" 2>/dev/null
 echo "exit codes: tests $tests, bench $bench, runtime_overhead $overhead"
 exit $((tests || bench || overhead))

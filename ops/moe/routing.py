@@ -41,7 +41,7 @@ _EXPAND_BF16 = ("bfloat16", False, "row_major")
 _REDUCE_BF16 = (("bfloat16", "bfloat16", True), ("bfloat16", "bfloat16", False))
 
 Experts = Callable[[int, torch.Tensor], torch.Tensor] | Sequence[Callable[[torch.Tensor], torch.Tensor]]
-# The sequences of per-expert callables (a str is a Sequence too, and no experts).
+# The sequences taken as per-expert callables: list, tuple, ModuleList (a str is a Sequence too).
 _INDEXED = (list, tuple, torch.nn.ModuleList)
 
 
@@ -62,14 +62,14 @@ def _mapping_experts(num_experts: int) -> int:
     """The built num_experts of get_fused_mapping that serves a routing of num_experts experts."""
     if _mapping_kernel.find(num_experts) is not None:
         return num_experts
-    built = sorted(key[0] for key in _mapping_kernel.variants)
-    larger = [e for e in built if e > num_experts]
-    if not larger:
-        raise VariantNotFoundError(
-            f"num_experts: moe_routing is not built for {num_experts} experts (get_fused_mapping is built for "
-            f"num_experts {', '.join(str(e) for e in built)}, and runs fewer experts on the next larger); add it to "
-            f"the grid of kernel moe_fused_mapping in {_mapping_kernel.spec} and rebuild (tkc build)")
-    return larger[0]
+    larger = [key[0] for key in _mapping_kernel.variants if key[0] > num_experts]
+    if larger:
+        return min(larger)
+    raise VariantNotFoundError(
+        f"num_experts: moe_routing is not built for {num_experts} experts (get_fused_mapping is built for "
+        f"num_experts {', '.join(str(e) for e in sorted(key[0] for key in _mapping_kernel.variants))}, and runs "
+        f"fewer experts on the next larger); add it to the grid of kernel moe_fused_mapping in "
+        f"{_mapping_kernel.spec} and rebuild (tkc build)")
 
 
 def _tokens(hidden_states: object) -> torch.Tensor:

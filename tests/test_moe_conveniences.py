@@ -90,7 +90,7 @@ def _reduce(values: dict[str, Any], x: torch.Tensor, x_sf: torch.Tensor, w: torc
     out.copy_(reduce_fused_ref(x, w if values["with_weights"] else None, pos))
 
 
-COMPUTE = {"topk_gate": _topk_gate, "normalize_weight": _normalize, "fused_mapping": _mapping, "expand": _expand,
+COMPUTE: dict[str, Callable[..., None]] = {"topk_gate": _topk_gate, "normalize_weight": _normalize, "fused_mapping": _mapping, "expand": _expand,
            "reduce": _reduce}
 
 
@@ -257,7 +257,7 @@ def test_per_expert_linears_match_the_reference_forward_and_backward(moe: Any, a
         assert g is not None and r is not None, name
         assert g.shape == r.shape and g.dtype == r.dtype, name
         torch.testing.assert_close(g.float(), r.float(), rtol=2e-2, atol=2e-2, msg=name)
-    assert bool((w.grad[idx < 0] == 0).all())  # masked slots: no gradient
+    assert w.grad is not None and bool((w.grad[idx < 0] == 0).all())  # masked slots: no gradient
 
 
 def test_a_module_list_is_called_by_index_and_sets_num_experts(moe: Any) -> None:

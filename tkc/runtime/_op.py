@@ -336,11 +336,11 @@ def _fake_template(tensors: list[torch.Tensor], template: int) -> list[torch.Ten
     return _template_outputs(_templates[template][1], tensors)
 
 
-def _run_in_place(tensors: list[torch.Tensor], template: int) -> None:
-    _run_template(tensors, template)
+def _run_in_place(tensors: list[torch.Tensor], written: list[torch.Tensor], template: int) -> None:
+    _run_template([*tensors, *written], template)
 
 
-def _fake_in_place(tensors: list[torch.Tensor], template: int) -> None:
+def _fake_in_place(tensors: list[torch.Tensor], written: list[torch.Tensor], template: int) -> None:
     return None
 
 
@@ -357,8 +357,11 @@ class Op:
     """One declared op: its plan function, outputs, keyed dimensions, and what is derived from them."""
 
     def __init__(self, plan: Callable[..., Plan | Sequence[Plan]], name: str, outputs: tuple[str, ...],
-                 keyed: dict[str, Sequence[int]], takes_out: bool, mutates: bool) -> None:
+                 keyed: dict[str, Sequence[int]], takes_out: bool, mutates: bool | Sequence[str]) -> None:
         self.plan, self.name, self.outputs = plan, name, outputs
+        # The parameters an in-place op writes (True: every tensor it launches with); None: it writes none.
+        self.mutated: tuple[str, ...] | bool | None = (
+            None if mutates is False else True if mutates is True else tuple(mutates))
         self.signature = inspect.signature(plan)
         self.inputs = tuple(keyed)  # the tensor parameters, in dispatch order
         names = list(self.signature.parameters)
@@ -368,7 +371,7 @@ class Op:
         self.fast = rt.fast_path(tuple(keyed.values()), len(outputs)) if takes_out and outputs and keyed else None
         # Registered now, not on first use: torch.compile cannot trace a registration. An in-place
         # op returns nothing (torch cannot functionalize outputs beside a mutated tensor list).
-        if mutates:
+        if self.mutated is not None:
             self._custom = rt.launch_op(name, _run_in_place, _fake_in_place, mutates=True)
         else:
             self._custom = rt.launch_op(name, _run_template, _fake_template)
@@ -393,7 +396,7 @@ class Op:
         if torch.compiler.is_compiling():
             if given is not None:
                 _check_output_rules(plans, out_tensors(given, self.outputs))
-            outputs = self._compiled(plans)
+            outputs = self._compiled(plans, args)
             if given is not None:
                 targets = out_tensors(given, self.outputs)
                 outputs = [t.copy_(o) for t, o in zip(targets, outputs, strict=True)]
@@ -412,9 +415,21 @@ class Op:
             return None
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _compiled(self, plans: Sequence[Plan]) -> list[torch.Tensor]:
+    def _compiled(self, plans: Sequence[Plan], args: tuple[Any, ...]) -> list[torch.Tensor]:
         tensors = _tensors(plans)
-        return list(self._custom(tensors, _template(plans, tensors)) or ())
+        if self.mutated is None:
+            return list(self._custom(tensors, _template(plans, tensors)) or ())
+        # The custom op declares only what it writes as mutated: a read-only argument may be a leaf that
+        # requires grad (a weight), which autograd refuses to see written in place.
+        if self.mutated is True:
+            read, written = [], tensors
+        else:
+            bound = dict(zip(self.signature.parameters, args))
+            targets = [bound[name] for name in self.mutated]
+            written = [t for t in tensors if any(t is w for w in targets)]
+            read = [t for t in tensors if not any(t is w for w in targets)]
+        self._custom(read, written, _template(plans, [*read, *written]))
+        return []
 
     def _remember(self, plan: Plan, args: tuple[Any, ...], given: Any, outputs: list[torch.Tensor]) -> None:
         """Let dispatch() take later calls of this signature straight to the launch."""
@@ -489,7 +504,7 @@ _PUBLIC: dict[str, Any] = {"dispatch": rt.dispatch, "is_compiling": torch.compil
 
 
 def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None = None, name: str | None = None,
-       out: bool = True, mutates: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+       out: bool = True, mutates: bool | Sequence[str] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Make a plan function the public op.
 
     ``outputs``: the names of the tensors the op returns, in order (``out=`` takes them in that
@@ -498,7 +513,8 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
     them); a call whose inputs match a remembered one in dtype, rank and those sizes, and
     whose other arguments have the same exact types and values, is replayed by dispatch.
     ``out``: whether the op takes ``out=``. ``mutates``: the op writes its input tensors (an
-    in-place op; its custom op says so to torch.compile).
+    in-place op; its custom op says so to torch.compile): True for all of them, or the names of the
+    parameters it writes (then the others may be tensors autograd must not see written, e.g. weights).
     """
 
     def declare(plan: Callable[..., Any]) -> Callable[..., Any]:

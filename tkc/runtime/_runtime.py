@@ -839,7 +839,7 @@ class Kernel:
 
 _library: list[Any] = []  # the package's torch.library fragment, made on the first op
 _LAUNCH_SCHEMA = "(Tensor[] tensors, int template) -> Tensor[]"
-_IN_PLACE_SCHEMA = "(Tensor(a!)[] tensors, int template) -> ()"
+_IN_PLACE_SCHEMA = "(Tensor[] tensors, Tensor(a!)[] written, int template) -> ()"
 
 
 def launch_op(name: str, run: Callable[..., Any], fake: Callable[..., Any], mutates: bool = False) -> Any:

@@ -6,7 +6,7 @@
 # examples/rmsnorm/kernel_specs --templates examples/rmsnorm/kernels --dist dist/examples)
 # with --no-deps, run the GPU tests, then the benchmarks.
 # Logs and results go under $OUT (the device tool's output folder) or ./gpu-out.
-# Usage: COMMIT=<sha> [BENCH=all|none|<sections>] [OVERHEAD=0] [GVS=1] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
+# Usage: COMMIT=<sha> [BENCH=all|none|<sections>] [OVERHEAD=0] [GVS=1] [TK_JIT=<tar.xz>] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
 #        [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -57,6 +57,15 @@ if [ "${TK_SUITE_S:-0}" -gt 0 ]; then
     --deadline "$((TK_SUITE_S - 15))" ${TK_SUITE_FILES:-} > "$OUT/tilekernels-suite.log" 2>&1
   cp "$suite/tilekernels-suite.md" "$OUT/" 2>/dev/null
   tar czf "$OUT/tilekernels-suite.tgz" -C "$suite" .
+fi
+# The Engram kernels against TileKernels' JIT kernels (TK_JIT=<tar.xz of TileLang 0.1.15, its dependencies and
+# TileKernels 1.0.0, unpacked wheels>; benchmarks/engram_vs_tilekernels.py).
+if [ -n "${TK_JIT:-}" ]; then
+  jit=$(mktemp -d /tmp/tk-jit.XXXX)
+  xz -dc "$TK_JIT" | tar xf - -C "$jit"
+  PYTHONPATH="$site:$jit" timeout "${TK_JIT_S:-240}" python3 benchmarks/engram_vs_tilekernels.py --out "$OUT" \
+    > "$OUT/engram_vs_tilekernels.log" 2>&1
+  tail -n 12 "$OUT/engram_vs_tilekernels.log"
 fi
 tail -n 30 "$OUT/bench.log" 2>/dev/null; tail -n 12 "$OUT/runtime_overhead.log" 2>/dev/null
 echo "exit codes: tests $tests, bench $bench, runtime_overhead $overhead"

@@ -1,0 +1,75 @@
+"""Sweep 68 (sweep68.yaml): the Engram gate forward's knobs, timed on the GPU in one run.
+
+Every variant of the tkc_tuning68 package is launched directly (its launcher, the op's argument
+order) at T = 8192, hc 4 on rotating inputs, its outputs compared bit for bit with the first
+variant's (the knobs change the schedule, never the arithmetic), and timed with bench.py's Timer.
+
+    PYTHONPATH=/tmp/site python benchmarks/tuning/engram_gate_sweep.py --out "$OUT"
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import Settings, Timer, copy_bandwidth, rotating_inputs  # noqa: E402
+
+T, HC, EPS, CLAMP = 8192, 4, 1e-20, 1e-6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--package", default="tkc_tuning68")
+    args = parser.parse_args()
+    kernel = importlib.import_module(f"{args.package}._runtime").get_kernel("engram_gate_fwd")
+    timer = Timer(Settings(reps=100, warmup=5))
+    copy = copy_bandwidth(timer)
+    rows, reference = [], {}
+    for values, launcher in sorted(kernel.variants.items(), key=lambda kv: str(kv[0])):
+        knobs = dict(zip(kernel.keys, values))
+        hidden = knobs["hidden"]
+
+        def make(hidden: int = hidden) -> tuple[torch.Tensor, ...]:
+            x, k = (torch.randn(T, HC, hidden, device="cuda").bfloat16() for _ in range(2))
+            v, w = torch.randn(T, hidden, device="cuda").bfloat16(), torch.randn(HC, hidden, device="cuda")
+            out = torch.full_like(x, float("nan"))
+            stats = [torch.full((T, HC), float("nan"), device="cuda") for _ in range(4)]
+            return (x, k, v, w, out, *stats)
+
+        inputs = rotating_inputs(make)
+        launcher(*inputs[0], EPS, CLAMP)
+        torch.cuda.synchronize()
+        results = [t.clone() for t in inputs[0][4:]]
+        exact = True
+        if hidden in reference:
+            exact = all(torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
+                                    b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
+                        for a, b in zip(results, reference[hidden]))
+        else:
+            reference[hidden] = results
+        us = timer.median_us(lambda *a: launcher(*a, EPS, CLAMP), inputs)
+        nbytes = sum(t.nbytes for t in inputs[0])
+        rows.append({**knobs, "us": us, "gb_s": nbytes / us / 1e3, "pct_copy": 100 * nbytes / us / 1e3 / copy,
+                     "bit_exact": exact})
+        print(rows[-1], flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep68.json").write_text(json.dumps({"copy_gb_s": copy, "rows": rows}, indent=2) + "\n")
+    lines = [f"copy {copy:.0f} GB/s; T {T}, hc {HC}", "", "| knobs | µs | GB/s | % copy | bit-exact |",
+             "| --- | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        knobs = ", ".join(f"{k}={r[k]}" for k in kernel.keys)
+        lines.append(f"| {knobs} | {r['us']:.1f} | {r['gb_s']:.0f} | {r['pct_copy']:.0f}% | {r['bit_exact']} |")
+    (args.out / "sweep68.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["bit_exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Settings, Timer, copy_bandwidth, rotating_inputs, tensor_bytes  # noqa: E402
+from bench import Settings, Timer, copy_bandwidth, rotating_inputs, tensor_bytes
 
 T, HC, H, EPS, CLAMP = 8192, 4, 7168, 1e-20, 1e-6
 

@@ -42,8 +42,15 @@ def test_rebuild_is_all_cache_hits_and_calls_neither_tilelang_nor_nvcc(
 def test_clean_rebuild_in_another_folder_gives_byte_identical_wheels(
         small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path) -> None:
     _, first = small_build
-    # Serial this time: the job count must not change a single byte either.
-    second = build(small_options(tmp_path, jobs=1))
+    # Serial this time, and with another temporary folder: neither the job count nor TMPDIR may change a byte.
+    import tempfile
+
+    (tmp_path / "other-tmp").mkdir()
+    saved, tempfile.tempdir = tempfile.tempdir, str(tmp_path / "other-tmp")
+    try:
+        second = build(small_options(tmp_path, jobs=1))
+    finally:
+        tempfile.tempdir = saved
     for a, b in zip(first, second):
         assert a.wheel.name == b.wheel.name
         assert a.wheel.read_bytes() == b.wheel.read_bytes()
@@ -62,6 +69,17 @@ def test_changed_template_misses_the_cache(small_build: tuple[BuildOptions, list
     changed = type(a)(variant=a.variant, arch=a.arch, path=a.path, source=a.source + "\n# touched\n")
     assert tkc.build.cache_key(changed, toolchain) != key_a
     assert tkc.build.cache_key(a, toolchain) == key_a
+    # A --lineinfo build is cached apart; tkc's own source is not part of the key (a comment in it must not
+    # rebuild the catalog), the stages' FORMAT versions are.
+    assert tkc.build.cache_key(a, find_toolchain(line_info=True)) != key_a
+    from tkc import compile as compile_stage
+
+    original = compile_stage.FORMAT
+    try:
+        compile_stage.FORMAT = original + 1
+        assert tkc.build.cache_key(a, toolchain) != key_a
+    finally:
+        compile_stage.FORMAT = original
 
 
 def test_rebuild_into_another_dist_replaces_a_stale_wheel_of_the_same_name(

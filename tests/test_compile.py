@@ -59,29 +59,31 @@ def test_arch_names() -> None:
         parse_arch_list("sm75")
 
 
-def test_nvcc_works_in_a_folder_private_to_the_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """<tmp>/tkc-nvcc must be this user's own directory that nobody else can write (else a planted symlink would
-    redirect nvcc's files): made so when missing or too open, refused when a symlink or another user's."""
-    import os
-    import stat
+# A kernel that includes headers: with line info its cubin would name the include folders (the venv's).
+WITH_HEADERS = ('#include <cuda_fp16.h>\nextern "C" __global__ void k(float* x) '
+                '{ x[threadIdx.x] = __half2float(__float2half(x[threadIdx.x])) * 2.0f; }\n')
+
+
+def test_cubins_name_no_folder_of_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvcc runs in a fresh private folder (mkdtemp) per compile, yet two compiles under different TMPDIRs give
+    the same bytes: without line info the cubin records neither that folder nor the include folders."""
     import tempfile
 
-    from tkc.build import private_nvcc_root
-    from tkc.errors import ToolchainError
+    toolchain = find_toolchain()
+    cubins = []
+    for where in ("a", "b/deeper"):
+        (tmp_path / where).mkdir(parents=True)
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / where))
+        cubins.append(compile_cubin(WITH_HEADERS, ARCHS["sm90"], toolchain, name="k").cubin)
+        assert list((tmp_path / where).iterdir()) == []  # its folder is gone again
+    assert cubins[0] == cubins[1]
+    for marker in (str(tmp_path).encode(), b"tkc-nvcc", b"site-packages", b"/include"):
+        assert marker not in cubins[0]
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    root = private_nvcc_root()
-    assert root == tmp_path / "tkc-nvcc" and stat.S_IMODE(root.stat().st_mode) == 0o700
-    root.chmod(0o777)
-    assert stat.S_IMODE(private_nvcc_root().stat().st_mode) == 0o700
-    root.rmdir()
-    (tmp_path / "elsewhere").mkdir()
-    root.symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(ToolchainError, match="not a directory of its own .*; remove .* or point TMPDIR"):
-        private_nvcc_root()
-    root.unlink()
-    if os.getuid() == 0:  # root can hand the folder to another user, as an attacker's would be
-        root.mkdir()
-        os.chown(root, 65534, 65534)
-        with pytest.raises(ToolchainError, match="belongs to another user"):
-            private_nvcc_root()
+
+def test_line_info_is_an_option() -> None:
+    """--lineinfo builds record source lines, and with them the folder nvcc ran in."""
+    toolchain, lined = find_toolchain(), find_toolchain(line_info=True)
+    assert "-lineinfo" in lined.flags and "-lineinfo" not in toolchain.flags
+    cubin = compile_cubin(WITH_HEADERS, ARCHS["sm90"], lined, name="k").cubin
+    assert b"kernel.cu" in cubin and b"tkc-nvcc-" in cubin

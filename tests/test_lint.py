@@ -21,23 +21,41 @@ BUILD_INFO = ("PACKAGE = 'lint_pkg'\nVERSION = '0'\nARCH = 'sm90'\nTARGET = 'sm_
 
 
 def _tree(root: Path) -> Path:
+    from tkc.package import public_names, support_modules
+
     package = root / "lint_pkg"
     package.mkdir()
     for name in ("_runtime.py", "_op.py", "_protocol.py", "_args.py", "errors.py"):
         shutil.copy(REPO / "tkc" / "runtime" / name, package / name)
     (package / "_build_info.py").write_text(BUILD_INFO)
     (package / "__init__.py").write_text("")
+    exports: dict[Path, list[str]] = {}  # a module's __init__ lines: what the package's would export
     projects = [(REPO / "kernel_specs", REPO / "kernels"),
                 (REPO / "examples" / "rmsnorm" / "kernel_specs", REPO / "examples" / "rmsnorm" / "kernels")]
     for specs, templates in projects:
         spec_set = load_specs([specs], templates)
+        named = {(spec_set.ops / k.op).resolve() for k in spec_set.kernels}
         for kernel in spec_set.kernels:
             module = package / kernel.module
             module.mkdir(exist_ok=True)
-            (module / "__init__.py").write_text("")
-            shutil.copy(spec_set.ops / kernel.op, module / f"_{Path(kernel.op).stem}.py")
+            stem = f"_{Path(kernel.op).stem}"
+            shutil.copy(spec_set.ops / kernel.op, module / f"{stem}.py")
+            exports.setdefault(module, []).extend(f"from .{stem} import {n} as {n}"
+                                                  for n in public_names(spec_set.ops / kernel.op))
             for helper in (spec_set.ops / kernel.op).parent.glob("_*.py"):
                 shutil.copy(helper, module / helper.name)
+        # The public modules of the op tree (ops/config.py, ops/moe/scoring.py, ops/modeling/engram.py ...), at
+        # their install places: they import the op modules through the family's exports.
+        folders = [(spec_set.ops, package)] + [(d, package / d.name) for d in sorted(spec_set.ops.iterdir())
+                                                if d.is_dir() and d.name.isidentifier() and not d.name.startswith("_")]
+        for folder, target in folders:
+            for path in support_modules(folder, named):
+                target.mkdir(exist_ok=True)
+                shutil.copy(path, target / path.name)
+                exports.setdefault(target, []).append(f"from . import {path.stem} as {path.stem}")
+    for module, lines in exports.items():
+        if module != package:
+            (module / "__init__.py").write_text("\n".join(sorted(set(lines))) + "\n")
     return package
 
 
@@ -47,3 +65,4 @@ def test_op_modules_type_check(tmp_path: Path) -> None:
                            "--python-version", "3.10", "lint_pkg"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(list(package.rglob("_*.py"))) > 20  # every op module was checked, not an empty tree
+    assert (package / "modeling" / "engram.py").is_file() and (package / "moe" / "routing.py").is_file()

@@ -18,7 +18,6 @@ import importlib.metadata
 import json
 import os
 import shutil
-import stat
 import struct
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 import tkc.compile
 import tkc.lower
 from tkc.arch import Arch
-from tkc.compile import NVCC_FLAGS, Resources, Toolchain, compile_cubin, cubin_target, find_toolchain
+from tkc.compile import Resources, Toolchain, compile_cubin, cubin_target, find_toolchain
 from tkc.errors import ToolchainError, UsageError
 from tkc.fsutil import sha256_bytes, write_atomic
 from tkc.lower import (
@@ -66,6 +65,7 @@ class BuildOptions:
     archs: tuple[Arch, ...]
     jobs: int = 1
     nvcc: str | None = None  # None: nvcc from PyPI; "system": CUDA_HOME / PATH; else a path
+    line_info: bool = False  # nvcc -lineinfo (profiling builds; their cubins name this machine's folders)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,14 +95,6 @@ def tilelang_version() -> str:
     return importlib.metadata.version("tilelang")
 
 
-@functools.cache
-def _stage_digest() -> str:
-    digest = hashlib.sha256()
-    for module in (tkc.lower, tkc.compile):
-        digest.update(Path(module.__file__ or "").read_bytes())
-    return digest.hexdigest()[:16]
-
-
 def cache_key(rendered: RenderedKernel, toolchain: Toolchain) -> str:
     spec = rendered.variant.kernel
     material = json.dumps({
@@ -111,11 +103,13 @@ def cache_key(rendered: RenderedKernel, toolchain: Toolchain) -> str:
         "pass_configs": [list(p) for p in spec.pass_configs],
         "arch": rendered.arch.target,
         "gencode": rendered.arch.gencode,
-        "nvcc_flags": list(NVCC_FLAGS),
+        "nvcc_flags": list(toolchain.flags),
         "nvcc": toolchain.version,
         "tilelang": tilelang_version(),
-        # The code that makes an entry: a change to how contracts are read invalidates them.
-        "stages": _stage_digest(),
+        # What the two stages write into an entry, by version (not their source: a comment or a refactor of
+        # tkc/lower.py or tkc/compile.py must not rebuild the catalog).
+        "lower": tkc.lower.FORMAT,
+        "compile": tkc.compile.FORMAT,
     }, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
 
@@ -257,24 +251,6 @@ class _Compiled:
     seconds: dict[str, float]
 
 
-def private_nvcc_root() -> Path:
-    """The folder tkc.compile runs nvcc in (<tmp>/tkc-nvcc/<digest>: a fixed path, so that cubins do not depend
-    on where a build ran), made private to this user: a directory of ours, not a symlink, that nobody else can
-    write, so nobody can plant a symlink in it that nvcc's outputs would follow. ToolchainError otherwise."""
-    root = Path(tempfile.gettempdir()) / "tkc-nvcc"
-    root.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(root)
-    fix = f"remove {root} or point TMPDIR at a folder of your own"
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise ToolchainError(f"{root}: not a directory of its own (a symlink or a file); {fix}")
-    if st.st_uid != os.getuid():
-        raise ToolchainError(f"{root} belongs to another user (uid {st.st_uid}), who could redirect nvcc's files; "
-                             f"{fix}")
-    if st.st_mode & 0o077:
-        os.chmod(root, 0o700)
-    return root
-
-
 def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain: Toolchain,
              progress: Callable[[int], None] | None, cached_only: bool = False) -> _Compiled:
     """Render everything, then lower and compile the cache misses (in a pool when jobs > 1)."""
@@ -295,8 +271,6 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
                 progress(1)
         else:
             jobs.append(Job(rendered=rendered, key=key, entry=entry, toolchain=toolchain))
-    if jobs and not cached_only:
-        private_nvcc_root()
     if cached_only and jobs:
         missing = ", ".join(f"{j.rendered.variant.id} ({j.rendered.arch.name})" for j in jobs[:5])
         raise UsageError(f"{len(jobs)} variants are in none of the merged shards (e.g. {missing}); merge the "
@@ -331,10 +305,11 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
     ``cached_only`` (used by ``merge``) refuses to lower or compile anything: every
     variant must already be in the cache.
     """
-    toolchain = find_toolchain(options.nvcc)
+    toolchain = find_toolchain(options.nvcc, line_info=options.line_info)
     work = plan(options)
     compiled = _compile(options, work, toolchain, progress, cached_only=cached_only)
-    toolchain_info = {"nvcc": toolchain.version, "tilelang": tilelang_version(), "nvcc_flags": " ".join(NVCC_FLAGS)}
+    toolchain_info = {"nvcc": toolchain.version, "tilelang": tilelang_version(),
+                      "nvcc_flags": " ".join(toolchain.flags)}
     launch_module = build_launch_module(options.build_dir / "cache")
     if launch_module.data is not None:
         toolchain_info["host_cc"] = launch_module.compiler
@@ -367,7 +342,7 @@ def build_shard(options: BuildOptions, index: int, count: int, out: Path,
     ``out`` holds ``cache/<key[:2]>/<key>/`` entries and ``shard.json``; ``merge``
     takes the folders of all shards and packages byte-identical wheels.
     """
-    toolchain = find_toolchain(options.nvcc)
+    toolchain = find_toolchain(options.nvcc, line_info=options.line_info)
     work = shard_of(plan(options), index, count)
     compiled = _compile(options, work, toolchain, progress)
     if out.exists():

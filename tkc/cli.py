@@ -141,13 +141,15 @@ def _format_bytes(n: int) -> str:
 
 
 def _build_options(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
-                   build_dir: Path | None, dist_dir: Path | None, nvcc: str | None) -> BuildOptions:
+                   build_dir: Path | None, dist_dir: Path | None, nvcc: str | None,
+                   line_info: bool = False) -> BuildOptions:
     from tkc.build import BuildOptions
 
     tdir = templates or _root_default("kernels")
     return BuildOptions(
         specs=_specs(spec_paths, tdir), templates=tdir, build_dir=build_dir or _root_default("build"),
         dist_dir=dist_dir or _root_default("dist"), archs=parse_arch_list(arch_list), jobs=jobs, nvcc=nvcc,
+        line_info=line_info,
     )
 
 
@@ -164,6 +166,10 @@ def _build_flags(fn: F) -> F:
         click.option("--nvcc", default=None, envvar="TKC_NVCC",
                      help="nvcc to use: a path, or 'system' for $CUDA_HOME/bin or PATH. Default: nvcc from PyPI. "
                           "[env: TKC_NVCC]"),
+        click.option("--lineinfo", "line_info", is_flag=True, default=False,
+                     help="Compile with nvcc -lineinfo (source lines for ncu and compute-sanitizer). Such cubins "
+                          "record this machine's build and venv folders, so their wheels are not reproducible "
+                          "elsewhere; they are cached apart from the default build's."),
     ]):
         fn = option(fn)
     return fn
@@ -240,12 +246,12 @@ def _progress(total: int, label: str) -> Any:
               help="Folder for the shard's output. Default: ./build/shards/shard-I-of-N")
 @_handle_errors
 def build_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
-              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, shard: str | None,
+              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, line_info: bool, shard: str | None,
               shard_out: Path | None) -> None:
     """Build every spec for every arch: cubins, packages, and one wheel per arch in dist/."""
     from tkc.build import build, build_shard, plan, shard_of
 
-    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc)
+    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc, line_info)
     start = time.perf_counter()
     bar: Any
     if shard is not None:
@@ -266,11 +272,12 @@ def build_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: s
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
 @_handle_errors
 def merge_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
-              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, shards: tuple[Path, ...]) -> None:
+              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, line_info: bool,
+              shards: tuple[Path, ...]) -> None:
     """Assemble the outputs of tkc build --shard I/N into the per-arch wheels (nothing is compiled)."""
     from tkc.build import merge
 
-    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc)
+    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc, line_info)
     start = time.perf_counter()
     summaries = merge(options, list(shards))
     _print_summary(summaries, time.perf_counter() - start, options.dist_dir)

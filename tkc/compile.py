@@ -8,9 +8,7 @@ JIT-compiled at run time.
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import hashlib
 import os
 import re
 import shutil
@@ -26,8 +24,14 @@ from tkc.errors import ToolchainError
 # Fixed flags. No --use_fast_math: the quantization contract needs IEEE division
 # (results must match torch bit for bit). C++20 is what TileLang's templates need.
 FIXED_MTIME = 315532800  # 1980-01-01, the epoch the wheels use too
-NVCC_FLAGS = ("-cubin", "-std=c++20", "-O3", "-w", "-Xcudafe", "--diag_suppress=177", "-lineinfo",
-              "-Xptxas", "-v")
+# No -lineinfo by default: the line table records nvcc's working folder and the include folders' absolute
+# paths (the venv's), so cubins with it differ between machines. ``line_info`` (tkc build --lineinfo) adds it
+# for profiling builds, whose cubins are then specific to the machine and folder they were built in.
+NVCC_FLAGS = ("-cubin", "-std=c++20", "-O3", "-w", "-Xcudafe", "--diag_suppress=177", "-Xptxas", "-v")
+LINE_INFO_FLAGS = ("-lineinfo",)
+# What this module writes into a cache entry (the cubin, its resources): bump when that changes for the
+# same source and flags, so that older entries are rebuilt (the flags and nvcc's version are keyed already).
+FORMAT = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +41,12 @@ class Toolchain:
     nvcc: Path
     cuda_include: Path
     version: str  # nvcc's version, part of every cache key
+    line_info: bool = False  # -lineinfo: source lines for profilers, machine-specific paths in the cubins
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """nvcc's flags for every kernel (part of every cache key)."""
+        return NVCC_FLAGS + (LINE_INFO_FLAGS if self.line_info else ())
 
     @property
     def fingerprint(self) -> str:
@@ -82,7 +92,7 @@ def _nvcc_version(nvcc: Path) -> str:
     return match.group(1) if match else out.strip().splitlines()[-1]
 
 
-def find_toolchain(nvcc: str | None = None) -> Toolchain:
+def find_toolchain(nvcc: str | None = None, *, line_info: bool = False) -> Toolchain:
     """The PyPI nvcc by default; ``nvcc="system"`` takes CUDA_HOME or PATH; else a path to nvcc."""
     if nvcc is None:
         root = _pypi_cuda_root()
@@ -104,7 +114,7 @@ def find_toolchain(nvcc: str | None = None) -> Toolchain:
         if not path.is_file():
             raise ToolchainError(f"--nvcc {nvcc}: no such file; give the path of an nvcc binary")
         root = path.resolve().parent.parent
-    return Toolchain(nvcc=path, cuda_include=root / "include", version=_nvcc_version(path))
+    return Toolchain(nvcc=path, cuda_include=root / "include", version=_nvcc_version(path), line_info=line_info)
 
 
 def include_dirs(toolchain: Toolchain) -> tuple[Path, ...]:
@@ -121,7 +131,7 @@ def include_dirs(toolchain: Toolchain) -> tuple[Path, ...]:
 
 def nvcc_command(toolchain: Toolchain, arch: Arch, source: Path, output: Path) -> list[str]:
     return [
-        str(toolchain.nvcc), *NVCC_FLAGS, "-gencode", arch.gencode,
+        str(toolchain.nvcc), *toolchain.flags, "-gencode", arch.gencode,
         *(f"-I{p}" for p in include_dirs(toolchain)), "-o", str(output), str(source),
     ]
 
@@ -148,32 +158,25 @@ def parse_ptxas(log: str) -> dict[str, Resources]:
 def compile_cubin(cuda_source: str, arch: Arch, toolchain: Toolchain, *, name: str) -> CompiledKernel:
     """Compile one kernel's CUDA source for ``arch``.
 
-    nvcc records its working folder, the source path and its mtime in the
-    cubin's line info, so the compile runs in a folder named after the content hash, with a
-    relative source path: the same inputs give the same cubin bytes on every
-    machine and in every build folder. A file lock serialises builds that
-    compile the very same source at once.
+    nvcc runs in a folder of its own (``mkdtemp``: made for this compile, private to the user, so no
+    other user's symlink can redirect its files), with a relative source path. Without line info the
+    cubin records neither that folder nor any include path, so the same inputs give the same cubin bytes
+    on every machine, whatever its TMPDIR and wherever its venv.
     """
-    digest = hashlib.sha256(f"{arch.target}\n{cuda_source}".encode()).hexdigest()[:20]
-    workdir = Path(tempfile.gettempdir()) / "tkc-nvcc" / digest
-    workdir.parent.mkdir(parents=True, exist_ok=True)
-    with open(workdir.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            # Made under the lock: the holder before us removed it when it finished.
-            workdir.mkdir(exist_ok=True)
-            (workdir / "kernel.cu").write_text(cuda_source)
-            # The line table records the source's mtime too: pin it to the wheels' fixed epoch.
-            os.utime(workdir / "kernel.cu", (FIXED_MTIME, FIXED_MTIME))
-            cmd = nvcc_command(toolchain, arch, Path("kernel.cu"), Path("kernel.cubin"))
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
-            log = proc.stdout + proc.stderr
-            if proc.returncode != 0:
-                raise ToolchainError(f"nvcc failed for {name} ({arch.target}):\n{log.strip()[-4000:]}\n"
-                                     f"command (in {workdir}): {' '.join(cmd)}")
-            cubin = (workdir / "kernel.cubin").read_bytes()
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+    workdir = Path(tempfile.mkdtemp(prefix="tkc-nvcc-"))
+    try:
+        (workdir / "kernel.cu").write_text(cuda_source)
+        # A line table records the source's mtime too: pin it to the wheels' fixed epoch.
+        os.utime(workdir / "kernel.cu", (FIXED_MTIME, FIXED_MTIME))
+        cmd = nvcc_command(toolchain, arch, Path("kernel.cu"), Path("kernel.cubin"))
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise ToolchainError(f"nvcc failed for {name} ({arch.target}):\n{log.strip()[-4000:]}\n"
+                                 f"command (in {workdir}): {' '.join(cmd)}")
+        cubin = (workdir / "kernel.cubin").read_bytes()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     return CompiledKernel(cubin=cubin, resources=parse_ptxas(log), log=log)
 
 

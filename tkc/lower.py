@@ -34,6 +34,11 @@ from tkc.arch import Arch
 from tkc.errors import LowerError
 from tkc.render import RenderedKernel
 
+# What this module writes into a cache entry (the CUDA source, the launch contract): bump when that changes
+# for the same rendered source, pass configs and TileLang version (those are keyed already), so that older
+# entries are rebuilt.
+FORMAT = 1
+
 
 @dataclass(frozen=True, kw_only=True)
 class TensorParam:

@@ -127,7 +127,7 @@ def bind(requires: Sequence[tuple[str, str]], values: dict[str, object],
                 return node
             if type(values[node.id]) is not int:
                 raise ValueError(f"{lhs} == {rhs}: grid key {node.id} is {values[node.id]!r} here, not an integer")
-            return ast.Constant(values[node.id])
+            return ast.Constant(values[node.id])  # type: ignore[arg-type]  # grid values: str, int, float, bool
 
     out = []
     for lhs, rhs in requires:

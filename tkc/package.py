@@ -303,17 +303,18 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
     layers = [(Path(d.name), d.name) for d in sorted(specs.ops.iterdir()) if d.is_dir() and d.name.isidentifier()
               and not d.name.startswith("_") and Path(d.name) not in kernel_folders
               and support_modules(d, named_ops)]
-    for _, module in layers:
-        if module in RESERVED_MODULES:
-            raise PackageError(f"{specs.ops / module}: a folder of public modules installs as {name}/{module}, "
+    for _, layer in layers:
+        if layer in RESERVED_MODULES:
+            raise PackageError(f"{specs.ops / layer}: a folder of public modules installs as {name}/{layer}, "
                                "a name the package reserves; rename it")
-        modules.setdefault(module, [])
+        modules.setdefault(layer, [])
     families = sorted([*families, *layers])
     root_exports: dict[str, str] = {}
-    for folder, module in [(Path("."), None), *families]:
-        where = f"{name}/{module}" if module else name
-        taken = ({*modules, "errors", "cubins", "ARCH", "TARGET", "VERSION"} if module is None
-                 else {line.rsplit(" ", 1)[1] for line in modules[module]})
+    folders: list[tuple[Path, str | None]] = [(Path("."), None), *families]
+    for folder, family in folders:
+        where = f"{name}/{family}" if family else name
+        taken = ({*modules, "errors", "cubins", "ARCH", "TARGET", "VERSION"} if family is None
+                 else {line.rsplit(" ", 1)[1] for line in modules[family]})
         for path in support_modules(specs.ops / folder, named_ops):
             if not path.stem.isidentifier() or path.stem in taken:
                 why = "a name the package already has" if path.stem in taken else "not a Python module name"
@@ -322,10 +323,10 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
             files[f"{where}/{path.name}"] = (_header(f"ops/{(folder / path.name).as_posix()}", "public module")
                                              + path.read_text())
             exports = {n: f".{path.stem}" for n in _support_exports(path)}
-            if module is None:
+            if family is None:
                 root_exports |= exports | {path.stem: f".{path.stem}"}
             else:
-                modules[module] += [f"from {stem} import {n}" for n, stem in exports.items()]
+                modules[family] += [f"from {stem} import {n}" for n, stem in exports.items()]
     for module, imports in sorted(modules.items()):
         # Op modules load on first use (PEP 562 __getattr__): importing the package then costs
         # neither the launcher modules of every kernel nor the torch custom-op registrations.
@@ -338,11 +339,11 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
         )
     root_names = sorted([*modules, *root_exports, "ARCH", "TARGET", "__version__"])
     lazy = LAZY_MODULE.format(exports=json.dumps(root_exports, indent=4, sort_keys=True), names=root_names)
-    imports, _, body = lazy.partition("\n\n")  # the lazy part's own imports go first
+    lazy_imports, _, body = lazy.partition("\n\n")  # the lazy part's own imports go first
     files[f"{name}/__init__.py"] = (
         _header("the kernel specs", ", ".join(specs.files))
         + f'"""Prebuilt TileLang kernels for {arch.gpus} ({arch.target}). Needs only torch at run time."""\n\n'
-        + (f"{imports}\n\n" if root_exports else "")
+        + (f"{lazy_imports}\n\n" if root_exports else "")
         + "".join(f"from . import {m}\n" for m in sorted(modules))
         + "from ._build_info import ARCH, TARGET, VERSION\n\n__version__ = VERSION\n"
         + (f"\n{body}" if root_exports else f"__all__ = {root_names!r}\n")

@@ -80,7 +80,7 @@ def grad_w_reduce_torch_ref(grad_w_partial: torch.Tensor, weight_hidden: torch.T
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     """TileKernels' relative difference 1 - 2 sum(x y) / sum(x^2 + y^2), in float64 (0 for equal tensors)."""
-    x, y = x.double(), y.double()
+    x, y = x.detach().double(), y.detach().double()
     denominator = (x * x + y * y).sum()
     if denominator == 0:
         return 0.0

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from tests.reference.engram import calc_diff
+
+__all__ = ["calc_diff", "engram_gate_ref"]
+
 
 def engram_gate_ref(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_hidden: torch.Tensor,
                     weight_embed: torch.Tensor, clamp_value: float, eps: float
@@ -24,12 +28,3 @@ def engram_gate_ref(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     gate = torch.sigmoid(d.abs().clamp_min(clamp_value).sqrt() * d.sign())
     out = (x + gate.unsqueeze(-1) * v.float().unsqueeze(-2)).bfloat16()
     return out, dot, gate, rstd_x, rstd_k
-
-
-def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    """TileKernels' error measure 1 - 2 sum(xy) / sum(x^2 + y^2), in fp64 (0 for equal tensors)."""
-    x, y = x.double(), y.double()
-    denominator = (x * x + y * y).sum()
-    if denominator == 0:
-        return 0.0
-    return float(1 - 2 * (x * y).sum() / denominator)

@@ -421,7 +421,7 @@ class Op:
             return list(self._custom(tensors, _template(plans, tensors)) or ())
         # The custom op declares only what it writes as mutated: a read-only argument may be a leaf that
         # requires grad (a weight), which autograd refuses to see written in place.
-        if self.mutated is True:
+        if isinstance(self.mutated, bool):
             read, written = [], tensors
         else:
             bound = dict(zip(self.signature.parameters, args))

@@ -319,3 +319,16 @@ def test_an_op_tree_module_with_a_syntax_error_is_a_package_error_naming_it(tmp_
     specs, built = _one_variant(tmp_path, files)
     with pytest.raises(PackageError, match=rf"ops/{broken}:1: not valid Python \(.*\); fix the module"):
         package_files(specs, ARCHS["sm90"], [built], {})
+
+
+def test_the_wheel_states_the_driver_its_cubins_need(tmp_path: Path) -> None:
+    from tkc.arch import ARCHS
+    from tkc.package import package_files
+
+    specs, built = _one_variant(tmp_path, {"fam/k.py": "__all__ = ['k']\ndef k(x):\n    return x\n"})
+    files = package_files(specs, ARCHS["sm90"], [built], {"nvcc": "13.0.88"})
+    assert b"needs an NVIDIA driver for CUDA 13.0 or later" in files["pyproject.toml"]
+    assert b"\nCUDA = (13, 0)\n" in files["p/_build_info.py"]
+    unknown = package_files(specs, ARCHS["sm90"], [built], {})
+    assert b"needs an NVIDIA driver" not in unknown["pyproject.toml"]
+    assert b"\nCUDA = (0, 0)\n" in unknown["p/_build_info.py"]

@@ -649,3 +649,29 @@ def test_a_tampered_cubin_is_refused_before_the_driver_sees_it(package: ModuleTy
     with pytest.raises(errors.CorruptPackageError, match=rf"{cubins[0].filename}: not the cubin .* reinstall it"):
         runtime.Cubin(cubins[0].filename, cubins[0].sha256)._load()
     assert runtime.Cubin(cubins[1].filename, cubins[1].sha256).data() == (tampered / cubins[1].filename).read_bytes()
+
+
+class _FakeDriver:
+    """cuDriverGetVersion of a driver that supports CUDA ``version`` (1000 * major + 10 * minor)."""
+
+    def __init__(self, version: int, result: int = 0) -> None:
+        self.version, self.result = version, result
+
+    def cuDriverGetVersion(self, out: object) -> int:  # noqa: N802  (the driver's name)
+        out._obj.value = self.version  # type: ignore[attr-defined]  # a ctypes byref
+        return self.result
+
+
+def test_an_older_driver_is_refused_naming_both_versions(package: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    info = importlib.import_module("tkc_small_kernels._build_info")
+    assert info.CUDA == (13, 0)  # the build's nvcc (13.0 from PyPI)
+    with pytest.raises(errors.CudaDriverError, match=r"supports CUDA 12\.8, but the cubins .* need a driver for "
+                                                     r"CUDA 13\.0 or later .*update the driver"):
+        runtime.check_driver_version(_FakeDriver(12080))
+    for newer in (13000, 13020, 14000):
+        runtime.check_driver_version(_FakeDriver(newer))
+    runtime.check_driver_version(_FakeDriver(0, result=1))  # the query failing is left to the first load
+    monkeypatch.setattr(info, "CUDA", (0, 0))  # a build whose nvcc version was unknown checks nothing
+    runtime.check_driver_version(_FakeDriver(11000))

@@ -85,6 +85,7 @@ class _Driver:
             raise NoGpuError("cannot load libcuda.so.1: no NVIDIA driver on this machine; the kernels of "
                              f"{info.PACKAGE} need a {info.GPUS} GPU") from exc
         self.check(self.lib.cuInit(0), "cuInit")
+        check_driver_version(self.lib)
 
     def check(self, result: int, call: str) -> None:
         if result != 0:
@@ -92,6 +93,24 @@ class _Driver:
             self.lib.cuGetErrorName(result, ctypes.byref(name))
             text = name.value.decode() if name.value else f"error {result}"
             raise CudaDriverError(f"{call} failed: {text}")
+
+
+def check_driver_version(lib: Any) -> None:
+    """Refuse a driver older than the CUDA the cubins were built with, naming both (the driver would refuse
+    each cubin with CUDA_ERROR_UNSUPPORTED_PTX_VERSION or an invalid-image error, naming neither)."""
+    needed = getattr(info, "CUDA", (0, 0))
+    if needed == (0, 0):
+        return
+    version = ctypes.c_int()
+    if lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return  # cuInit succeeded: let the first load report what is wrong
+    have = (version.value // 1000, version.value % 1000 // 10)
+    if have < tuple(needed):
+        raise CudaDriverError(
+            f"the NVIDIA driver supports CUDA {have[0]}.{have[1]}, but the cubins of {info.PACKAGE} {info.VERSION} "
+            f"were built with nvcc {needed[0]}.{needed[1]} and need a driver for CUDA {needed[0]}.{needed[1]} or "
+            "later (CUDA 13.0: driver 580 or newer); update the driver, or rebuild the wheel with an older nvcc "
+            "(tkc build --nvcc PATH)")
 
 
 _driver_lock = threading.Lock()

@@ -66,3 +66,20 @@ def test_build_progress_in_a_log_is_lines(small_build: tuple[Any, Any], tmp_path
     lines = [line for line in result.output.splitlines() if line.startswith("compiling")]
     assert lines[0] == "compiling: 6 variants" and lines[-1].startswith("compiling: 6/6 (100%), ")
     assert "s left" in lines[-1]
+
+
+def test_build_one_kernel(small_build: tuple[Any, Any], tmp_path: Path) -> None:
+    """--kernel builds a wheel of just that kernel (seconds, from the cache); an unknown name is exit 2."""
+    import zipfile
+
+    options, _ = small_build
+    args = ["build", "--specs", str(SMALL_SPEC), "--templates", str(TEMPLATES), "--build-dir",
+            str(options.build_dir), "--arch", "sm90", "--dist", str(tmp_path / "dist")]
+    result = CliRunner().invoke(main, [*args, "--kernel", "batched_transpose"])
+    assert result.exit_code == 0, result.output
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    launchers = {n.rsplit("/", 1)[1] for n in zipfile.ZipFile(wheel).namelist() if "/_kernels/" in n}
+    assert launchers == {"__init__.py", "batched_transpose.py", "batched_transpose.bin"}
+    missing = CliRunner().invoke(main, [*args, "--kernel", "per_token_cst"])
+    assert missing.exit_code == 2 and "no kernel 'per_token_cst'" in missing.output
+    assert "per_token_cast" in missing.output

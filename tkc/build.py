@@ -66,6 +66,7 @@ class BuildOptions:
     jobs: int = 1
     nvcc: str | None = None  # None: nvcc from PyPI; "system": CUDA_HOME / PATH; else a path
     line_info: bool = False  # nvcc -lineinfo (profiling builds; their cubins name this machine's folders)
+    kernels: tuple[str, ...] = ()  # only these spec kernels (tkc build --kernel); empty: all of them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,9 +228,10 @@ def _pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
 
 
 def plan(options: BuildOptions) -> list[tuple[Variant, Arch]]:
-    """Every (variant, arch) the build makes, in spec order."""
-    return [(v, arch) for arch in options.archs for k in options.specs.kernels if arch.name in k.archs
-            for v in expand(k)]
+    """Every (variant, arch) the build makes, in spec order (of the kernels ``options.kernels`` names, if any)."""
+    wanted = {options.specs.kernel(name).name for name in options.kernels}  # SpecError naming an unknown one
+    return [(v, arch) for arch in options.archs for k in options.specs.kernels
+            if arch.name in k.archs and (not wanted or k.name in wanted) for v in expand(k)]
 
 
 def shard_of(work: list[tuple[Variant, Arch]], index: int, count: int) -> list[tuple[Variant, Arch]]:

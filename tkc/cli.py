@@ -142,14 +142,14 @@ def _format_bytes(n: int) -> str:
 
 def _build_options(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
                    build_dir: Path | None, dist_dir: Path | None, nvcc: str | None,
-                   line_info: bool = False) -> BuildOptions:
+                   line_info: bool = False, kernels: tuple[str, ...] = ()) -> BuildOptions:
     from tkc.build import BuildOptions
 
     tdir = templates or _root_default("kernels")
     return BuildOptions(
         specs=_specs(spec_paths, tdir), templates=tdir, build_dir=build_dir or _root_default("build"),
         dist_dir=dist_dir or _root_default("dist"), archs=parse_arch_list(arch_list), jobs=jobs, nvcc=nvcc,
-        line_info=line_info,
+        line_info=line_info, kernels=kernels,
     )
 
 
@@ -239,6 +239,9 @@ def _progress(total: int, label: str) -> Any:
 
 @main.command(name="build")
 @_build_flags
+@click.option("--kernel", "kernels", multiple=True, metavar="NAME",
+              help="Build only this spec kernel's variants (repeatable), into a wheel of just those kernels: "
+                   "seconds to rebuild and install while iterating on one kernel.")
 @click.option("--shard", default=None, metavar="I/N",
               help="Compile only shard I of N (1-based, deterministic split) into --shard-out; no wheels. "
                    "Then run tkc merge on all N shard folders.")
@@ -246,12 +249,12 @@ def _progress(total: int, label: str) -> Any:
               help="Folder for the shard's output. Default: ./build/shards/shard-I-of-N")
 @_handle_errors
 def build_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
-              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, line_info: bool, shard: str | None,
-              shard_out: Path | None) -> None:
+              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, line_info: bool,
+              kernels: tuple[str, ...], shard: str | None, shard_out: Path | None) -> None:
     """Build every spec for every arch: cubins, packages, and one wheel per arch in dist/."""
     from tkc.build import build, build_shard, plan, shard_of
 
-    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc, line_info)
+    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc, line_info, kernels)
     start = time.perf_counter()
     bar: Any
     if shard is not None:

@@ -10,6 +10,8 @@ flattened into tokens (exactly one leading dimension takes the dispatch fast pat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .._args import not_built, positive_int
@@ -42,7 +44,7 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 3 else x.reshape(-1, *x.shape[-2:])
 
 
-def _plan(variant: object, inputs: list[torch.Tensor], repeat: int, eps: float) -> Plan:
+def _plan(variant: Callable[..., None], inputs: list[torch.Tensor], repeat: int, eps: float) -> Plan:
     x = inputs[-1]
     if x.dim() == 3:
         return launch(variant, *inputs, out(0), repeat, eps,

@@ -72,7 +72,7 @@ def test_head_forward_and_backward(ops: tuple[dict[str, ModuleType], Any]) -> No
     x = torch.zeros(2, 5, 4)
     y = modules["mix_head"].mhc_head_compute_mix(x, torch.ones(1), torch.zeros(4), 1e-2)
     xg, sg, bg = modules["mix_head"].mhc_head_compute_mix_bwd(torch.zeros(2, 5, 4), x, torch.ones(1), torch.zeros(4))
-    (n1, v1, l1), (n2, v2, l2) = runtime.LAUNCHES
+    (n1, v1, l1), (n2, v2, _) = runtime.LAUNCHES
     assert (n1, v1, n2, v2) == ("mhc_head_compute_mix_fwd", {"mhc_mult": 4}, "mhc_head_compute_mix_bwd",
                                 {"mhc_mult": 4})
     assert l1[0].shape == (10, 4) and l1[-1] == 1e-2

@@ -69,7 +69,8 @@ def mhc_pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> Plan:
     """
     x, mix = _streams(x, mix)
     dims = [size(x, d) for d in range(x.dim() - 2)] + [size(x, x.dim() - 1)]
-    return launch(_fwd.variant(*_variant(x)), streams(x), mixes(mix), out(0, view=tokens), outputs=(empty(torch.bfloat16, *dims),))
+    return launch(_fwd.variant(*_variant(x)), streams(x), mixes(mix), out(0, view=tokens),
+                  outputs=(empty(torch.bfloat16, *dims),))
 
 
 @op(outputs=("x_grad", "mix_grad"), out=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._op import Plan, empty, launch, op, out, size
+from .._op import Plan, Result, empty, launch, op, out, result, size
 from .._runtime import get_kernel
 from ._mix import partial_sums, persistent_blocks, real
 
@@ -57,7 +57,7 @@ def mhc_head_compute_mix(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_b
 
 @op(outputs=("input_mix_grad", "mhc_scale_grad", "mhc_base_grad"), out=False)
 def mhc_head_compute_mix_bwd(output_mix_grad: torch.Tensor, input_mix: torch.Tensor, mhc_scale: torch.Tensor,
-                             mhc_base: torch.Tensor) -> Plan:
+                             mhc_base: torch.Tensor) -> Plan | Result:
     """The gradients of ``mhc_head_compute_mix`` by input_mix, mhc_scale and mhc_base.
 
     Args:
@@ -74,6 +74,8 @@ def mhc_head_compute_mix_bwd(output_mix_grad: torch.Tensor, input_mix: torch.Ten
     if g.shape != x.shape:
         raise ValueError(f"output_mix_grad: expected the shape of input_mix {tuple(x.shape)}, got {tuple(g.shape)}")
     m = int(x.shape[2])
+    if x.numel() == 0:  # no tokens: zero sums, nothing to launch
+        return result((torch.zeros_like(x), torch.zeros_like(mhc_scale), torch.zeros_like(mhc_base)))
     blocks = persistent_blocks(int(x.shape[0]) * int(x.shape[1]), _BWD_THREADS, _BWD_BLOCKS_PER_SM, x.get_device())
     return launch(_bwd.variant(m), flat(g), flat(x), mhc_scale, mhc_base, out(0, view=flat), out(1), out(2),
                   outputs=(empty(torch.float32, size(x, 0), size(x, 1), size(x, 2)),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .._args import positive_int
-from .._op import Plan, empty, launch, op, out, size
+from .._op import Plan, Result, empty, launch, op, out, result, size
 from .._runtime import get_kernel
 from ._mix import partial_sums, persistent_blocks, real, rows, tokens
 
@@ -57,7 +57,7 @@ _BWD_BLOCKS_PER_SM = 4
 @op(outputs=("input_mixes_grad", "mhc_scale_grad", "mhc_base_grad"), out=False)
 def mhc_pre_split_mixes_bwd(pre_layer_mix_grad: torch.Tensor, post_layer_mix_grad: torch.Tensor,
                             comb_res_mix_grad: torch.Tensor, input_mixes: torch.Tensor, mhc_scale: torch.Tensor,
-                            mhc_base: torch.Tensor, mhc_mult: int, mhc_post_mult_value: float) -> Plan:
+                            mhc_base: torch.Tensor, mhc_mult: int, mhc_post_mult_value: float) -> Plan | Result:
     """The gradients of ``mhc_pre_split_mixes`` by input_mixes, mhc_scale and mhc_base.
 
     Args:
@@ -82,6 +82,8 @@ def mhc_pre_split_mixes_bwd(pre_layer_mix_grad: torch.Tensor, post_layer_mix_gra
             got = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
             raise ValueError(f"{name}: expected shape {want} (n0, n1, {shape[0]}, {shape[1]}), got {got}")
         grads.append(rows(g))
+    if flat.shape[0] == 0:  # no tokens: zero sums, nothing to launch
+        return result((torch.zeros_like(input_mixes), torch.zeros_like(mhc_scale), torch.zeros_like(mhc_base)))
     blocks = persistent_blocks(int(flat.shape[0]), _BWD_THREADS, _BWD_BLOCKS_PER_SM, flat.get_device())
     return launch(_bwd.variant(m), *grads, flat, mhc_scale, mhc_base, out(0, view=rows_of_mixes), out(1), out(2),
                   pmv,

@@ -46,13 +46,23 @@ def _tree(root: Path) -> Path:
                 shutil.copy(helper, module / helper.name)
         # The public modules of the op tree (ops/config.py, ops/moe/scoring.py, ops/modeling/engram.py ...), at
         # their install places: they import the op modules through the family's exports.
-        folders = [(spec_set.ops, package)] + [(d, package / d.name) for d in sorted(spec_set.ops.iterdir())
-                                                if d.is_dir() and d.name.isidentifier() and not d.name.startswith("_")]
+        def public(folder: Path) -> list[Path]:
+            return sorted(d for d in folder.iterdir() if d.is_dir() and d.name.isidentifier()
+                          and not d.name.startswith("_"))
+
+        # The op tree and its sub-packages at any depth (modeling/mhc/ops/pre_apply_mix.py).
+        folders = [(spec_set.ops, package)]
+        for folder, target in folders:  # grows as it walks
+            folders += [(d, target / d.name) for d in public(folder)]
         for folder, target in folders:
             for path in support_modules(folder, named):
-                target.mkdir(exist_ok=True)
+                target.mkdir(parents=True, exist_ok=True)
                 shutil.copy(path, target / path.name)
                 exports.setdefault(target, []).append(f"from . import {path.stem} as {path.stem}")
+                chain = target
+                while chain.parent != package and chain != package:  # every package above exports the one below
+                    exports.setdefault(chain.parent, []).append(f"from . import {chain.name} as {chain.name}")
+                    chain = chain.parent
     for module, lines in exports.items():
         if module != package:
             (module / "__init__.py").write_text("\n".join(sorted(set(lines))) + "\n")
@@ -66,3 +76,4 @@ def test_op_modules_type_check(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(list(package.rglob("_*.py"))) > 20  # every op module was checked, not an empty tree
     assert (package / "modeling" / "engram.py").is_file() and (package / "moe" / "routing.py").is_file()
+    assert (package / "modeling" / "mhc" / "ops" / "pre_apply_mix.py").is_file()

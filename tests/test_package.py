@@ -236,6 +236,32 @@ def test_a_folder_of_public_modules_without_kernels_installs_as_a_module(tmp_pat
     assert out.stdout.strip() == "ok", out.stdout + out.stderr
 
 
+def test_a_layer_installs_its_sub_folders_as_sub_packages(tmp_path: Path) -> None:
+    """ops/<layer>/<sub>/.../<name>.py (TileKernels' modeling.mhc.ops.pre_apply_mix) installs as
+    <layer>.<sub>...<name>, at any depth, importable by its dotted path, each sub-package exporting its modules'
+    __all__ and its own sub-packages."""
+    from tkc.arch import ARCHS
+    from tkc.package import package_files
+
+    specs, built = _one_variant(tmp_path, {"fam/k.py": "__all__ = ['k']\ndef k(x):\n    return x + 1\n",
+                                           "layer/sub/ops.py": "from ...fam import k\n__all__ = ['twice']\n"
+                                                               "def twice(x):\n    return 2 * k(x)\n",
+                                           "layer/deep/er/mod.py": "from ....fam import k\n__all__ = ['thrice']\n"
+                                                                   "def thrice(x):\n    return 3 * k(x)\n"})
+    files = package_files(specs, ARCHS["sm90"], [built], {})
+    assert "p/layer/sub/ops.py" in files and "p/layer/sub/__init__.py" in files
+    for rel, data in files.items():
+        (tmp_path / "site" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / rel).write_bytes(data)
+    script = ("import p\nfrom p.layer.sub.ops import twice\n"
+              "assert twice(3) == 8 and p.layer.sub.twice is twice and p.layer.sub.ops.twice is twice\n"
+              "assert 'sub' in p.layer.__all__ and {'ops', 'twice'} <= set(p.layer.sub.__all__)\n"
+              "from p.layer.deep.er.mod import thrice\nassert thrice(1) == 6 and p.layer.deep.er.thrice is thrice\n"
+              "print('ok')")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path / "site")
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
 def test_a_layer_folder_with_a_reserved_name_is_an_error(tmp_path: Path) -> None:
     from tkc.arch import ARCHS
     from tkc.errors import PackageError

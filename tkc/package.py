@@ -157,6 +157,11 @@ def support_modules(folder: Path, ops: set[Path]) -> list[Path]:
     return sorted(p for p in folder.glob("[!_]*.py") if p.resolve() not in ops)
 
 
+def _public_folders(folder: Path) -> list[Path]:
+    """The sub-folders of ``folder`` that may hold public modules (Python names, no leading underscore)."""
+    return sorted(d for d in folder.iterdir() if d.is_dir() and d.name.isidentifier() and not d.name.startswith("_"))
+
+
 def _support_exports(path: Path) -> list[str]:
     """What a public module of the op tree exports: its ``__all__`` only."""
     return _dunder_all(_parse(path)) or []
@@ -318,9 +323,8 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
     # A folder of public modules that holds no kernel's op is a layer over the kernel modules (TileKernels'
     # ``modeling``): it installs as the module of its name.
     kernel_folders = {folder for folder, _ in families}
-    layers = [(Path(d.name), d.name) for d in sorted(specs.ops.iterdir()) if d.is_dir() and d.name.isidentifier()
-              and not d.name.startswith("_") and Path(d.name) not in kernel_folders
-              and support_modules(d, named_ops)]
+    layers = [(Path(d.name), d.name) for d in _public_folders(specs.ops) if Path(d.name) not in kernel_folders
+              and (support_modules(d, named_ops) or any(support_modules(e, named_ops) for e in _public_folders(d)))]
     for _, layer in layers:
         if layer in RESERVED_MODULES:
             raise PackageError(f"{specs.ops / layer}: a folder of public modules installs as {name}/{layer}, "
@@ -345,13 +349,38 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
                 root_exports |= exports | {path.stem: f".{path.stem}"}
             else:
                 modules[family] += [f"from {stem} import {n}" for n, stem in exports.items()]
-    for module, imports in sorted(modules.items()):
+    # A layer's sub-folders of public modules are its sub-packages, at any depth (TileKernels'
+    # modeling.mhc.ops.pre_apply_mix), installed as <layer>/<sub>/.../<module>.py: each exports its modules'
+    # __all__ and its own sub-packages, and its parent exports it.
+    packages: dict[str, list[str]] = {}
+    pending = [(specs.ops / folder / sub.name, f"{layer}/{sub.name}", layer)
+               for folder, layer in layers for sub in _public_folders(specs.ops / folder)]
+    while pending:
+        path_of, key, parent = pending.pop(0)
+        publics = support_modules(path_of, named_ops)
+        children = [(path_of / d.name, f"{key}/{d.name}", key) for d in _public_folders(path_of)]
+        if not publics and not children:
+            continue
+        if f"{name}/{key}.py" in files:
+            raise PackageError(f"{path_of}: a sub-package and the module {path_of}.py would both install as "
+                               f"{key.replace('/', '.')}; keep one")
+        lines = packages.setdefault(key, [])
+        for path in publics:
+            relative = path.relative_to(specs.ops).as_posix()
+            files[f"{name}/{key}/{path.name}"] = _header(f"ops/{relative}", "public module") + path.read_text()
+            lines += [f"from .{path.stem} import {n}" for n in _support_exports(path)]
+            lines.append(f"from .{path.stem} import {path.stem}")
+        (modules[parent] if parent in modules else packages.setdefault(parent, [])).append(
+            f"from .{key.rsplit('/', 1)[1]} import {key.rsplit('/', 1)[1]}")
+        pending += children
+    for module, imports in sorted([*modules.items(), *packages.items()]):
         # Op modules load on first use (PEP 562 __getattr__): importing the package then costs
         # neither the launcher modules of every kernel nor the torch custom-op registrations.
         exports = {line.rsplit(" ", 1)[1]: line.split()[1] for line in sorted(set(imports))}
         exports |= {stem.removeprefix("."): stem for stem in set(exports.values()) if not stem.startswith("._")}
+        dotted = module.replace("/", ".")
         files[f"{name}/{module}/__init__.py"] = (
-            _header("the kernel specs", ", ".join(specs.files)) + f'"""Kernels of module ``{module}``."""\n\n'
+            _header("the kernel specs", ", ".join(specs.files)) + f'"""Kernels of module ``{dotted}``."""\n\n'
             + LAZY_MODULE.format(exports=json.dumps(exports, indent=4, sort_keys=True),
                                  names=sorted(exports))
         )

@@ -114,3 +114,20 @@ def test_bad_arguments_raise_before_launch(ops: tuple[dict[str, ModuleType], Any
     with pytest.raises(error, match=name):
         call(mods[module])
     assert runtime.LAUNCHES == []
+
+
+def test_leading_dimensions_route_out_and_refuse_a_misfit(ops: tuple[dict[str, ModuleType], Any]) -> None:
+    """(B, S, H) calls run the op on the flattened tokens and view back; out= is written and returned as given."""
+    mods, runtime = ops
+    x = torch.zeros(2, 3, 1280, dtype=torch.bfloat16)
+    target = torch.empty(2, 3, 4, 1280, dtype=torch.bfloat16)
+    o, (_, _, args) = _launch(runtime, lambda: mods["expand"].expand_to_mhc(x, 4, out=target))
+    assert o is target and args[1].data_ptr() == target.data_ptr() and args[1].shape == (6, 4, 1280)
+    with pytest.raises(ValueError, match=r"out: expected a contiguous tensor of shape \(2, 3, 4, 1280\)"):
+        mods["expand"].expand_to_mhc(x, 4, out=torch.empty(2, 3, 4, 1024, dtype=torch.bfloat16))
+    m = torch.zeros(2, 5, 4, 4)
+    into = torch.empty_like(m)
+    got, (_, _, args) = _launch(runtime, lambda: mods["sinkhorn"].sinkhorn_normalize(m, out=into))
+    assert got is into and args[1].data_ptr() == into.data_ptr()
+    with pytest.raises(ValueError, match="out: expected a contiguous tensor"):
+        mods["sinkhorn"].sinkhorn_normalize(m, out=torch.empty(2, 4, 5, 4).transpose(1, 2))

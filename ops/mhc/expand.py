@@ -14,8 +14,10 @@ from __future__ import annotations
 import torch
 
 from .._args import positive_int
-from .._op import Plan, empty, launch, op, out, size
+from .._op import Plan, Result, empty, launch, op, result, size
+from .._op import out as output
 from .._runtime import get_kernel
+from ._shapes import check_out
 
 __all__ = ["expand_to_mhc", "expand_to_mhc_bwd"]
 
@@ -36,7 +38,7 @@ def _vec(hidden: int) -> int:
 
 # hidden is keyed (dimension 1): it picks the vector width, so a call is replayed only for its own hidden.
 @op(outputs=("out",), inputs={"hidden": (1,)})
-def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int) -> Plan:
+def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int, *, out: torch.Tensor | None = None) -> Plan | Result:
     """Copy hidden into mhc_mult streams: ``out[..., j, :] = hidden[..., :]`` for every j < mhc_mult.
 
     Args:
@@ -51,16 +53,19 @@ def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int) -> Plan:
     x = _tensor("hidden", hidden, 1, "(..., hidden_size)")
     m = positive_int("mhc_mult", mhc_mult)
     h = int(x.shape[-1])
-    variant = _kernel.variant("fwd", _vec(h))
     if x.dim() == 2:
-        return launch(variant, x, out(0), outputs=(empty(torch.bfloat16, size(x, 0), m, size(x, 1)),))
-    lead = tuple(x.shape[:-1])
-    return launch(variant, x.reshape(-1, h), out(0, view=lambda o: o.view(-1, m, h)),
-                  outputs=lambda *_: (torch.empty(*lead, m, h, dtype=torch.bfloat16, device=x.device),))
+        return launch(_kernel.variant("fwd", _vec(h)), x, output(0),
+                      outputs=(empty(torch.bfloat16, size(x, 0), m, size(x, 1)),))
+    # Other leading dimensions: the same op over the flattened tokens, viewed back (a plan, not a closure over
+    # the shape: torch.compile keys a traced plan by its functions).
+    shape = (*x.shape[:-1], m, h)
+    check_out(out, shape)
+    flat = expand_to_mhc(x.reshape(-1, h), m, out=None if out is None else out.view(-1, m, h))
+    return result(out if out is not None else flat.view(shape))
 
 
 @op(outputs=("hidden_grad",), inputs={"out_grad": (1, 2)})
-def expand_to_mhc_bwd(out_grad: torch.Tensor) -> Plan:
+def expand_to_mhc_bwd(out_grad: torch.Tensor, *, out: torch.Tensor | None = None) -> Plan | Result:
     """The backward of expand_to_mhc: ``hidden_grad = bf16(sum over j of out_grad[..., j, :])``.
 
     The sum runs in fp32 over j = 0, 1, ... from +0.0 and is rounded to bfloat16 once.
@@ -75,9 +80,10 @@ def expand_to_mhc_bwd(out_grad: torch.Tensor) -> Plan:
     """
     g = _tensor("out_grad", out_grad, 2, "(..., mhc_mult, hidden_size)")
     m, h = int(g.shape[-2]), int(g.shape[-1])
-    variant = _kernel.variant("bwd", _vec(h))
     if g.dim() == 3:
-        return launch(variant, g, out(0), outputs=(empty(torch.bfloat16, size(g, 0), size(g, 2)),))
-    lead = tuple(g.shape[:-2])
-    return launch(variant, g.reshape(-1, m, h), out(0, view=lambda o: o.view(-1, h)),
-                  outputs=lambda *_: (torch.empty(*lead, h, dtype=torch.bfloat16, device=g.device),))
+        return launch(_kernel.variant("bwd", _vec(h)), g, output(0),
+                      outputs=(empty(torch.bfloat16, size(g, 0), size(g, 2)),))
+    shape = (*g.shape[:-2], h)
+    check_out(out, shape)
+    flat = expand_to_mhc_bwd(g.reshape(-1, m, h), out=None if out is None else out.view(-1, h))
+    return result(out if out is not None else flat.view(shape))

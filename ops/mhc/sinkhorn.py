@@ -15,8 +15,10 @@ from collections.abc import Callable
 import torch
 
 from .._args import not_built, positive_int
-from .._op import Plan, empty, launch, op, out, size
+from .._op import Plan, Result, empty, launch, op, result, size
+from .._op import out as output
 from .._runtime import get_kernel
+from ._shapes import check_out
 
 __all__ = ["sinkhorn_normalize", "sinkhorn_normalize_bwd"]
 
@@ -40,22 +42,20 @@ def _eps(eps: object) -> float:
     return float(eps)
 
 
-def _flat(x: torch.Tensor) -> torch.Tensor:
-    return x if x.dim() == 3 else x.reshape(-1, *x.shape[-2:])
-
-
 def _plan(variant: Callable[..., None], inputs: list[torch.Tensor], repeat: int, eps: float) -> Plan:
+    """The launch over (num_tokens, mhc, mhc) tensors."""
     x = inputs[-1]
-    if x.dim() == 3:
-        return launch(variant, *inputs, out(0), repeat, eps,
-                      outputs=(empty(torch.float32, size(x, 0), size(x, 1), size(x, 2)),))
-    shape, m = tuple(x.shape), int(x.shape[-1])
-    return launch(variant, *[_flat(t) for t in inputs], out(0, view=lambda o: o.view(-1, m, m)), repeat, eps,
-                  outputs=lambda *_: (torch.empty(shape, dtype=torch.float32, device=x.device),))
+    return launch(variant, *inputs, output(0), repeat, eps,
+                  outputs=(empty(torch.float32, size(x, 0), size(x, 1), size(x, 2)),))
+
+
+def _matrices3(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, *t.shape[-2:])
 
 
 @op(outputs=("out",), inputs={"x": (1, 2)})
-def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> Plan:
+def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6, *,
+                       out: torch.Tensor | None = None) -> Plan | Result:
     """Sinkhorn-normalize each (mhc, mhc) matrix of x toward a doubly stochastic one.
 
     ``y = softmax(x, -1) + eps; y = y / (y.sum(-2) + eps)``, then ``repeat - 1`` times
@@ -71,12 +71,18 @@ def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> 
         float32, x's shape.
     """
     x = _matrices("x", x)
-    return _plan(_kernel.variant("fwd", int(x.shape[-1])), [x], positive_int("repeat", repeat), _eps(eps))
+    repeat, eps = positive_int("repeat", repeat), _eps(eps)
+    if x.dim() == 3:
+        return _plan(_kernel.variant("fwd", int(x.shape[-1])), [x], repeat, eps)
+    # Other leading dimensions: the same op over the flattened matrices, viewed back.
+    check_out(out, tuple(x.shape))
+    flat = sinkhorn_normalize(_matrices3(x), repeat, eps, out=None if out is None else _matrices3(out))
+    return result(out if out is not None else flat.view(x.shape))
 
 
 @op(outputs=("grad_input",), inputs={"grad_output": (1, 2), "x": (1, 2)})
 def sinkhorn_normalize_bwd(grad_output: torch.Tensor, x: torch.Tensor, repeat: int = 10,
-                           eps: float = 1e-6) -> Plan:
+                           eps: float = 1e-6, *, out: torch.Tensor | None = None) -> Plan | Result:
     """The backward of sinkhorn_normalize: the gradient with respect to x given grad_output.
 
     Args:
@@ -92,5 +98,10 @@ def sinkhorn_normalize_bwd(grad_output: torch.Tensor, x: torch.Tensor, repeat: i
     x = _matrices("x", x)
     if grad_output.shape != x.shape:
         raise ValueError(f"grad_output: expected x's shape {tuple(x.shape)}, got {tuple(grad_output.shape)}")
-    return _plan(_kernel.variant("bwd", int(x.shape[-1])), [grad_output, x], positive_int("repeat", repeat),
-                 _eps(eps))
+    repeat, eps = positive_int("repeat", repeat), _eps(eps)
+    if x.dim() == 3:
+        return _plan(_kernel.variant("bwd", int(x.shape[-1])), [grad_output, x], repeat, eps)
+    check_out(out, tuple(x.shape))
+    flat = sinkhorn_normalize_bwd(_matrices3(grad_output), _matrices3(x), repeat, eps,
+                                  out=None if out is None else _matrices3(out))
+    return result(out if out is not None else flat.view(x.shape))

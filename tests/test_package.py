@@ -188,6 +188,15 @@ def test_an_op_familys_private_helpers_install_beside_its_op_modules(tmp_path: P
     assert b"from ._shared import twice" in files["p/fam/_k.py"]
 
 
+def _run_installed(files: dict[str, bytes], site: Path, script: str) -> None:
+    """Write the package's files into ``site`` and run ``script`` there, which must print ok."""
+    for rel, data in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=site)
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
 def test_public_modules_of_the_op_tree_install_under_their_names_and_export_their_all(tmp_path: Path) -> None:
     """ops/<name>.py and ops/<family>/<name>.py that no spec names as an op are API (TileKernels'
     tile_kernels.config, tile_kernels.quant.types): installed as such, their __all__ exported lazily."""
@@ -200,16 +209,12 @@ def test_public_modules_of_the_op_tree_install_under_their_names_and_export_thei
     files = package_files(specs, ARCHS["sm90"], [built], {})
     assert files["p/fam/kinds.py"].endswith(b"class Kind:\n    pass\n")
     assert files["p/config.py"].endswith(b"def knob():\n    return 7\n")
-    for rel, data in files.items():
-        (tmp_path / "site" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "site" / rel).write_bytes(data)
     script = ("import sys, p\nassert 'p.config' not in sys.modules\n"  # the root imports nothing it exports
               "assert p.knob() == 7 and p.config.knob is p.knob\n"
               "assert p.fam.Kind is p.fam.kinds.Kind\n"
               "assert {'knob', 'config'} <= set(p.__all__) and {'Kind', 'kinds', 'k'} <= set(p.fam.__all__)\n"
               "print('ok')")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path / "site")
-    assert out.stdout.strip() == "ok", out.stdout + out.stderr
+    _run_installed(files, tmp_path / "site", script)
 
 
 def test_a_folder_of_public_modules_without_kernels_installs_as_a_module(tmp_path: Path) -> None:
@@ -225,15 +230,11 @@ def test_a_folder_of_public_modules_without_kernels_installs_as_a_module(tmp_pat
                                            "layer/_private.py": "X = 1\n"})
     files = package_files(specs, ARCHS["sm90"], [built], {})
     assert "p/layer/block.py" in files and "p/layer/_private.py" not in files
-    for rel, data in files.items():
-        (tmp_path / "site" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "site" / rel).write_bytes(data)
     script = ("import sys, p\nassert 'p.layer.block' not in sys.modules\n"
               "assert p.layer.Block()(3) == 8 and p.layer.block.Block is p.layer.Block\n"
               "assert 'layer' in p.__all__ and {'Block', 'block'} <= set(p.layer.__all__)\n"
               "print('ok')")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path / "site")
-    assert out.stdout.strip() == "ok", out.stdout + out.stderr
+    _run_installed(files, tmp_path / "site", script)
 
 
 def test_a_layer_installs_its_sub_folders_as_sub_packages(tmp_path: Path) -> None:
@@ -250,16 +251,12 @@ def test_a_layer_installs_its_sub_folders_as_sub_packages(tmp_path: Path) -> Non
                                                                    "def thrice(x):\n    return 3 * k(x)\n"})
     files = package_files(specs, ARCHS["sm90"], [built], {})
     assert "p/layer/sub/ops.py" in files and "p/layer/sub/__init__.py" in files
-    for rel, data in files.items():
-        (tmp_path / "site" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "site" / rel).write_bytes(data)
     script = ("import p\nfrom p.layer.sub.ops import twice\n"
               "assert twice(3) == 8 and p.layer.sub.twice is twice and p.layer.sub.ops.twice is twice\n"
               "assert 'sub' in p.layer.__all__ and {'ops', 'twice'} <= set(p.layer.sub.__all__)\n"
               "from p.layer.deep.er.mod import thrice\nassert thrice(1) == 6 and p.layer.deep.er.thrice is thrice\n"
               "print('ok')")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path / "site")
-    assert out.stdout.strip() == "ok", out.stdout + out.stderr
+    _run_installed(files, tmp_path / "site", script)
 
 
 def test_a_layer_folder_with_a_reserved_name_is_an_error(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from .._op import Plan, empty, launch, op, out, size
 from .._runtime import get_kernel
+from ._shapes import mixes, streams, tokens
 
 __all__ = ["mhc_pre_apply_mix", "mhc_pre_apply_mix_bwd"]
 
@@ -34,19 +35,7 @@ def _streams(x: object, mix: object) -> tuple[torch.Tensor, torch.Tensor]:
     return x, mix
 
 
-def streams(t: torch.Tensor) -> torch.Tensor:
-    """The kernels' (num_tokens, m, hidden) view of a (..., m, hidden) tensor."""
-    return t.reshape(-1, t.shape[-2], t.shape[-1])
 
-
-def mixes(t: torch.Tensor) -> torch.Tensor:
-    """The kernels' (num_tokens, m) view of a (..., m, 1) mix."""
-    return t.reshape(-1, t.shape[-2])
-
-
-def tokens(t: torch.Tensor) -> torch.Tensor:
-    """The kernels' (num_tokens, hidden) view of a (..., hidden) tensor."""
-    return t.reshape(-1, t.shape[-1])
 
 
 def _variant(x: torch.Tensor) -> tuple[int, int]:

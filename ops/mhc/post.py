@@ -15,6 +15,7 @@ import torch
 
 from .._op import Empty, Plan, empty, launch, op, out, size
 from .._runtime import get_kernel
+from ._shapes import mixes, streams, tokens
 
 __all__ = ["mhc_post_bwd", "mhc_post_fwd"]
 
@@ -43,19 +44,7 @@ def _inputs(x: object, residual: object, post_layer_mix: object, comb_res_mix: o
     return x, residual, post_layer_mix, comb_res_mix
 
 
-def streams(t: torch.Tensor) -> torch.Tensor:
-    """The kernels' (num_tokens, m, k) view of a (..., m, k) tensor (residual, comb, out)."""
-    return t.reshape(-1, t.shape[-2], t.shape[-1])
 
-
-def mixes(t: torch.Tensor) -> torch.Tensor:
-    """The kernels' (num_tokens, m) view of a (..., m, 1) post mix."""
-    return t.reshape(-1, t.shape[-2])
-
-
-def tokens(t: torch.Tensor) -> torch.Tensor:
-    """The kernels' (num_tokens, hidden) view of a (..., hidden) tensor."""
-    return t.reshape(-1, t.shape[-1])
 
 
 def _variant(residual: torch.Tensor) -> tuple[int, int]:

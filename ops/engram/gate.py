@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .._args import real
 from .._op import Plan, empty, launch, op, out, size
 from .._runtime import get_kernel, sm_count
 
@@ -33,13 +34,6 @@ def _rows(name: str, x: object, dims: int = 3) -> torch.Tensor:
     if x.dim() != dims:
         raise ValueError(f"{name}: expected a {dims}-D tensor {shape}, got shape {tuple(x.shape)}")
     return x
-
-
-def _real(name: str, value: object) -> float:
-    """``value`` as a float (an int or a float; bools refused), or a TypeError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
-    return float(value)
 
 
 def _inference(output: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
@@ -85,7 +79,7 @@ def engram_gate_fwd(
         sign(0) is 0 (a zero dot gives gate 0.5), as in the torch reference.
     """
     hidden_states, k, v = _check(hidden_states, k, v)
-    eps, clamp_value = _real("eps", eps), _real("clamp_value", clamp_value)
+    eps, clamp_value = real("eps", eps), real("clamp_value", clamp_value)
     save = bool(save_for_backward)
     rows = empty(torch.bfloat16, size(hidden_states, 0), size(hidden_states, 1), size(hidden_states, 2))
     if not save:
@@ -134,7 +128,7 @@ def engram_gate_bwd(
     """
     hidden_states, k, v = _check(hidden_states, k, v)
     grad_out = _rows("grad_out", grad_out)
-    clamp_value = _real("clamp_value", clamp_value)
+    clamp_value = real("clamp_value", clamp_value)
     num_tokens, hc_mult, hidden = (int(s) for s in hidden_states.shape)
     blocks = persistent_blocks(num_tokens, hc_mult, hidden_states.get_device())
     launcher = _bwd.variant(hidden)

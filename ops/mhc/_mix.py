@@ -21,13 +21,6 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     return t.flatten(0, 1).flatten(1)
 
 
-def real(name: str, value: object) -> float:
-    """``value`` as a float (an int or a float; bools refused), or a TypeError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
-    return float(value)
-
-
 def persistent_blocks(num_tokens: int, tokens_per_block: int, blocks_per_sm: int, device: int) -> int:
     """Blocks of a backward's persistent grid (rows of its partial sums): at least 1, at most one per tile."""
     if device < 0:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from .._args import real
 from .._op import Plan, Result, empty, launch, op, out, result, size
 from .._runtime import get_kernel
-from ._mix import partial_sums, persistent_blocks, real
+from ._mix import partial_sums, persistent_blocks
 
 __all__ = ["mhc_head_compute_mix", "mhc_head_compute_mix_bwd"]
 

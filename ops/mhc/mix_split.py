@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from .._args import positive_int
+from .._args import positive_int, real
 from .._op import Plan, Result, empty, launch, op, out, result, size
 from .._runtime import get_kernel
-from ._mix import partial_sums, persistent_blocks, real, rows, tokens
+from ._mix import partial_sums, persistent_blocks, rows, tokens
 
 __all__ = ["mhc_pre_split_mixes", "mhc_pre_split_mixes_bwd"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._args import not_built, positive_int
+from .._args import not_built, positive_int, real
 from .._op import Plan, Result, empty, launch, op, result, size
 from .._op import out as output
 from .._runtime import get_kernel
@@ -34,12 +34,6 @@ def _matrices(name: str, x: object) -> torch.Tensor:
     if int(x.shape[-1]) not in BUILT_MHC:
         raise not_built(name, f"mhc = {int(x.shape[-1])} (the matrices' side)", "mhc_sinkhorn")
     return x
-
-
-def _eps(eps: object) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
-    return float(eps)
 
 
 def _plan(variant: Callable[..., None], inputs: list[torch.Tensor], repeat: int, eps: float) -> Plan:
@@ -71,7 +65,7 @@ def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6, *,
         float32, x's shape.
     """
     x = _matrices("x", x)
-    repeat, eps = positive_int("repeat", repeat), _eps(eps)
+    repeat, eps = positive_int("repeat", repeat), real("eps", eps)
     if x.dim() == 3:
         return _plan(_kernel.variant("fwd", int(x.shape[-1])), [x], repeat, eps)
     # Other leading dimensions: the same op over the flattened matrices, viewed back.
@@ -98,7 +92,7 @@ def sinkhorn_normalize_bwd(grad_output: torch.Tensor, x: torch.Tensor, repeat: i
     x = _matrices("x", x)
     if grad_output.shape != x.shape:
         raise ValueError(f"grad_output: expected x's shape {tuple(x.shape)}, got {tuple(grad_output.shape)}")
-    repeat, eps = positive_int("repeat", repeat), _eps(eps)
+    repeat, eps = positive_int("repeat", repeat), real("eps", eps)
     if x.dim() == 3:
         return _plan(_kernel.variant("bwd", int(x.shape[-1])), [grad_output, x], repeat, eps)
     check_out(out, tuple(x.shape))

@@ -46,6 +46,13 @@ def positive_int(name: str, value: object) -> int:
     return number
 
 
+def real(name: str, value: object) -> float:
+    """``value`` (an int or a float; bools refused) as a float, or a TypeError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+    return float(value)
+
+
 # The output formats of the cast-back ops; TileKernels spells them 'bf16' / 'fp32'.
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

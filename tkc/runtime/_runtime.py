@@ -98,7 +98,7 @@ class _Driver:
 def check_driver_version(lib: Any) -> None:
     """Refuse a driver older than the CUDA the cubins were built with, naming both (the driver would refuse
     each cubin with CUDA_ERROR_UNSUPPORTED_PTX_VERSION or an invalid-image error, naming neither)."""
-    needed = getattr(info, "CUDA", (0, 0))
+    needed = info.CUDA  # (0, 0): the build did not know nvcc's version
     if needed == (0, 0):
         return
     version = ctypes.c_int()

@@ -25,6 +25,7 @@ from runtime_overhead import host_us, python_checks, through_ctypes
 
 def layers() -> dict[str, Callable[[], object]]:
     import tile_kernels_aot as tk
+    import tile_kernels_aot._compiled as compiled
     import tile_kernels_aot._runtime as rt
 
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
@@ -39,7 +40,7 @@ def layers() -> dict[str, Callable[[], object]]:
     kernel = function.handles[0]
     values = (q.data_ptr(), sf.data_ptr(), x.data_ptr(), 0, 1, 2048)
     stream = rt._current_stream(0)
-    params = rt._Slots.of(function.kinds).pack(values)
+    params = compiled._Slots.of(function.kinds).pack(values)
     lib = rt.driver().lib
     block, smem, kinds = function.block, function.smem, function.kinds
     # The context's own CUfunction of the kernel: launching it spares the driver the CUkernel lookup.
@@ -56,12 +57,13 @@ def layers() -> dict[str, Callable[[], object]]:
         "launcher through the ctypes fallback": through_ctypes(launcher, x, q, sf, 0),
         "launcher with the Python checks": python_checks(launcher, x, q, sf, 0),
         "compiled check alone": lambda: rt.check(getattr(module, f"_{launcher.__name__.upper()}_CONTRACT"), x, q, sf),
-        "3 x torch._C._to_dlpack": lambda: (rt._to_dlpack(x), rt._to_dlpack(q), rt._to_dlpack(sf)),
+        "3 x torch._C._to_dlpack": lambda: (compiled._to_dlpack(x), compiled._to_dlpack(q), compiled._to_dlpack(sf)),
         "Function.launch (values given)": lambda: function.launch(0, (1, 1, 1), *values),
-        "_launch + stream getter": lambda: rt._launch(kernel, 0, (1, 1, 1), block, smem, rt._current_stream(0),
+        "_launch + stream getter": lambda: compiled._launch(kernel, 0, (1, 1, 1), block, smem, rt._current_stream(0),
                                                       kinds, *values),
-        "_launch (everything given)": lambda: rt._launch(kernel, 0, (1, 1, 1), block, smem, stream, kinds, *values),
-        "_launch of the CUfunction (everything given)": lambda: rt._launch(
+        "_launch (everything given)": lambda: compiled._launch(kernel, 0, (1, 1, 1), block, smem, stream, kinds,
+                                                               *values),
+        "_launch of the CUfunction (everything given)": lambda: compiled._launch(
             function_handle, 0, (1, 1, 1), block, smem, stream, kinds, *values),
         "ctypes cuLaunchKernel (arguments packed)": lambda: lib.cuLaunchKernel(
             ctypes.c_void_p(kernel), 1, 1, 1, *block, smem, ctypes.c_void_p(stream), params, None),

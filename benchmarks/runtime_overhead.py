@@ -65,7 +65,10 @@ def with_globals(launcher: Callable[..., None], swaps: dict[str, object], *args:
 
 
 def _runtime_of(launcher: Callable[..., None]) -> ModuleType:
-    return sys.modules[launcher.__module__.rsplit(".", 2)[0] + "._runtime"]
+    """The module holding the launch paths: ``_compiled`` since the runtime was split, ``_runtime`` before (so that
+    one run can time an older wheel beside a newer one)."""
+    package = launcher.__module__.rsplit(".", 2)[0]
+    return sys.modules.get(package + "._compiled") or sys.modules[package + "._runtime"]
 
 
 def _no_run(*args: object) -> bool:

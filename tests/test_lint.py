@@ -21,11 +21,11 @@ BUILD_INFO = ("PACKAGE = 'lint_pkg'\nVERSION = '0'\nARCH = 'sm90'\nTARGET = 'sm_
 
 
 def _tree(root: Path) -> Path:
-    from tkc.package import public_names, support_modules
+    from tkc.package import RUNTIME_FILES, public_names, support_modules
 
     package = root / "lint_pkg"
     package.mkdir()
-    for name in ("_runtime.py", "_op.py", "_protocol.py", "_args.py", "errors.py"):
+    for name in RUNTIME_FILES:
         shutil.copy(REPO / "tkc" / "runtime" / name, package / name)
     (package / "_build_info.py").write_text(BUILD_INFO)
     (package / "__init__.py").write_text("")

@@ -17,7 +17,8 @@ import torch
 from tkc.build import ArchSummary, BuildOptions
 from tkc.compile import cubin_target
 from tkc.fsutil import sha256_bytes
-from tkc.package import public_names
+from tkc.native import SOURCES
+from tkc.package import RUNTIME_FILES, public_names
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +59,8 @@ def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, lis
     with zipfile.ZipFile(_wheel(summaries, arch)) as wheel:
         names = set(wheel.namelist())
         assert names == set(sorted(names))
-        for required in ("__init__.py", "_runtime.py", "_op.py", "_protocol.py", "_launch.abi3.so", "_launch.c",
-                         "_protocol.h", "_args.py", "_build_info.py", "errors.py", "manifest.json",
+        for required in ("__init__.py", *RUNTIME_FILES, "_launch.abi3.so", *(part.name for part in SOURCES),
+                         "_protocol.h", "_build_info.py", "manifest.json",
                          "_kernels/per_token_cast.py", "_kernels/per_token_cast.bin", "_kernels/batched_transpose.py",
                          "_kernels/batched_transpose.bin", "quant/__init__.py",
                          "quant/_per_token_cast.py", "quant/_scales.py", "transpose/__init__.py",

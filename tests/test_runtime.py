@@ -138,11 +138,13 @@ def test_both_launch_paths_hand_the_driver_the_same_arguments(package: ModuleTyp
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     runtime = importlib.import_module("tkc_small_kernels._runtime")
     native = importlib.import_module("tkc_small_kernels._launch")  # compiled by tkc build on this host
-    assert runtime.NATIVE_LAUNCH and runtime._launch is native.launch
+    compiled = importlib.import_module("tkc_small_kernels._compiled")
+    driver = importlib.import_module("tkc_small_kernels._driver")
+    assert runtime.NATIVE_LAUNCH and runtime.launch is native.launch
     _bind(native, stub_driver)
-    monkeypatch.setattr(runtime, "_DRIVER_LIB", [stub_driver])
-    monkeypatch.setattr(runtime, "_current_device", lambda: 0)
-    keep, tensormap = runtime._aligned_tensor_map()
+    monkeypatch.setattr(driver, "_DRIVER_LIB", [stub_driver])
+    monkeypatch.setattr(driver, "_current_device", lambda: 0)
+    keep, tensormap = importlib.import_module("tkc_small_kernels._tma")._aligned_tensor_map()
     address = ctypes.addressof(tensormap)
     values = (0xDEAD_BEEF_0000, -(2**40), -7, 2**32 - 1, 1.5, -2.25, address, 2**64 - 1)
     expected = (0x1234, 0x5678, (70000, 2, 3, 128, 1, 1, 512), (*values[:6], address, values[7]))
@@ -150,10 +152,10 @@ def test_both_launch_paths_hand_the_driver_the_same_arguments(package: ModuleTyp
     # attribute (id 2, value 1): the compiled and the ctypes path alike; cluster launches (ctypes
     # only) with the cluster attribute (id 4, its x dimension first).
     def cluster(*args: object) -> int:
-        return runtime._ctypes_launch_ex(*args[:7], args[7:], cooperative=False, cluster=(2, 1, 1))
+        return compiled._ctypes_launch_ex(*args[:7], args[7:], cooperative=False, cluster=(2, 1, 1))
 
-    paths = ((native.launch, (0, 0, 0)), (runtime._ctypes_launch, (0, 0, 0)), (native.launch_cooperative, (1, 2, 1)),
-             (runtime._ctypes_launch_cooperative, (1, 2, 1)), (cluster, (1, 4, 2)))
+    paths = ((native.launch, (0, 0, 0)), (compiled._ctypes_launch, (0, 0, 0)), (native.launch_cooperative, (1, 2, 1)),
+             (compiled._ctypes_launch_cooperative, (1, 2, 1)), (cluster, (1, 4, 2)))
     for launch, attributes_seen in paths:
         ctypes.c_int.in_dll(stub_driver, "param_count").value = len(values)
         ctypes.c_int.in_dll(stub_driver, "next_result").value = 0
@@ -196,10 +198,10 @@ def test_native_launch_refuses_values_that_do_not_fit(package: ModuleType, stub_
 
 
 def test_slots_are_built_once_per_thread(package: ModuleType) -> None:
-    runtime = importlib.import_module("tkc_small_kernels._runtime")
-    slots = runtime._Slots.of(b"QifT")
-    assert runtime._Slots.of(b"QifT") is slots
-    keep, desc = runtime._aligned_tensor_map()
+    compiled = importlib.import_module("tkc_small_kernels._compiled")
+    slots = compiled._Slots.of(b"QifT")
+    assert compiled._Slots.of(b"QifT") is slots
+    keep, desc = importlib.import_module("tkc_small_kernels._tma")._aligned_tensor_map()
     params = slots.pack((0x1000, -7, 1.5, ctypes.addressof(desc)))
     assert slots.pack((0x2000, 3, 2.5, ctypes.addressof(desc))) is params  # the same array, new values
     assert ctypes.c_void_p.from_address(params[0]).value == 0x2000
@@ -249,7 +251,7 @@ def _run_setup(package: ModuleType, stub_driver: ctypes.CDLL, monkeypatch: pytes
         pytest.skip("the small package was built without its compiled module")
     _bind(native, stub_driver)
     native.set_stream(lambda device: 0x5678 + device)
-    monkeypatch.setattr(runtime, "_DRIVER_LIB", [stub_driver])
+    monkeypatch.setattr(importlib.import_module("tkc_small_kernels._driver"), "_DRIVER_LIB", [stub_driver])
     contract = pack.contract(
         (
             ("x", torch.bfloat16, ("num_tokens", 256), ("x_row_stride", 1)),
@@ -534,7 +536,7 @@ def test_dispatch_declines_what_the_op_must_decide(package: ModuleType, stub_dri
         args[3] = True
     elif case == "an option of another type":
         args[4] = [1, 128]
-        assert runtime._native.dispatch_key(fast[0], *args) is None  # never remembered either
+        assert importlib.import_module("tkc_small_kernels._launch").dispatch_key(fast[0], *args) is None  # never remembered either
     elif case == "fmt a longer string":
         args[2] = "e4m3fn"
     elif case == "fmt a prefix":
@@ -543,7 +545,7 @@ def test_dispatch_declines_what_the_op_must_decide(package: ModuleType, stub_dri
         args[4] = (1, 128)  # remembered as None
     elif case == "an int beyond 64 bits":
         args[3] = 2**64 + 128
-        assert runtime._native.dispatch_key(fast[0], *args) is None
+        assert importlib.import_module("tkc_small_kernels._launch").dispatch_key(fast[0], *args) is None
     elif case == "x dtype":
         args[0] = x.float()
     elif case == "x width":
@@ -657,21 +659,21 @@ class _FakeDriver:
     def __init__(self, version: int, result: int = 0) -> None:
         self.version, self.result = version, result
 
-    def cuDriverGetVersion(self, out: object) -> int:  # noqa: N802  (the driver's name)
+    def cuDriverGetVersion(self, out: object) -> int:
         out._obj.value = self.version  # type: ignore[attr-defined]  # a ctypes byref
         return self.result
 
 
 def test_an_older_driver_is_refused_naming_both_versions(package: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    driver = importlib.import_module("tkc_small_kernels._driver")
     errors = importlib.import_module("tkc_small_kernels.errors")
     info = importlib.import_module("tkc_small_kernels._build_info")
     assert info.CUDA == (13, 0)  # the build's nvcc (13.0 from PyPI)
     with pytest.raises(errors.CudaDriverError, match=r"supports CUDA 12\.8, but the cubins .* need a driver for "
                                                      r"CUDA 13\.0 or later .*update the driver"):
-        runtime.check_driver_version(_FakeDriver(12080))
+        driver.check_driver_version(_FakeDriver(12080))
     for newer in (13000, 13020, 14000):
-        runtime.check_driver_version(_FakeDriver(newer))
-    runtime.check_driver_version(_FakeDriver(0, result=1))  # the query failing is left to the first load
+        driver.check_driver_version(_FakeDriver(newer))
+    driver.check_driver_version(_FakeDriver(0, result=1))  # the query failing is left to the first load
     monkeypatch.setattr(info, "CUDA", (0, 0))  # a build whose nvcc version was unknown checks nothing
-    runtime.check_driver_version(_FakeDriver(11000))
+    driver.check_driver_version(_FakeDriver(11000))

@@ -31,10 +31,12 @@ from tkc.compile import Resources
 from tkc.errors import LowerError, PackageError
 from tkc.fsutil import sha256_bytes, write_atomic
 from tkc.lower import LaunchContract
-from tkc.native import ABI_TAG, FILENAME, HEADER, SOURCE, LaunchModule, protocol_header
+from tkc.native import ABI_TAG, FILENAME, HEADER, SOURCES, LaunchModule, protocol_header
 from tkc.spec import RESERVED_MODULES, KernelSpec, SpecSet, Variant
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
+# The loader's Python modules, copied into every package: every .py of tkc/runtime.
+RUNTIME_FILES = tuple(sorted(p.name for p in RUNTIME_DIR.glob("*.py")))
 # The generated project's build hook. With the compiled launch module (tkc/native.py) the wheel
 # is a stable-ABI wheel of this host's platform (cp310-abi3-linux_x86_64); without it the wheel
 # holds Python and cubins only and is pure (py3-none-any). cibuildwheel refuses pure wheels, so
@@ -277,7 +279,8 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
     if native:
         assert launch_module is not None and launch_module.data is not None
         files[f"{name}/{FILENAME}"] = launch_module.data
-        files[f"{name}/_launch.c"] = SOURCE.read_text()  # shipped for whoever debugs a launch
+        for part in SOURCES:  # shipped for whoever debugs a launch
+            files[f"{name}/{part.name}"] = part.read_text()
         files[f"{name}/{HEADER}"] = protocol_header()
     files[f"{name}/_build_info.py"] = (
         _header("the spec set", ", ".join(specs.files)) + '"""What this build of the package is for."""\n\n'
@@ -287,7 +290,7 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
         # The CUDA version of the nvcc that made the cubins: a driver must support it to load them.
         f"CUDA = {cuda_version(toolchain.get('nvcc', ''))!r}\n"
     )
-    for runtime_file in ("_runtime.py", "_op.py", "_protocol.py", "_args.py", "errors.py"):
+    for runtime_file in RUNTIME_FILES:
         files[f"{name}/{runtime_file}"] = (_header(f"tkc/runtime/{runtime_file}", "the tkc runtime")
                                            + (RUNTIME_DIR / runtime_file).read_text())
     files[f"{name}/_kernels/__init__.py"] = '"""Generated launchers, one module per spec kernel."""\n'

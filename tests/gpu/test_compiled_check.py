@@ -92,7 +92,7 @@ def test_every_catalogue_dtype_exports_as_the_contracts_spell_it() -> None:
     compiled check of that dtype decline, silently leaving the fast path."""
     dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8,
               torch.int32, torch.int64, torch.bool)
-    exported = {str(d).removeprefix("torch."): runtime._native.dlpack_dtype(torch.empty(0, dtype=d, device="cuda"))
+    exported = {str(d).removeprefix("torch."): importlib.import_module(f"{runtime.__package__}._launch").dlpack_dtype(torch.empty(0, dtype=d, device="cuda"))
                 for d in dtypes}
     assert exported == {name: protocol.DLPACK_DTYPES[name] for name in exported}, torch.__version__
 
@@ -157,7 +157,7 @@ def test_both_readers_spell_the_catalogues_dtypes_alike() -> None:
         for reader in ("to_dlpack", "exchange"):
             if runtime.use_exchange(reader == "exchange") != (reader == "exchange"):
                 pytest.skip(f"torch {torch.__version__} has no DLPack C exchange API")
-            spelled[reader] = [runtime._native.dlpack_dtype(torch.empty(0, dtype=d, device="cuda")) for d in dtypes]
+            spelled[reader] = [importlib.import_module(f"{runtime.__package__}._launch").dlpack_dtype(torch.empty(0, dtype=d, device="cuda")) for d in dtypes]
     finally:
         runtime.use_exchange(True)
     assert spelled["exchange"] == spelled["to_dlpack"]

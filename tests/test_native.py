@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from tkc import pack
-from tkc.native import SOURCE, protocol_header
+from tkc.native import SOURCES, protocol_header
 from tkc.runtime import _protocol
 
 
@@ -19,8 +19,10 @@ def test_the_header_defines_every_code_of_the_protocol_module() -> None:
 
 
 def test_the_launch_module_defines_no_code_itself_and_uses_the_header() -> None:
-    source = SOURCE.read_text()
-    assert '#include "_protocol.h"' in source
+    header, *parts = SOURCES
+    assert '#include "_protocol.h"' in header.read_text()
+    assert all('#include "_launch.h"' in part.read_text() for part in parts)
+    source = "\n".join(part.read_text() for part in SOURCES)
     own = set(re.findall(r"^#define (\w+)", source, re.MULTILINE))
     assert not own & set(_codes()), "a protocol code defined twice"
     unused = [name for name in _codes() if not re.search(rf"\b{name}\b", source)]

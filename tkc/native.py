@@ -1,4 +1,4 @@
-"""Stage 5, host side: the loader's compiled launch module (``tkc/runtime/_launch.c``).
+"""Stage 5, host side: the loader's compiled launch module (``tkc/runtime/_launch*.c``).
 
 The generated loader launches through one C call of ``_launch.launch`` instead of a
 ctypes foreign call plus argument packing, about 2 µs less per launch on the H200's
@@ -25,15 +25,20 @@ from pathlib import Path
 from tkc.fsutil import write_atomic
 from tkc.runtime import _protocol
 
-SOURCE = Path(__file__).parent / "runtime" / "_launch.c"
+SOURCE = Path(__file__).parent / "runtime" / "_launch.c"  # the module's table and its torch bindings
+# Every part of the module (the header they share first), compiled together and shipped with the package.
+SOURCES = (SOURCE.with_suffix(".h"), *sorted(SOURCE.parent.glob("_launch*.c")))
 PROTOCOL = Path(__file__).parent / "runtime" / "_protocol.py"
 HEADER = "_protocol.h"
 FILENAME = "_launch.abi3.so"
 # The stable-ABI floor the source declares (Py_LIMITED_API 0x030A0000) as a wheel tag.
 ABI_TAG = "cp310-abi3"
 # -O2 -fPIC -shared: a position-independent shared object. No -g: no build paths in the binary,
-# so the same source and compiler give the same bytes (the wheel stays reproducible).
-CFLAGS = ("-O2", "-fPIC", "-shared", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror")
+# so the same source and compiler give the same bytes (the wheel stays reproducible). Hidden
+# visibility: the parts share their functions with each other, and the module exports only
+# PyInit__launch (PyMODINIT_FUNC), so no name of ours can meet another library's.
+CFLAGS = ("-O2", "-fPIC", "-shared", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
+          "-Werror")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +72,7 @@ def _compiler() -> str | None:
 
 
 def build_launch_module(cache: Path) -> LaunchModule:
-    """Compile ``_launch.c`` for this host (cached under ``cache/launch/``), or say why it cannot be."""
+    """Compile the launch module's parts for this host (cached under ``cache/launch/``), or say why it cannot be."""
     include = Path(sysconfig.get_paths()["include"])
     if not (include / "Python.h").is_file():
         return LaunchModule(data=None, compiler="", reason=(
@@ -79,21 +84,23 @@ def build_launch_module(cache: Path) -> LaunchModule:
             "no C compiler (cc, gcc or clang; or $CC) on PATH: install one for the faster compiled launch path"))
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     compiler = version[0].strip() if version else Path(cc).name
-    source, header = SOURCE.read_bytes(), protocol_header().encode()
-    key = hashlib.sha256(b"\0".join([source, header, compiler.encode(), str(include).encode(),
+    header = protocol_header().encode()
+    parts = [part.name.encode() + b"\0" + part.read_bytes() for part in SOURCES]
+    key = hashlib.sha256(b"\0".join([*parts, header, compiler.encode(), str(include).encode(),
                                      " ".join(CFLAGS).encode()]))
     cached = cache / "launch" / f"{key.hexdigest()[:32]}.so"
     if cached.is_file():
         return LaunchModule(data=cached.read_bytes(), compiler=compiler)
     with tempfile.TemporaryDirectory(prefix="tkc-launch-") as tmp:
         # Compiled in a scratch folder under fixed names, so nothing path-dependent ends up in the binary.
-        shutil.copyfile(SOURCE, Path(tmp) / "_launch.c")
+        for part in SOURCES:
+            shutil.copyfile(part, Path(tmp) / part.name)
         (Path(tmp) / HEADER).write_bytes(header)
-        proc = subprocess.run([cc, *CFLAGS, f"-I{include}", "_launch.c", "-o", FILENAME], cwd=tmp,
-                              capture_output=True, text=True)
+        proc = subprocess.run([cc, *CFLAGS, f"-I{include}", *(p.name for p in SOURCES if p.suffix == ".c"), "-o",
+                               FILENAME], cwd=tmp, capture_output=True, text=True)
         if proc.returncode != 0:
             return LaunchModule(data=None, compiler=compiler, reason=(
-                f"{cc} could not compile {SOURCE.name}:\n{(proc.stdout + proc.stderr)[-2000:]}"))
+                f"{cc} could not compile {', '.join(p.name for p in SOURCES)}:\n{(proc.stdout + proc.stderr)[-2000:]}"))
         data = (Path(tmp) / FILENAME).read_bytes()
     write_atomic(cached, data)
     return LaunchModule(data=data, compiler=compiler)

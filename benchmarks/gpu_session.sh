@@ -6,7 +6,7 @@
 # examples/rmsnorm/kernel_specs --templates examples/rmsnorm/kernels --dist dist/examples)
 # with --no-deps, run the GPU tests, then the benchmarks.
 # Logs and results go under $OUT (the device tool's output folder) or ./gpu-out.
-# Usage: COMMIT=<sha> [BENCH=all|none|<sections>] [OVERHEAD=0] [GVS=1] [TK_JIT=<tar.xz>] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
+# Usage: COMMIT=<sha> [BENCH=all|none|<sections>] [OVERHEAD=0] [OVERHEAD_BEFORE=<wheel dir>] [GVS=1] [TK_JIT=<tar.xz>] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
 #        [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -34,6 +34,15 @@ overhead=0
 if [ "${OVERHEAD:-1}" = 1 ]; then
   python3 benchmarks/runtime_overhead.py --out "$OUT" > "$OUT/runtime_overhead.log" 2>&1
   overhead=$?
+fi
+# The same host-time table for an earlier build of the package (OVERHEAD_BEFORE=<folder of its sm90 wheel>), timed
+# right after this one's on the same machine: a before/after of a runtime change.
+if [ -n "${OVERHEAD_BEFORE:-}" ]; then
+  before_site=$(mktemp -d /tmp/tkc-before.XXXX) before_out=$(mktemp -d /tmp/tkc-before-out.XXXX)
+  python3 -m pip install -q --no-deps --no-index --target "$before_site" "$OVERHEAD_BEFORE"/*+sm90-*.whl &&
+    PYTHONPATH="$before_site" python3 benchmarks/runtime_overhead.py --out "$before_out" \
+      > "$OUT/runtime_overhead_before.log" 2>&1
+  cp "$before_out/runtime_overhead.md" "$OUT/runtime_overhead_before.md" 2>/dev/null
 fi
 # Hardware counters of the kernels named in $NCU_CASES (space-separated profile_kernel.py cases).
 for case in ${NCU_CASES:-}; do

@@ -4,7 +4,7 @@
 ``pyproject.toml`` should carry; the wheels workflow also writes it to a file and
 passes it with ``--config-file``, so it applies whether or not the project has it.
 It builds one identifier, ``cp311-manylinux_x86_64``: the wheel holds Python,
-cubins and one small host module (the loader's launch path, ``tkc/runtime/_launch.c``)
+cubins and one small host module (the loader's launch path, ``tkc/runtime/_launch*.c``)
 built against CPython's stable ABI, so one interpreter stands for all of them
 (the wheel is tagged ``cp310-abi3``).
 

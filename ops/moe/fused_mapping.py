@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .._args import matrix, positive_int
+from .._args import matrix, no_host_sync_under_compile, positive_int
 from .._op import Plan, empty, launch, op, out, size
 from .._runtime import get_kernel, sm_count
 
@@ -117,9 +117,8 @@ def get_fused_mapping(
     if num_tokens * num_topk + num_experts * alignment >= _INT32_LIMIT:
         raise ValueError(f"topk_idx: {num_tokens} x {num_topk} entries overflow the kernel's int32 positions")
     sync = num_expanded_tokens == 0 and not force_no_sync
-    if sync and torch.compiler.is_compiling():
-        raise ValueError("num_expanded_tokens: under torch.compile pass the fused buffer size (or "
-                         "force_no_sync=True); trimming it needs a host synchronization")
+    if sync:
+        no_host_sync_under_compile("num_expanded_tokens", "pass the fused buffer size (or force_no_sync=True)")
     n = num_expanded_tokens or upper_bound(num_tokens, num_topk, num_experts, alignment)
     if n >= _INT32_LIMIT:
         raise ValueError(f"num_expanded_tokens: {n} positions overflow the kernel's int32 indices "

@@ -9,9 +9,7 @@ hidden, as TileKernels), npc = hidden (one scale per row, grid value npc = 0, bu
 and the three scale layouts of KERNELS.md: (a) row-major fp32,
 (b) ``use_tma_aligned_col_major_sf`` (fp32, column-major, token dimension padded to a multiple
 of 4) and (c) ``use_packed_ue8m0`` (int32 words of four UE8M0 exponents, laid out as (b)). The
-launcher validates the tensors (dtype, device, shape, strides, alignment) and names the argument
-in its errors; this module checks the non-tensor arguments and the options the build does not
-cover.
+launcher checks the tensors, this module the other arguments, each error naming the argument.
 """
 
 from __future__ import annotations

@@ -35,6 +35,13 @@ def one_of(name: str, value: object, choices: Sequence[str]) -> str:
     return str(value)
 
 
+def no_host_sync_under_compile(name: str, fix: str) -> None:
+    """A ValueError naming ``name`` when torch.compile traces the call: what it asked for needs the device's result
+    on the host, which a traced graph (and a CUDA graph) cannot wait for. ``fix``: what to pass instead."""
+    if torch.compiler.is_compiling():
+        raise ValueError(f"{name}: under torch.compile {fix}; this call would need a host synchronization")
+
+
 def positive_int(name: str, value: object) -> int:
     """``value`` as a positive int (bools refused), or a TypeError / ValueError naming it."""
     try:

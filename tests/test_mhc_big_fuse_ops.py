@@ -1,0 +1,111 @@
+"""CPU tests of the mHC fused pre-step op module (ops/mhc/big_fuse.py) and its modeling function
+(ops/modeling/mhc/ops/pre_big_fuse.py) on the stand-in runtime (tests/op_stub.py): TileKernels' signature,
+the launches each call makes (the norm's GEMM stages, then the fused kernel) and with what, the outputs'
+shapes, and that a bad argument raises, naming it, before anything is launched. No GPU needed."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import shutil
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+from tests.op_stub import stub_package
+
+PACKAGE = "mhc_big_fuse_ops_pkg"
+OPTIONS = (1e-6, 1e-2, 1e-4, 2.0, 10)  # rms_eps, mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, repeat
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType, Any]]:
+    """(the op module, the modeling module, the stub runtime)."""
+    root = tmp_path_factory.mktemp("mhc_big_fuse_ops")
+    with stub_package(root, PACKAGE, "mhc", ("big_fuse",)) as (modules, runtime):
+        big_fuse = modules["big_fuse"]
+        family = importlib.import_module(f"{PACKAGE}.mhc")
+        for name in big_fuse.__all__:  # the family module exports its ops' __all__, as the installed package does
+            setattr(family, name, getattr(big_fuse, name))
+        folder = root / PACKAGE / "modeling" / "mhc" / "ops"
+        folder.mkdir(parents=True)
+        for level in (folder.parent.parent, folder.parent, folder):
+            (level / "__init__.py").write_text("")
+        shutil.copy(REPO / "ops" / "modeling" / "mhc" / "ops" / "pre_big_fuse.py", folder / "pre_big_fuse.py")
+        yield big_fuse, importlib.import_module(f"{PACKAGE}.modeling.mhc.ops.pre_big_fuse"), runtime
+
+
+def _spelled(fn: Any) -> str:
+    signature = inspect.signature(fn)
+    return str(signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+                                 return_annotation=signature.empty))
+
+
+def _data(lead: tuple[int, ...], h: int) -> tuple[torch.Tensor, ...]:
+    return (torch.zeros(*lead, 4, h, dtype=torch.bfloat16), torch.zeros(24, 4 * h), torch.ones(3), torch.zeros(24))
+
+
+def test_signatures(ops: tuple[ModuleType, ModuleType, Any]) -> None:
+    big_fuse, modeling, _ = ops
+    tilekernels = ("(residual, fn, mhc_scale, mhc_base, rms_eps, mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, "
+                   "sinkhorn_repeat, n_splits=16)")
+    assert _spelled(big_fuse.mhc_pre_big_fuse) == tilekernels
+    assert _spelled(modeling.mhc_pre_big_fuse) == tilekernels  # tile_kernels.modeling.mhc.ops.mhc_pre_big_fuse
+
+
+@pytest.mark.parametrize(("hidden", "vec", "dots_vec"), [(1280, 8, 8), (7168, 8, 8), (1283, 1, 4)])
+@pytest.mark.parametrize("lead", [(1, 1), (1, 13), (2, 5), (7,), (1, 0)])
+def test_launches(ops: tuple[ModuleType, ModuleType, Any], lead: tuple[int, ...], hidden: int, vec: int,
+                  dots_vec: int) -> None:
+    big_fuse, modeling, runtime = ops
+    residual, fn, scale, base = _data(lead, hidden)
+    t = int(torch.tensor(lead).prod())
+    for call in (big_fuse.mhc_pre_big_fuse, modeling.mhc_pre_big_fuse):
+        runtime.LAUNCHES.clear()
+        post, comb, layer_input = call(residual, fn, scale, base, *OPTIONS)
+        (n_w, v_w, l_w), (n_d, v_d, l_d), (n_f, v_f, l_f) = runtime.LAUNCHES
+        assert (n_w, v_w, l_w[0], l_w[3]) == ("mhc_norm_fn_weights", {"stage": "weights", "mhc_mult": 4}, fn, 0)
+        assert (n_d, v_d) == ("mhc_norm_fn_dots", {"stage": "dots", "mhc_mult": 4, "vec": dots_vec})
+        assert l_d[0].shape == (t, 4 * hidden) and l_d[0].data_ptr() == residual.data_ptr() and l_d[1] is l_w[2]
+        assert (n_f, v_f) == ("mhc_pre_big_fuse", {"mhc_mult": 4, "vec": vec})
+        assert l_f[0] is l_d[2] and l_f[1] is l_d[3] and l_f[2] is scale and l_f[3] is base
+        assert l_f[4].shape == (t, 4, hidden) and l_f[4].data_ptr() == residual.data_ptr()
+        assert [a.shape for a in l_f[5:8]] == [(t, 4, 1), (t, 4, 4), (t, hidden)]
+        assert l_f[8:] == OPTIONS
+        assert (post.shape, comb.shape, layer_input.shape) == ((*lead, 4, 1), (*lead, 4, 4), (*lead, hidden))
+        assert (post.dtype, comb.dtype, layer_input.dtype) == (torch.float32, torch.float32, torch.bfloat16)
+        assert [post.data_ptr(), comb.data_ptr(), layer_input.data_ptr()] == [a.data_ptr() for a in l_f[5:8]]
+
+
+BAD = {
+    "residual fp32": (lambda m: m.mhc_pre_big_fuse(torch.zeros(1, 2, 4, 64), *_data((1, 2), 64)[1:], *OPTIONS),
+                      TypeError, "residual"),
+    "fn columns": (lambda m: m.mhc_pre_big_fuse(_data((1, 2), 64)[0], torch.zeros(24, 128), *_data((1, 2), 64)[2:],
+                                                *OPTIONS), ValueError, "fn"),
+    "scale length": (lambda m: m.mhc_pre_big_fuse(*_data((1, 2), 64)[:2], torch.ones(24), _data((1, 2), 64)[3],
+                                                  *OPTIONS), ValueError, "mhc_scale"),
+    "base dtype": (lambda m: m.mhc_pre_big_fuse(*_data((1, 2), 64)[:3], torch.zeros(24, dtype=torch.float64),
+                                                *OPTIONS), ValueError, "mhc_base"),
+    "eps string": (lambda m: m.mhc_pre_big_fuse(*_data((1, 2), 64), 1e-6, "1e-2", 1e-4, 1.0, 10), TypeError,
+                   "mhc_pre_eps"),
+    "repeat 0": (lambda m: m.mhc_pre_big_fuse(*_data((1, 2), 64), 1e-6, 1e-2, 1e-4, 1.0, 0), ValueError,
+                 "sinkhorn_repeat"),
+    "n_splits 0": (lambda m: m.mhc_pre_big_fuse(*_data((1, 2), 64), *OPTIONS, 0), ValueError, "n_splits"),
+    "mhc_mult 2": (lambda m: m.mhc_pre_big_fuse(torch.zeros(1, 2, 2, 64, dtype=torch.bfloat16), torch.zeros(8, 128),
+                                                torch.ones(3), torch.zeros(8), *OPTIONS), NotImplementedError,
+                   "residual"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_arguments_raise_before_any_launch(ops: tuple[ModuleType, ModuleType, Any], case: str) -> None:
+    call, error, word = BAD[case]
+    big_fuse, _, runtime = ops
+    runtime.LAUNCHES.clear()
+    with pytest.raises(error, match=word):
+        call(big_fuse)
+    assert runtime.LAUNCHES == []

@@ -15,10 +15,10 @@ from tkc.build import ArchSummary, BuildOptions, build, plan
 pytestmark = pytest.mark.slow
 
 
-def test_first_build_compiles_every_variant_for_both_archs(small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
+def test_first_build_compiles_every_variant_for_every_arch(small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
     options, summaries = small_build
-    assert [s.arch.name for s in summaries] == ["sm90", "sm100"]
-    per_arch = len(plan(options)) // 2
+    assert [s.arch.name for s in summaries] == ["sm90", "sm100", "sm103"]
+    per_arch = len(plan(options)) // 3
     for s in summaries:
         assert s.variants == per_arch == 3
         assert s.compiled == per_arch and s.cached == 0
@@ -199,3 +199,19 @@ def test_two_concurrent_builds_into_one_build_and_dist_folder_agree(
     assert [run.returncode for run in runs] == [0, 0], outputs
     assert [s.wheel.read_bytes() for s in first] == [s.wheel.read_bytes() for s in build(options)]
     assert not list(options.dist_dir.glob(".*.tmp"))
+
+
+def test_an_arch_that_no_kernel_declares_is_refused(tmp_path: Path) -> None:
+    """--arch sm103 over specs whose kernels list only sm90 would make an empty wheel: a UsageError says why."""
+    from tests.conftest import SMALL_SPEC, TEMPLATES
+    from tkc.arch import ARCHS
+    from tkc.errors import UsageError
+    from tkc.spec import load_specs
+
+    spec = tmp_path / "sm90_only.yaml"
+    spec.write_text(SMALL_SPEC.read_text().replace("archs: [sm90, sm100, sm103]", "archs: [sm90]"))
+    options = dataclasses.replace(small_options(tmp_path), specs=load_specs([spec], TEMPLATES),
+                                  archs=(ARCHS["sm90"], ARCHS["sm103"]))
+    with pytest.raises(UsageError, match=r"^--arch sm103: no kernel to build declares sm103 \(their archs: name sm90\)"):
+        plan(options)
+    assert {arch.name for _, arch in plan(dataclasses.replace(options, archs=(ARCHS["sm90"],)))} == {"sm90"}

@@ -32,6 +32,7 @@ def test_wheel_names_carry_the_arch(small_build: tuple[BuildOptions, list[ArchSu
     _, summaries = small_build
     assert _wheel(summaries, "sm90").name == "tkc_small_kernels-0.0.1+sm90-cp310-abi3-linux_x86_64.whl"
     assert _wheel(summaries, "sm100").name == "tkc_small_kernels-0.0.1+sm100-cp310-abi3-linux_x86_64.whl"
+    assert _wheel(summaries, "sm103").name == "tkc_small_kernels-0.0.1+sm103-cp310-abi3-linux_x86_64.whl"
     assert all(s.native_launch_missing == "" for s in summaries)
 
 
@@ -52,7 +53,7 @@ def test_launch_module_is_stable_abi_and_needs_no_library(small_build: tuple[Bui
     assert symbols and not [s for s in symbols if s.startswith(b"_Py") and s not in stable_private]
 
 
-@pytest.mark.parametrize(("arch", "target"), [("sm90", "sm_90a"), ("sm100", "sm_100a")])
+@pytest.mark.parametrize(("arch", "target"), [("sm90", "sm_90a"), ("sm100", "sm_100a"), ("sm103", "sm_103a")])
 def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, list[ArchSummary]], arch: str,
                                             target: str) -> None:
     _, summaries = small_build

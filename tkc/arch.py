@@ -106,8 +106,24 @@ ARCHS: dict[str, Arch] = {
             alignment=32,
             max_dynamic_smem=227 * 1024,
         ),
+        # Blackwell Ultra: TileLang 0.1.15 lowers and nvcc 13.0 assembles sm_103a; the shipped specs do not list it
+        # (no B300 to run them on), a user's spec may.
+        Arch(
+            name="sm103",
+            target="sm_103a",
+            major=10,
+            minor=3,
+            gpus="B300/GB300",
+            vector_bytes=16,
+            alignment=32,
+            max_dynamic_smem=227 * 1024,
+        ),
     )
 }
+
+
+# What `tkc build` builds without --arch: the archs the shipped specs declare.
+DEFAULT_ARCHS = ("sm90", "sm100")
 
 
 def get_arch(name: str) -> Arch:

@@ -230,8 +230,14 @@ def _pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
 def plan(options: BuildOptions) -> list[tuple[Variant, Arch]]:
     """Every (variant, arch) the build makes, in spec order (of the kernels ``options.kernels`` names, if any)."""
     wanted = {options.specs.kernel(name).name for name in options.kernels}  # SpecError naming an unknown one
-    return [(v, arch) for arch in options.archs for k in options.specs.kernels
-            if arch.name in k.archs and (not wanted or k.name in wanted) for v in expand(k)]
+    kernels = [k for k in options.specs.kernels if not wanted or k.name in wanted]
+    for arch in options.archs:
+        if not any(arch.name in k.archs for k in kernels):
+            declared = sorted({a for k in kernels for a in k.archs})
+            raise UsageError(f"--arch {arch.name}: no kernel to build declares {arch.name} (their archs: name "
+                             f"{', '.join(declared)}); add {arch.name} to the archs: of the kernels to build for it, "
+                             "or leave it out of --arch")
+    return [(v, arch) for arch in options.archs for k in kernels if arch.name in k.archs for v in expand(k)]
 
 
 def shard_of(work: list[tuple[Variant, Arch]], index: int, count: int) -> list[tuple[Variant, Arch]]:

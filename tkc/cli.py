@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 import tkc
-from tkc.arch import ARCHS, get_arch, parse_arch_list
+from tkc.arch import DEFAULT_ARCHS, get_arch, parse_arch_list
 from tkc.errors import TkcError, UsageError
 from tkc.spec import SpecSet, expand, load_specs
 
@@ -157,7 +157,7 @@ def _build_flags(fn: F) -> F:
     for option in reversed([
         spec_option,
         templates_option,
-        click.option("--arch", "arch_list", default=",".join(ARCHS), show_default=True,
+        click.option("--arch", "arch_list", default=",".join(DEFAULT_ARCHS), show_default=True,
                      help="Comma-separated archs."),
         click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 256),
                      help="Variants lowered and compiled in parallel."),

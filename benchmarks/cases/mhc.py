@@ -1,0 +1,74 @@
+"""mHC at T = 8192, mhc_mult = 4, H = 7168: the pre-norm mixes (the split-K product of the 4 streams with the
+24 x 28672 weight, plus the RMSNorm), the stream mix into the layer input, the post step, the fused inference
+pre step, and the stream copy; against TileKernels' torch references (tests/reference/mhc*.py), eager and
+torch.compile. Bytes: every input and output once. Target (issue 33): 90% of the byte-mix ceiling for the
+memory-bound kernels; pre_norm_fn is also a GEMM (T x 28672 x 24: 11 GFLOP).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from bench import REPO, Row, Timer, bench_case, reason
+
+T, M, H = 8192, 4, 7168
+N = M * (M + 2)  # mixes per token
+EPS = 1e-6
+
+
+def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
+    sys.path.insert(0, str(REPO))
+    try:
+        from tests.reference.mhc import expand_to_mhc_ref
+        from tests.reference.mhc_mix import pre_apply_mix_ref
+        from tests.reference.mhc_norm import norm_fn_ref
+        from tests.reference.mhc_post import post_ref
+    except Exception as exc:
+        return [Row("mhc", "-", None, None, None, None, None,
+                    f"n/a: tests/reference/mhc*.py not importable ({reason(exc)})")]
+    mhc = getattr(tk, "mhc", None)
+
+    def op(name: str) -> Any:
+        return getattr(mhc, name, None)
+
+    def missing(name: str) -> str:
+        return "" if op(name) else f"ours n/a: the wheel has no mhc.{name}"
+
+    streams = f"T={T} m={M} H={H} bf16"
+
+    def residual() -> torch.Tensor:
+        return torch.randn(T, M, H, device="cuda").bfloat16()
+
+    def make_norm() -> tuple[torch.Tensor, ...]:
+        return residual(), torch.randn(N, M * H, device="cuda") * 1e-2
+
+    def make_apply() -> tuple[torch.Tensor, ...]:
+        return residual(), torch.rand(T, M, 1, device="cuda")
+
+    def make_post() -> tuple[torch.Tensor, ...]:
+        return (torch.randn(T, H, device="cuda").bfloat16(), residual(), torch.rand(T, M, 1, device="cuda"),
+                torch.rand(T, M, M, device="cuda"))
+
+    def make_fuse() -> tuple[torch.Tensor, ...]:
+        return (residual(), torch.randn(N, M * H, device="cuda") * 1e-2, torch.rand(3, device="cuda"),
+                torch.randn(N, device="cuda"))
+
+    norm_fn, apply_mix, post, big_fuse, expand = (op(n) for n in (
+        "mhc_pre_norm_fn", "mhc_pre_apply_mix", "mhc_post_fwd", "mhc_pre_big_fuse", "expand_to_mhc"))
+    return [
+        bench_case(timer, copy_gb_s, "mhc_pre_norm_fn", streams, make_norm,
+                   (lambda r, f: norm_fn(r, f, None, EPS)) if norm_fn else None,
+                   lambda r, f: norm_fn_ref(r, f, None, EPS), missing("mhc_pre_norm_fn")),
+        bench_case(timer, copy_gb_s, "mhc_pre_apply_mix", streams, make_apply, apply_mix, pre_apply_mix_ref,
+                   missing("mhc_pre_apply_mix")),
+        bench_case(timer, copy_gb_s, "mhc_post_fwd", streams, make_post, post, post_ref, missing("mhc_post_fwd")),
+        bench_case(timer, copy_gb_s, "mhc_pre_big_fuse", streams, make_fuse,
+                   (lambda r, f, s, b: big_fuse(r, f, s, b, EPS, EPS, EPS, 2.0, 10)) if big_fuse else None, None,
+                   missing("mhc_pre_big_fuse") or "eager n/a: the fused step has no single reference"),
+        bench_case(timer, copy_gb_s, "expand_to_mhc", f"T={T} H={H} bf16 -> m={M}",
+                   lambda: (torch.randn(T, H, device="cuda").bfloat16(),),
+                   (lambda x: expand(x, M)) if expand else None, lambda x: expand_to_mhc_ref(x, M),
+                   missing("expand_to_mhc")),
+    ]

@@ -127,6 +127,11 @@ def test_shipped_specs_are_valid() -> None:
         ("hidden: [2048, 7168]", "hidden: [-2048]", "bad value -2048; grid numbers are sizes, counts and factors"),
         ("hidden: [2048, 7168]", "hidden: [2048, true]", "bad value True: a bool among int values"),
         ("hidden: [2048, 7168]", "hidden: [2048, 7168.0]", "a float among int values; give every value of a key one type"),
+        # What a key means, from its name: sizes are ints below 2^31, flags bools.
+        ("hidden: [2048, 7168]", "hidden: [2048.5]", "bad value 2048.5; hidden is a size or count: give an int"),
+        ("hidden: [2048, 7168]", "hidden: [true]", "bad value True; hidden is a size or count"),
+        ("hidden: [2048, 7168]", "hidden: [4294967296]", "passed to the kernels as int32: give a value below 2^31"),
+        ("round_sf: [false, true]", "round_sf: [0, 1]", "bad value 0; round_sf is a flag: give true or false"),
         # Paths stay in their folders.
         ("op: quant/per_token_cast.py", "op: /etc/evil.py", "'/etc/evil.py' leaves"),
         ("op: quant/per_token_cast.py", "op: ../ops/quant/per_token_cast.py", "without '..'"),

@@ -54,6 +54,13 @@ KERNEL_KEYS = ("module", "template", "op", "archs", "grid", "constraints", "requ
 REQUIRED_KERNEL_KEYS = ("module", "template", "op", "grid")
 # Grid keys whose values come from a closed set; any other key takes free scalars.
 CLOSED_GRID_KEYS: dict[str, tuple[str, ...]] = {"fmt": FORMATS}
+# What a grid key means, read from its name where the catalog's templates agree on it: sizes and counts are
+# ints (a '2048' or 2048.0 would build a variant no call selects: calls pass ints), flags are bools. Keys not
+# named here may take any scalar of one type.
+SIZE_GRID_KEYS = ("hidden", "npc", "npt", "block_m", "block_k", "mhc", "mhc_mult", "vec", "tile", "tables",
+                  "cluster", "experts_per_group", "max_ngram_size", "threads")
+FLAG_GRID_KEYS = ("round_sf", "precomputed_sf", "save", "expand", "aux", "physical_map")
+_SIZE_LIMIT = 2**31  # sizes and counts reach the kernels as int32
 _VERSION_RE = re.compile(r"^\d+(\.\d+)*([ab]|rc)?\d*(\.post\d+)?(\.dev\d+)?$")
 # Constraint expressions may use these syntax nodes only: comparisons, boolean and
 # arithmetic operators over grid keys and literals. No calls, attributes or subscripts.
@@ -214,6 +221,18 @@ def _identifier(value: str) -> bool:
     return value.isidentifier() and value.isascii() and len(value) <= 100 and not keyword.iskeyword(value)
 
 
+def _meaning(key: str, value: Value) -> str:
+    """Why ``value`` does not fit what grid key ``key`` means (see SIZE_GRID_KEYS), or ""."""
+    if key in SIZE_GRID_KEYS or key.startswith("num_"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{key} is a size or count: give an int, e.g. {key}: [2048]"
+        if value >= _SIZE_LIMIT:
+            return f"{key} is a size or count, passed to the kernels as int32: give a value below 2^31"
+    if (key in FLAG_GRID_KEYS or key.startswith(("with_", "without_"))) and not isinstance(value, bool):
+        return f"{key} is a flag: give true or false"
+    return ""
+
+
 def _check_grid(node: yaml.Node, file: str, where: str,
                 problems: _Problems) -> tuple[tuple[str, tuple[Value, ...]], ...]:
     grid: list[tuple[str, tuple[Value, ...]]] = []
@@ -250,6 +269,10 @@ def _check_grid(node: yaml.Node, file: str, where: str,
             if values and type(value) is not type(values[0]):
                 problems.add(file, item, here, f"bad value {value!r}: a {type(value).__name__} among "
                              f"{type(values[0]).__name__} values; give every value of a key one type")
+                continue
+            meaning = _meaning(key, value)
+            if meaning:
+                problems.add(file, item, here, f"bad value {value!r}; {meaning}")
                 continue
             choices = DTYPES if key.endswith("dtype") else CLOSED_GRID_KEYS.get(key)
             if choices is not None and value not in choices:

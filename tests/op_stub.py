@@ -153,7 +153,7 @@ def stub_package(root: Path, package: str, family: str,
     (base / family / "__init__.py").write_text("")
     (base / "_runtime.py").write_text(STUB_RUNTIME + f"\n\n# kernel -> grid keys, from the shipped specs\nKEYS = {grid_keys()!r}\n")
     (base / "_build_info.py").write_text(STUB_BUILD_INFO)
-    for shared in ("_args.py", "_op.py", "errors.py"):
+    for shared in ("_args.py", "_op.py", "_plan.py", "errors.py"):
         shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)
     for op in ops:
         shutil.copy(REPO / "ops" / family / f"{op}.py", base / family / f"_{op}.py")

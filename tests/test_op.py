@@ -150,7 +150,7 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, 
     (base / "toy" / "__init__.py").write_text("")
     (base / "_runtime.py").write_text(STUB_RUNTIME + "\nKEYS = {}\n" + REAL_CUSTOM_OP)
     (base / "_build_info.py").write_text("ARCH = 'sm90'\nALIGNMENT = 16\n")
-    for shared in ("_args.py", "_op.py", "errors.py"):
+    for shared in ("_args.py", "_op.py", "_plan.py", "errors.py"):
         shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)
     (base / "toy" / "_ops.py").write_text(TOY_OPS)
     sys.path.insert(0, str(root))

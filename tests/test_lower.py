@@ -185,6 +185,23 @@ def test_expand_rows_leave_as_bulk_copies(arch: str, dtype: str, with_sf: bool, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_moe_rows_of_any_hidden_move_as_16_byte_vectors(arch: str, tmp_path: Path) -> None:
+    """The variants for any hidden (grid value 0) cannot stage a row of unknown length in shared memory: expand walks
+    the row in chunks through registers and reduce accumulates chunk by chunk, both with one 16-byte (or for an e4m3
+    output 8-byte) access per thread and run, predicated per run rather than per element."""
+    launch, source = _lower_shipped("moe_expand", arch, tmp_path, hidden=0, dtype="bfloat16", with_sf=False,
+                                    sf_layout="row_major")
+    assert launch.dynamic_smem == 0 and "tl::tma_store(" not in source and "__shared__" not in source
+    assert source.count("*(uint4*)(out + ") == 2  # a token's copies and a padding row's zeros
+    assert "*(uint4*)(x + " in source and "((hidden + 2047) >> 11)" in source  # chunks of 2048 columns
+    _, source = _lower_shipped("moe_reduce", arch, tmp_path, hidden=0, in_dtype="bfloat16",
+                               out_dtype="float8_e4m3fn", with_weights=True)
+    assert "*(uint4*)(x + " in source and "*(fp8_e4_8_t*)(out + " in source and "out[" not in source
+    assert "__fadd_rn(" in source and "__fmul_rn(" in source
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
 @pytest.mark.parametrize(("fmt", "npc", "out_dtype", "bulk"),
                          [("e4m3", 128, "bfloat16", True), ("e2m1", 32, "bfloat16", False),
                           ("e2m1", 32, "float32", True)])

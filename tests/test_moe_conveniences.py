@@ -87,7 +87,8 @@ def _expand(values: dict[str, Any], x: torch.Tensor, pos: torch.Tensor, p2e: tor
 
 def _reduce(values: dict[str, Any], x: torch.Tensor, x_sf: torch.Tensor, w: torch.Tensor, pos: torch.Tensor,
             out: torch.Tensor, sf: torch.Tensor) -> None:
-    out.copy_(reduce_fused_ref(x, w if values["with_weights"] else None, pos))
+    # A weighted variant runs unweighted calls with an empty placeholder for the weights, as the kernel reads them.
+    out.copy_(reduce_fused_ref(x, w if values["with_weights"] and w.numel() else None, pos))
 
 
 COMPUTE: dict[str, Callable[..., None]] = {"topk_gate": _topk_gate, "normalize_weight": _normalize, "fused_mapping": _mapping, "expand": _expand,
@@ -315,17 +316,37 @@ def test_every_slot_masked_and_no_tokens(moe: Any) -> None:
 def test_unbuilt_hidden_names_the_sizes_all_three_kernels_share(moe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     _, route, runtime = moe
     errors = importlib.import_module("moe_conv_pkg.errors")
+    # The unweighted reduce of 2560 runs on its weighted variant; the expand of 2560 is missing.
     monkeypatch.setattr(route, "_expand_kernel", ReferenceKernel(route._expand_kernel, _expand, [
-        (h, "bfloat16", False, "row_major") for h in (256, 2048, 2560, 4096)]))
+        (h, "bfloat16", False, "row_major") for h in (256, 2048, 4096)]))
     monkeypatch.setattr(route, "_reduce_kernel", ReferenceKernel(route._reduce_kernel, _reduce, [
         *((h, "bfloat16", "bfloat16", True) for h in (256, 2048, 2560, 4096)),
-        *((h, "bfloat16", "bfloat16", False) for h in (256, 2048, 4096))]))
+        *((h, "bfloat16", "bfloat16", False) for h in (256, 2048))]))
     x, idx, w = routing((3,), 4, 2, seed=14)
     with pytest.raises(errors.VariantNotFoundError, match=r"hidden_states: moe_routing is not built for hidden size "
-                       r"2560 \(built: 256, 2048, 4096: "):
+                       r"2560 \(built: 256, 2048, 4096: .*variants share\); add it"):
         route.moe_routing(torch.zeros((3, 2560), dtype=torch.bfloat16), idx, w, num_experts=4)
     assert runtime.LAUNCHES == []
     route.moe_routing(x, idx, w, num_experts=4)
+
+
+def test_variants_for_any_hidden_serve_the_other_sizes(moe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, route, runtime = moe
+    errors = importlib.import_module("moe_conv_pkg.errors")
+    monkeypatch.setattr(route, "_expand_kernel", ReferenceKernel(route._expand_kernel, _expand, [
+        (h, "bfloat16", False, "row_major") for h in (0, 2048)]))
+    monkeypatch.setattr(route, "_reduce_kernel", ReferenceKernel(route._reduce_kernel, _reduce, [
+        (h, "bfloat16", "bfloat16", True) for h in (0, 2048)]))
+    _, idx, w = routing((3,), 4, 2, seed=15)
+    for hidden in (768, 2048, 2560):
+        x = torch.randn((3, hidden)).bfloat16()
+        out = route.moe_routing(x, idx, w, lambda e, rows: rows, num_experts=4)
+        assert out.shape == x.shape
+    # Neither the expand nor the reduce of any hidden takes 640 (not a multiple of 256): named with the sizes.
+    with pytest.raises(errors.VariantNotFoundError, match=r"hidden_states: moe_routing is not built for hidden size "
+                       r"640 \(built: 2048: .*, and any multiple of 256\)"):
+        route.moe_routing(torch.zeros((3, 640), dtype=torch.bfloat16), idx, w, num_experts=4)
+    runtime.LAUNCHES.clear()
 
 
 X2 = torch.zeros((4, HIDDEN), dtype=torch.bfloat16)

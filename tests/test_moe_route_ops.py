@@ -66,10 +66,15 @@ def _bad_calls(moe: ModuleType) -> dict[str, tuple[Callable[[], object], type[Ex
         "expand 2-D pos_to_expert": (lambda: moe.expand_to_fused(X, POS, P2E[None]), ValueError, "pos_to_expert"),
         "expand 1-D x": (lambda: moe.expand_to_fused(X[0], POS, P2E), ValueError, "x"),
         "with_sf not a pair": (lambda: moe.expand_to_fused_with_sf(X, 128, POS, P2E), TypeError, "x"),
-        "with_sf npc": (lambda: moe.expand_to_fused_with_sf((X, torch.ones(2, 64)), 32, POS, P2E),
-                        NotImplementedError, "num_per_channels"),
+        "with_sf npc": (lambda: moe.expand_to_fused_with_sf((X, torch.ones(2, 32)), 64, POS, P2E),
+                        ValueError, "num_per_channels"),
         "with_sf ue8m0": (lambda: moe.expand_to_fused_with_sf((X, torch.ones(2, 16, dtype=torch.int32)), 128, POS,
-                                                              P2E), NotImplementedError, "x"),
+                                                              P2E), ValueError, "x_sf"),
+        "with_sf fp16 sf": (lambda: moe.expand_to_fused_with_sf((X, torch.ones(2, 16, dtype=torch.float16)), 128,
+                                                                POS, P2E), TypeError, "x_sf"),
+        "expand hidden": (lambda: moe.expand_to_fused(X[:, :24].contiguous(), POS, P2E), ValueError, "x"),
+        "expand fp32 strided": (lambda: moe.expand_to_fused(torch.zeros(2, 4096)[:, :2048], POS, P2E), ValueError,
+                                "x"),
         "with_sf sf shape": (lambda: moe.expand_to_fused_with_sf((X, torch.ones(2, 3)), 128, POS, P2E), ValueError,
                              "x_sf"),
         "reduce hidden": (lambda: moe.reduce_fused(XE[:, :300], W, POS), ValueError, "x"),
@@ -81,7 +86,7 @@ def _bad_calls(moe: ModuleType) -> dict[str, tuple[Callable[[], object], type[Ex
         "reduce fp8 without scales": (lambda: moe.reduce_fused(XE.to(torch.float8_e4m3fn), W, POS), ValueError, "x"),
         "reduce x_sf length": (lambda: moe.reduce_fused((XE.to(torch.float8_e4m3fn), torch.ones(3)), W, POS),
                                ValueError, "x_sf"),
-        "reduce bf16 with x_sf": (lambda: moe.reduce_fused((XE, torch.ones(4)), W, POS), NotImplementedError, "x"),
+        "reduce fp16 x": (lambda: moe.reduce_fused(XE.half(), W, POS), TypeError, "x"),
         "reduce out list": (lambda: moe.reduce_fused(XE, W, POS, out=[X]), TypeError, "out"),
         "expand out tuple": (lambda: moe.expand_to_fused(X, POS, P2E, out=(XE,)), TypeError, "out"),
         "group_count ids": (lambda: moe.group_count(IDX.float(), 4), TypeError, "group_idx"),
@@ -94,8 +99,9 @@ def _bad_calls(moe: ModuleType) -> dict[str, tuple[Callable[[], object], type[Ex
 NAMES = [
     "ids not a tensor", "int32 ids", "1-D ids", "zero experts", "alignment 0", "float N", "negative N",
     "expand rows", "expand 2-D pos_to_expert", "expand 1-D x", "with_sf not a pair", "with_sf npc", "with_sf ue8m0",
+    "with_sf fp16 sf", "expand hidden", "expand fp32 strided",
     "with_sf sf shape", "reduce hidden", "reduce format", "reduce sf without fp8", "reduce sf shape",
-    "reduce weights shape", "reduce fp8 without scales", "reduce x_sf length", "reduce bf16 with x_sf", "reduce out list",
+    "reduce weights shape", "reduce fp8 without scales", "reduce x_sf length", "reduce fp16 x", "reduce out list",
     "expand out tuple",
     "group_count ids", "group_count groups", "aux_fi experts", "aux_fi topk",
 ]
@@ -155,6 +161,12 @@ def _same(got: Sequence[object], want: Sequence[object]) -> bool:
     return len(got) == len(want) and all(a is b for a, b in zip(got, want, strict=True))
 
 
+def _words_of(words: object, t: torch.Tensor) -> bool:
+    """Whether ``words`` is an int32 view of all of t (same storage, offset, shape and strides)."""
+    return (isinstance(words, torch.Tensor) and words.dtype == torch.int32 and words.data_ptr() == t.data_ptr()
+            and words.shape == t.shape and words.stride() == t.stride())
+
+
 def _placeholder(t: object, shape: tuple[int, ...]) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and tuple(t.shape) == shape
 
@@ -197,16 +209,18 @@ def test_expand_with_sf_layouts(ops: tuple[dict[str, ModuleType], Any], rows: in
     _, values, args = _launch(runtime)
     assert values == dict(hidden=2048, dtype="float8_e4m3fn", with_sf=True,
                           sf_layout="col_major" if col_major else "row_major")
-    assert _same(args[:5], (data, x_sf, pos, p2e, out))
+    assert _same(args[:5:2], (data, pos, out)) and args[3] is p2e
+    # The kernel moves the scales as 32-bit words: an int32 view of the caller's x_sf and of out_sf.
+    assert _words_of(args[1], x_sf)
     assert out.shape == (rows, 2048) and out.dtype == torch.float8_e4m3fn
     assert out_sf.shape == (rows, 16) and out_sf.dtype == torch.float32
     if not col_major:
-        assert args[5] is out_sf and out_sf.is_contiguous()
+        assert _words_of(args[5], out_sf) and out_sf.is_contiguous()
     else:  # returned (N, G) column-major, positions padded to 4; the kernel writes (G, align(N, 4)) row-major
         padded = (rows + 3) // 4 * 4
         assert out_sf.stride() == (1, padded) or rows <= 1
         assert args[5].shape == (16, padded) and args[5].stride() == (padded, 1)
-        assert args[5].data_ptr() == out_sf.data_ptr()
+        assert args[5].dtype == torch.int32 and args[5].data_ptr() == out_sf.data_ptr()
         assert out_sf.untyped_storage().nbytes() == 16 * padded * 4
     assert runtime.REMEMBERED == []  # no out=: dispatch() never sees this op
 
@@ -284,6 +298,134 @@ def test_reduce_launches_contiguous_copies_of_strided_weights_and_mapping(
     assert runtime.REMEMBERED == []
 
 
+class BuiltKernel:
+    """A stub kernel that has only the ``built`` variants, as a real build: find() answers None for the others,
+    and variant() of one records the values asked for in ``missing`` and raises LookupError (the real kernel's
+    VariantNotFoundError, which names them)."""
+
+    def __init__(self, kernel: Any, built: Sequence[tuple[Any, ...]]) -> None:
+        self.kernel, self.keys, self.built, self.missing = kernel, kernel.keys, set(built), []  # type: ignore[var-annotated]
+
+    def find(self, *values: Any) -> Any:
+        return self.kernel.variant(*values) if values in self.built else None
+
+    def variant(self, *values: Any) -> Any:
+        if values not in self.built:
+            self.missing.append(values)
+            raise LookupError(values)
+        return self.kernel.variant(*values)
+
+
+def _built(monkeypatch: pytest.MonkeyPatch, module: ModuleType, built: Sequence[tuple[Any, ...]]) -> BuiltKernel:
+    kernel = BuiltKernel(module._kernel, built)
+    monkeypatch.setattr(module, "_kernel", kernel)
+    return kernel
+
+
+def _view_of(view: object, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
+    """Whether ``view`` is a ``dtype`` view of shape ``shape`` over t's memory."""
+    return (isinstance(view, torch.Tensor) and view.dtype == dtype and tuple(view.shape) == shape
+            and view.data_ptr() == t.data_ptr())
+
+
+def test_expand_prefers_the_variant_built_for_hidden_and_falls_back_to_any_hidden(
+        ops: tuple[dict[str, ModuleType], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, runtime = ops
+    expand = modules["expand"].expand_to_fused
+    kernel = _built(monkeypatch, modules["expand"], [(h, "bfloat16", False, "row_major") for h in (0, 2048)])
+    for x, hidden in [(X, 2048), (torch.zeros(2, 576, dtype=torch.bfloat16), 0),
+                      (torch.zeros(2, 64, dtype=torch.bfloat16), 0), (torch.zeros(2, 13 * 64, dtype=torch.bfloat16), 0),
+                      (torch.zeros(2, 2064, dtype=torch.bfloat16), 0)]:
+        got = expand(x, POS, P2E)
+        _, values, args = _launch(runtime)
+        assert values["hidden"] == hidden and args[0] is x and args[3] is got and got.shape == (4, x.shape[1])
+    # Other dtypes move as bf16 units of the same bytes: fp32 rows of 1024 take the variant built for 2048.
+    for dtype, width, hidden in [(torch.float32, 1024, 2048), (torch.float32, 288, 0), (torch.float8_e4m3fn, 4096, 2048),
+                                 (torch.int64, 512, 2048), (torch.float16, 2048, 2048)]:
+        x = torch.zeros(2, width, dtype=dtype)
+        got = expand(x, POS, P2E)
+        _, values, args = _launch(runtime)
+        units = width * dtype.itemsize // 2
+        assert values["hidden"] == hidden and got.dtype == dtype and got.shape == (4, width)
+        assert _view_of(args[0], x, torch.bfloat16, (2, units)) and _view_of(args[3], got, torch.bfloat16, (4, units))
+    assert runtime.LAUNCHES == []
+    # No variant for any hidden: the hot sizes still run, another hidden asks variant() for its own (the error).
+    kernel.built = {(2048, "bfloat16", False, "row_major")}
+    expand(X, POS, P2E)
+    assert _launch(runtime)[1]["hidden"] == 2048
+    with pytest.raises(LookupError):
+        expand(torch.zeros(2, 576, dtype=torch.bfloat16), POS, P2E)
+    assert kernel.missing == [(576, "bfloat16", False, "row_major")] and runtime.LAUNCHES == []
+
+
+def test_expand_with_sf_takes_any_group_size_and_ue8m0_words(ops: tuple[dict[str, ModuleType], Any],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, runtime = ops
+    expand = modules["expand"].expand_to_fused_with_sf
+    _built(monkeypatch, modules["expand"], [(h, "float8_e4m3fn", True, layout) for h in (0, 4096)
+                                            for layout in ("row_major", "col_major")])
+    for hidden, npc, words, col_major, built in [(4096, 32, False, False, 4096), (4096, 128, True, True, 4096),
+                                                 (576, 32, True, True, 0), (576, 128, False, True, 0),
+                                                 (832, 128, False, False, 0), (64, 32, True, False, 0)]:
+        data = torch.zeros(2, hidden, dtype=torch.float8_e4m3fn)
+        groups = -(-hidden // npc)
+        cols = -(-groups // 4) if words else groups
+        x_sf = torch.zeros(2, cols, dtype=torch.int32 if words else torch.float32)
+        out, out_sf = expand((data, x_sf), npc, POS, P2E, col_major)
+        _, values, args = _launch(runtime)
+        assert values == dict(hidden=built, dtype="float8_e4m3fn", with_sf=True,
+                              sf_layout="col_major" if col_major else "row_major")
+        assert args[0] is data and _words_of(args[1], x_sf) and args[4] is out
+        assert out.shape == (4, hidden) and out_sf.shape == (4, cols) and out_sf.dtype == x_sf.dtype
+        if col_major:
+            assert out_sf.stride() == (1, 4) and args[5].shape == (cols, 4) and args[5].dtype == torch.int32
+        else:
+            assert _words_of(args[5], out_sf)
+    # Data of another dtype moves as e4m3 bytes: bf16 rows of 2048 take the variant built for 4096.
+    data = torch.zeros(2, 2048, dtype=torch.bfloat16)
+    out, out_sf = expand((data, torch.ones(2, 16)), 128, POS, P2E)
+    _, values, args = _launch(runtime)
+    assert values["hidden"] == 4096 and out.dtype == torch.bfloat16 and out.shape == (4, 2048)
+    assert _view_of(args[0], data, torch.float8_e4m3fn, (2, 4096)) and _view_of(args[4], out, torch.float8_e4m3fn,
+                                                                                 (4, 4096))
+
+
+def test_reduce_prefers_the_variant_built_for_hidden_then_any_hidden_then_weighted(
+        ops: tuple[dict[str, ModuleType], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, runtime = ops
+    reduce = modules["reduce"].reduce_fused
+    kernel = _built(monkeypatch, modules["reduce"], [
+        (2048, "bfloat16", "bfloat16", True), (2048, "bfloat16", "bfloat16", False), (0, "bfloat16", "bfloat16", True),
+        (0, "float32", "float32", True), (0, "float32", "float8_e4m3fn", True), (0, "bfloat16", "float8_e4m3fn", True)])
+    x768 = torch.zeros(4, 768, dtype=torch.bfloat16)
+    cases = [  # call, grid values launched
+        (lambda: reduce(XE, W, POS), (2048, "bfloat16", "bfloat16", True)),
+        (lambda: reduce(XE, None, POS), (2048, "bfloat16", "bfloat16", False)),
+        (lambda: reduce(x768, W, POS), (0, "bfloat16", "bfloat16", True)),
+        # Unweighted where only the weighted variant is built: it runs with the weights placeholder.
+        (lambda: reduce(x768, None, POS), (0, "bfloat16", "bfloat16", True)),
+        (lambda: reduce(XE, None, POS, "e4m3"), (0, "bfloat16", "float8_e4m3fn", True)),
+        (lambda: reduce(XE.float(), W, POS), (0, "float32", "float32", True)),
+        (lambda: reduce(XE.float(), None, POS), (0, "float32", "float32", True)),
+        (lambda: reduce((XE.float(), torch.ones(4)), None, POS, "e4m3", torch.ones(1)),
+         (0, "float32", "float8_e4m3fn", True)),
+        (lambda: reduce((XE, torch.ones(4)), W, POS), (2048, "bfloat16", "bfloat16", True)),
+    ]
+    for call, values in cases:
+        got = call()
+        _, launched, args = _launch(runtime)
+        assert tuple(launched.values()) == values
+        out_dtype = getattr(torch, values[2])
+        assert got.dtype == out_dtype and got.shape == (2, args[0].shape[1]) and args[4] is got
+    # x_sf of bf16 or fp32 rows is launched, not a placeholder: the kernel reads it where its length is N's.
+    reduce((x768, torch.full((4,), 2.0)), None, POS)
+    assert torch.equal(_launch(runtime)[2][1], torch.full((4,), 2.0))
+    with pytest.raises(LookupError):
+        reduce((XE.to(torch.float8_e4m3fn), torch.ones(4)), None, POS)
+    assert kernel.missing == [(2048, "float8_e4m3fn", "bfloat16", False)]
+    assert runtime.LAUNCHES == []
+
+
 REDUCE_ERRORS = [  # call, error, message start
     (lambda r: r(XE, W[:, :1], POS), ValueError, r"topk_weights: expected shape \(2, 2\) \(that of token_topk_to_pos\)"),
     (lambda r: r(XE, torch.ones(3, 2), POS), ValueError, r"topk_weights: expected shape \(2, 2\)"),
@@ -292,7 +434,7 @@ REDUCE_ERRORS = [  # call, error, message start
     (lambda r: r((XE.to(torch.float8_e4m3fn), torch.ones(4)), W, POS, "e4m3", torch.ones(2)), ValueError,
      r"sf: expected a float32 tensor of shape \(1,\)"),
     (lambda r: r(XE, W, POS, sf=torch.ones(1)), ValueError, r"sf: an output scale needs fp8_format='e4m3'"),
-    (lambda r: r((XE, torch.ones(4)), W, POS), NotImplementedError, r"x: per-row scales with torch.bfloat16"),
+    (lambda r: r(XE.half(), W, POS), TypeError, r"x: expected bfloat16, float32 or float8_e4m3fn rows"),
     (lambda r: r(XE.to(torch.float8_e4m3fn), W, POS), ValueError, r"x: float8_e4m3fn data needs its per-row scales"),
     (lambda r: r((XE, torch.ones(4), None), W, POS), TypeError, r"x: expected a tensor or a \(data, x_sf\) pair"),
     (lambda r: r(XE[:, :300], W, POS), ValueError, r"x: hidden \(300\) must be a multiple of 256"),

@@ -101,6 +101,18 @@ def test_reduce_fp8_input_and_output() -> None:
     assert clamped.float().tolist() == [[448.0, 2.0]]
 
 
+def test_reduce_fp32_rows_stay_fp32_and_take_row_scales() -> None:
+    # 1 + 2^-20 is exact in fp32 and rounds to 1 in bf16: fp32 rows sum into an fp32 output (TileKernels returns
+    # x's dtype), and a row scale applies to bf16 and fp32 rows as to fp8 ones.
+    x = torch.tensor([[1.0], [2.0**-20]])
+    tk2p = torch.tensor([[0, 1]], dtype=I32)
+    out = reduce_fused_ref(x, None, tk2p)
+    assert out.dtype == torch.float32 and out.item() == 1.0 + 2.0**-20
+    assert reduce_fused_ref(x.bfloat16(), None, tk2p).item() == 1.0
+    scaled = reduce_fused_ref(x, torch.tensor([[0.5, 1.0]]), tk2p, x_sf=torch.tensor([4.0, 2.0**20]))
+    assert scaled.item() == 3.0
+
+
 def test_counts_and_aux_fi() -> None:
     idx = torch.tensor([[0, 2], [2, -1], [5, 2]])
     assert group_count_ref(idx, 4).tolist() == [1, 0, 3, 0]

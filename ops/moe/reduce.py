@@ -2,8 +2,11 @@
 
 ``reduce_fused`` runs the prebuilt ``moe_reduce`` kernel (kernels/moe/reduce.py.j2):
 out[t] = sum over k (in k order, fp32, no FMA contraction) of w[t, k] * x_sf[pos] * x[pos]
-with pos = token_topk_to_pos[t, k] >= 0; bf16 output, or e4m3 (acc * sf, clamped to +-448).
-The kernel reads K, T and N at run time; hidden is compile-time (a multiple of 256).
+with pos = token_topk_to_pos[t, k] >= 0; output of x's dtype (bf16 for an fp8 x), or e4m3
+(acc * sf, clamped to +-448). The kernel reads K, T and N at run time; hidden (a multiple of 256)
+takes the variant built for it where the spec has one, else the one for any hidden (the grid's
+hidden 0). A weighted variant also runs unweighted calls (its weights an empty placeholder), so
+the unweighted ones are built only where they are hot.
 
 ``ExpandToFused`` / ``ReduceFused`` are torch.autograd Functions over the two ops, and
 ``expand_to_fused_autograd`` / ``reduce_fused_autograd`` their functional forms:
@@ -16,11 +19,12 @@ The weighted expand is computed in torch from expand_to_fused and pos_to_token_t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .._args import matrix, not_built, one_of
+from .._args import matrix, one_of
 from .._op import Plan, empty, launch, op, out, same_size, size, size_is
 from .._runtime import dtype_name, get_kernel
 from ._expand import expand_to_fused
@@ -29,6 +33,10 @@ __all__ = ["ExpandToFused", "ReduceFused", "expand_to_fused_autograd", "reduce_f
 
 _kernel = get_kernel("moe_reduce")
 HIDDEN_MULTIPLE = 256
+FP8 = torch.float8_e4m3fn
+# x's dtypes, each with the output dtype of fp8_format '' (TileKernels returns x's dtype; fp8 rows, a tkc
+# extension, sum into bf16).
+OUT_DTYPES = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, FP8: torch.bfloat16}
 # device index -> float32 tensors of no elements, for x_sf (0,), topk_weights (0, 0) and sf (0,),
 # passed for the parameters a variant does not read. They have no memory to write or read, so
 # one set per device serves every call (no allocation per call; they also live across CUDA graph
@@ -58,13 +66,13 @@ def _reduce(x: torch.Tensor, x_sf: torch.Tensor, topk_weights: torch.Tensor, tok
     hidden = int(x.shape[1])
     if hidden % HIDDEN_MULTIPLE:
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of {HIDDEN_MULTIPLE}")
+    if x.dtype not in OUT_DTYPES:
+        raise TypeError(f"x: expected bfloat16, float32 or float8_e4m3fn rows, got {x.dtype}")
     rules = []
     if has_x_sf:
-        if x.dtype != torch.float8_e4m3fn:
-            raise not_built("x", f"per-row scales with {x.dtype} data (only float8_e4m3fn)", "moe_reduce")
         x_sf = _vector("x_sf", x_sf, int(x.shape[0]), "(num_expanded_tokens,)")
         rules.append(same_size("x_sf", x_sf, 0, x, 0))
-    elif x.dtype == torch.float8_e4m3fn:
+    elif x.dtype == FP8:
         raise ValueError("x: float8_e4m3fn data needs its per-row scales: pass x as (data, x_sf)")
     if has_sf:
         if fp8_format != "e4m3":
@@ -82,11 +90,27 @@ def _reduce(x: torch.Tensor, x_sf: torch.Tensor, topk_weights: torch.Tensor, tok
                              f"{tuple(topk_weights.shape)}")
         topk_weights = topk_weights.contiguous()
         rules += [same_size("topk_weights", topk_weights, d, pos, d) for d in (0, 1)]
-    out_dtype = torch.float8_e4m3fn if fp8_format == "e4m3" else torch.bfloat16
-    # Grid order: hidden, in_dtype, out_dtype, with_weights.
-    kernel = _kernel.variant(hidden, dtype_name(x.dtype), dtype_name(out_dtype), has_weights)
+    out_dtype = FP8 if fp8_format == "e4m3" else OUT_DTYPES[x.dtype]
+    # Neither built: the error names the variant asked for and lists what the build has.
+    kernel = (find_variant(hidden, x.dtype, out_dtype, has_weights)
+              or _kernel.variant(hidden, dtype_name(x.dtype), dtype_name(out_dtype), has_weights))
     return launch(kernel, x, x_sf, topk_weights, pos, out(0), sf, outputs=(empty(out_dtype, size(pos, 0), hidden),),
                   rules=rules)
+
+
+def find_variant(hidden: int, x_dtype: torch.dtype, out_dtype: torch.dtype,
+                 weighted: bool) -> Callable[..., None] | None:
+    """The moe_reduce variant for a call, or None where none is built: the one built for this hidden where
+    there is one, else the one for any hidden (grid value 0); for an unweighted call the unweighted variant
+    first, else the weighted one (its weights a placeholder). Grid order: hidden, in_dtype, out_dtype,
+    with_weights."""
+    names = (dtype_name(x_dtype), dtype_name(out_dtype))
+    for size_key in (hidden, 0):
+        for form in dict.fromkeys((weighted, True)):
+            found = _kernel.find(size_key, *names, form)
+            if found is not None:
+                return found
+    return None
 
 
 def _placeholders(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,18 +133,18 @@ def reduce_fused(
     """Sum the fused rows of each token, weighted: out[t] = sum_k w[t, k] * x[token_topk_to_pos[t, k]].
 
     Args:
-        x: bf16 (num_expanded_tokens, hidden), or a pair (data float8_e4m3fn
-            (num_expanded_tokens, hidden), x_sf float32 (num_expanded_tokens,)) whose rows are
-            dequantized by their scale; hidden a multiple of 256.
-        topk_weights: float32 (num_tokens, num_topk), or None for an unweighted sum (bf16 only).
+        x: bf16 or fp32 (num_expanded_tokens, hidden), or a pair (data, x_sf float32
+            (num_expanded_tokens,)) whose rows are scaled by x_sf, data bf16, fp32 or
+            float8_e4m3fn (fp8 rows always come with their scales); hidden a multiple of 256.
+        topk_weights: float32 (num_tokens, num_topk), or None for an unweighted sum.
         token_topk_to_pos: int32 (num_tokens, num_topk), -1 = slot not routed (contributes 0).
-        fp8_format: '' (bf16 output) or 'e4m3'.
+        fp8_format: '' (x's dtype out; bf16 for fp8 rows) or 'e4m3'.
         sf: float32 (1,) output scale for e4m3 (out = cast(acc * sf)); None means 1.
         out: a contiguous (num_tokens, hidden) tensor of the output dtype to write into
             instead of allocating (not overlapping the inputs), returned as given.
 
     Returns:
-        (num_tokens, hidden) bf16, or float8_e4m3fn for fp8_format='e4m3'.
+        (num_tokens, hidden) of x's dtype (bf16 for fp8 rows), or float8_e4m3fn for fp8_format='e4m3'.
     """
     x_sf = None
     if isinstance(x, tuple | list):

@@ -7,9 +7,9 @@ weighted. Autograd is the existing pair's (reduce.py's ExpandToFused / ReduceFus
 backward of expand is an unweighted reduce, that of reduce a weighted expand plus the row dot
 products for the weights), with torch's autograd through ``experts`` in between.
 
-Built sizes: hidden is compile-time in both expand and reduce, so moe_routing runs the hidden
-sizes all three bf16 kernels share (expand, weighted reduce, unweighted reduce: 2048, 4096,
-7168 in kernel_specs/moe_route.yaml); the mapping's num_experts is compile-time too (4, 9,
+Built sizes: moe_routing runs every hidden all three bf16 kernels serve (expand, weighted reduce,
+unweighted reduce): in kernel_specs/moe_route.yaml any multiple of 256 through their variants for
+any hidden, 2048, 4096 and 7168 through those built for the size; the mapping's num_experts is compile-time too (4, 9,
 32), and a routing of fewer experts runs the next larger built variant, its extra experts
 empty (the layout of the real ones is the same). Other sizes raise VariantNotFoundError
 naming the argument.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -36,26 +37,43 @@ _reduce_kernel = get_kernel("moe_reduce")
 
 # The variants one call runs, by their grid values after hidden: expand (dtype, with_sf, sf_layout)
 # and reduce (in_dtype, out_dtype, with_weights), forward (weighted) and the backward of expand
-# (unweighted).
-_EXPAND_BF16 = ("bfloat16", False, "row_major")
-_REDUCE_BF16 = (("bfloat16", "bfloat16", True), ("bfloat16", "bfloat16", False))
+# (unweighted, which a weighted variant also runs), each with the multiple of hidden its variant for
+# any hidden (grid value 0) needs.
+_EXPAND_BF16 = (("bfloat16", False, "row_major"),)
+_REDUCE_WEIGHTED = (("bfloat16", "bfloat16", True),)
+_REDUCE_UNWEIGHTED = (("bfloat16", "bfloat16", False), ("bfloat16", "bfloat16", True))
+_EXPAND_MULTIPLE, _REDUCE_MULTIPLE = 16, 256
 
 Experts = Callable[[int, torch.Tensor], torch.Tensor] | Sequence[Callable[[torch.Tensor], torch.Tensor]]
 # The sequences taken as per-expert callables: list, tuple, ModuleList (a str is a Sequence too).
 _INDEXED = (list, tuple, torch.nn.ModuleList)
 
 
+def _serves(kernel: Any, forms: tuple[tuple[object, ...], ...], multiple: int, hidden: int) -> bool:
+    """Whether one of ``forms`` is built for ``hidden``, or for any hidden (grid value 0) and hidden is a multiple
+    of ``multiple``."""
+    return any(kernel.find(hidden, *rest) is not None
+               or (hidden % multiple == 0 and kernel.find(0, *rest) is not None) for rest in forms)
+
+
+def _sizes(kernel: Any, forms: tuple[tuple[object, ...], ...]) -> set[int]:
+    """The hidden sizes one of ``forms`` is built for (0, any hidden, left out)."""
+    return {key[0] for key in kernel.variants if tuple(key[1:]) in forms and key[0]}
+
+
 def _check_hidden(hidden: int) -> None:
-    needed = [(_expand_kernel, _EXPAND_BF16), *((_reduce_kernel, rest) for rest in _REDUCE_BF16)]
-    if all(kernel.find(hidden, *rest) is not None for kernel, rest in needed):
+    needed = [(_expand_kernel, _EXPAND_BF16, _EXPAND_MULTIPLE), (_reduce_kernel, _REDUCE_WEIGHTED, _REDUCE_MULTIPLE),
+              (_reduce_kernel, _REDUCE_UNWEIGHTED, _REDUCE_MULTIPLE)]
+    if all(_serves(kernel, forms, multiple, hidden) for kernel, forms, multiple in needed):
         return
-    shared = set.intersection(*({key[0] for key in kernel.variants if tuple(key[1:]) == rest}
-                                for kernel, rest in needed))
+    shared = set.intersection(*(_sizes(kernel, forms) for kernel, forms, _ in needed))
+    generic = all(any(kernel.find(0, *rest) is not None for rest in forms) for kernel, forms, _ in needed)
     raise VariantNotFoundError(
         f"hidden_states: moe_routing is not built for hidden size {hidden} (built: "
         f"{', '.join(str(h) for h in sorted(shared)) or 'none'}: the sizes the bf16 moe_expand and the weighted and "
-        f"unweighted bf16 moe_reduce variants share); add it to the hidden grid of kernels moe_expand and moe_reduce "
-        f"in {_reduce_kernel.spec} and rebuild (tkc build)")
+        f"unweighted bf16 moe_reduce variants share"
+        f"{f', and any multiple of {_REDUCE_MULTIPLE}' if generic else ''}); add it to the hidden grid of kernels "
+        f"moe_expand and moe_reduce in {_reduce_kernel.spec} and rebuild (tkc build)")
 
 
 def _mapping_experts(num_experts: int) -> int:

@@ -81,7 +81,7 @@ def reduce_fused_ref(x: torch.Tensor, topk_weights: torch.Tensor | None, token_t
                      sf: torch.Tensor | None = None) -> torch.Tensor:
     """out[t] = sum_k (w[t, k] * x_sf[pos]) * float(x[pos]), fp32 from +0.0 in k order; slots with pos < 0 skipped.
 
-    Output bf16 (round to nearest even), or e4m3 of clamp(acc * sf, +-448).
+    Output fp32 for fp32 x, else bf16 (round to nearest even); or e4m3 of clamp(acc * sf, +-448).
     """
     num_tokens, num_topk = token_topk_to_pos.shape
     acc = torch.zeros((num_tokens, x.shape[1]), dtype=torch.float32, device=x.device)
@@ -102,7 +102,7 @@ def reduce_fused_ref(x: torch.Tensor, topk_weights: torch.Tensor | None, token_t
     if fp8_format == "e4m3":
         value = acc if sf is None else acc * sf.float()
         return value.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return acc.to(torch.bfloat16)
+    return acc if x.dtype == torch.float32 else acc.to(torch.bfloat16)
 
 
 def group_count_ref(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:

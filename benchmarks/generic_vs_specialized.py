@@ -1,4 +1,5 @@
-"""A variant built for any hidden against the variants built per hidden, on the same GPU in one run.
+"""A variant built for any hidden against the variants built per hidden, on the same GPU in one run
+(per_token_cast, and moe.expand_to_fused(_with_sf) / moe.reduce_fused).
 
 Two wheels of tile_kernels_aot cannot share a process, so each is timed in its own, with the same
 timer (benchmarks/bench.py: median kernel time over rotating inputs that defeat the L2 cache):
@@ -22,6 +23,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 HIDDEN = (2048, 2560, 4096, 6144, 7168)  # the hidden sizes the specialized variants were built for
 TOKENS = 8192
@@ -35,12 +37,50 @@ CASES = [
 ]
 
 
+# moe.expand_to_fused (bf16; fp8 with 1 x 128 scales) and moe.reduce_fused (bf16 weighted, fp8 pair) at the sizes
+# their specialized variants are built for: T tokens routed to K of E experts (every pair local).
+MOE_EXPAND_HIDDEN, MOE_REDUCE_HIDDEN = (2048, 2560, 4096, 7168), (2048, 4096, 7168)
+MOE_TOPK, MOE_EXPERTS = 8, 32
+
+
+def _moe_cases(moe: Any) -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
+    """(name, op, rotating inputs) per MoE case."""
+    import torch
+    from bench import rotating_inputs
+
+    idx = torch.rand((TOKENS, MOE_EXPERTS), device="cuda").topk(MOE_TOPK, dim=1).indices
+    p2e, _, _, tk2p, *_ = moe.get_fused_mapping(idx, MOE_EXPERTS, 0, 128)
+    rows = int(p2e.shape[0])
+    w = torch.rand((TOKENS, MOE_TOPK), device="cuda")
+    cases: list[tuple[str, Any, list[tuple[Any, ...]]]] = []
+    for hidden in MOE_EXPAND_HIDDEN:
+        cases.append((f"moe.expand_to_fused bf16 H={hidden}", lambda x: moe.expand_to_fused(x, tk2p, p2e),
+                      rotating_inputs(lambda h=hidden: (torch.randn(TOKENS, h, device="cuda").bfloat16(),))))
+        cases.append((f"moe.expand_to_fused_with_sf e4m3 H={hidden}",
+                       lambda x, sf: moe.expand_to_fused_with_sf((x, sf), 128, tk2p, p2e), rotating_inputs(
+            lambda h=hidden: (torch.randn(TOKENS, h, device="cuda").to(torch.float8_e4m3fn),
+                              torch.rand(TOKENS, h // 128, device="cuda")))))
+    for hidden in MOE_REDUCE_HIDDEN:
+        cases.append((f"moe.reduce_fused bf16 H={hidden}", lambda x: moe.reduce_fused(x, w, tk2p), rotating_inputs(
+            lambda h=hidden: (torch.randn(rows, h, device="cuda").bfloat16(),))))
+        cases.append((f"moe.reduce_fused e4m3 pair H={hidden}", lambda x, sf: moe.reduce_fused((x, sf), w, tk2p),
+                      rotating_inputs(lambda h=hidden: (torch.randn(rows, h, device="cuda").to(torch.float8_e4m3fn),
+                                                        torch.rand(rows, device="cuda")))))
+    return cases
+
+
+def _bytes(inputs: tuple[Any, ...], result: Any) -> int:
+    from bench import tensor_bytes
+
+    return sum(tensor_bytes(t) for t in inputs) + tensor_bytes(result)
+
+
 def _name(in_dtype: str, fmt: str, npc: int, flags: dict[str, bool], hidden: int) -> str:
     layout = "ue8m0" if flags.get("use_packed_ue8m0") else "col_major" if flags else "row_major"
     return f"per_token_cast {in_dtype} {fmt} npc={npc} {layout} H={hidden}"
 
 
-def time_cases(label: str, out: Path, generic: bool) -> None:
+def time_cases(label: str, out: Path, generic: bool, only: str = "all") -> None:
     import importlib
 
     import torch
@@ -54,10 +94,13 @@ def time_cases(label: str, out: Path, generic: bool) -> None:
         kernel = importlib.import_module("tile_kernels_aot.quant._per_token_cast")._kernel
         find = kernel.find
         kernel.find = lambda *values: None if values[1] and values[3] else find(*values)
+        for name in ("_expand", "_reduce"):  # the MoE ops: hidden is their first grid key
+            moe_kernel = importlib.import_module(f"tile_kernels_aot.moe.{name}")._kernel
+            moe_kernel.find = lambda *values, find=moe_kernel.find: find(*values) if values[0] == 0 else None
     timer = Timer(Settings(reps=200, warmup=10))
     copy_gb_s = copy_bandwidth(timer)
     results = {"label": label, "gpu": torch.cuda.get_device_name(), "copy_gb_s": copy_gb_s, "cases": {}}
-    for in_dtype, fmt, npc, flags in CASES:
+    for in_dtype, fmt, npc, flags in CASES if only in ("all", "quant") else ():
         for hidden in HIDDEN:
             dtype = getattr(torch, in_dtype)
             inputs = rotating_inputs(lambda h=hidden, d=dtype: (torch.randn(TOKENS, h, device="cuda").to(d),))
@@ -66,6 +109,10 @@ def time_cases(label: str, out: Path, generic: bool) -> None:
             us = timer.median_us(lambda x, f=fmt, n=npc, k=flags: quant.per_token_cast(x, f, n, **k), inputs)
             results["cases"][_name(in_dtype, fmt, npc, flags, hidden)] = {"us": us, "bytes": moved}
             print(f"{label}: {_name(in_dtype, fmt, npc, flags, hidden)}: {us:.1f} us", flush=True)
+    for name, fn, inputs in _moe_cases(tile_kernels_aot.moe) if only in ("all", "moe") else ():
+        us = timer.median_us(fn, inputs)
+        results["cases"][name] = {"us": us, "bytes": _bytes(inputs[0], fn(*inputs[0]))}
+        print(f"{label}: {name}: {us:.1f} us", flush=True)
     out.write_text(json.dumps(results, indent=1))
 
 
@@ -101,6 +148,8 @@ def main() -> int:
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--generic", action="store_true", help="time the variants for any hidden even where the "
                    "wheel has one built for the case's hidden")
+    t.add_argument("--only", choices=("all", "quant", "moe"), default="all",
+                   help="time the per-token casts or the MoE ops only (a wheel built with --kernel)")
     t.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     m = sub.add_parser("table")
     m.add_argument("specialized", type=Path)
@@ -110,11 +159,12 @@ def main() -> int:
         print(table(args.specialized, args.generic), end="")
         return 0
     if args.inner:
-        time_cases(args.label, args.out, args.generic)
+        time_cases(args.label, args.out, args.generic, args.only)
         return 0
     env_path = str(args.site.resolve())
     return subprocess.run([sys.executable, __file__, "time", "--site", env_path, "--label", args.label,
-                           "--out", str(args.out), "--inner", *(["--generic"] if args.generic else [])],
+                           "--out", str(args.out), "--inner", "--only", args.only,
+                           *(["--generic"] if args.generic else [])],
                           env={**os.environ, "PYTHONPATH": env_path}).returncode
 
 

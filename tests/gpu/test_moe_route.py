@@ -6,13 +6,17 @@ fp32 products in k order with one rounding per operation (no FMA). aux_fi is one
 per expert on both sides: exact. Outputs are allocated by the ops, so the tests poison the
 caching allocator first (a freed block full of 0x7F bytes that the next allocations reuse): an
 element the kernel fails to write then shows up as a mismatch.
+
+Hidden sizes with no variant built for them (64, 576, 13 * 64, 1536, 3584, ...) run on the variants
+for any hidden (grid value 0); ``generic_only`` also forces the hot sizes onto those, so that they are
+checked where their chunks divide the row and where the last chunk is partial.
 """
 
 from __future__ import annotations
 
 import importlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -224,6 +228,106 @@ def test_expand_to_fused_with_sf(hidden: int, num_tokens: int, num_topk: int, co
         assert out_sf.stride() == (1, (n + 3) // 4 * 4) or n <= 1, out_sf.stride()
 
 
+# --- hidden sizes without a variant of their own, and other dtypes -----------------------------
+
+
+@pytest.fixture
+def generic_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The expand and reduce ops as a build with only the variants for any hidden would run them.
+
+    The ops' remembered calls (their dispatch tables, ``op.fast``) are cleared before and after: a call
+    remembered with a hot-size variant would otherwise replay it without asking find()."""
+    tables = _dispatch_tables()
+    for name in ("_expand", "_reduce"):
+        kernel = importlib.import_module(f"{tk.__name__}.moe.{name}")._kernel
+        find = kernel.find
+        monkeypatch.setattr(kernel, "find", lambda *values, find=find: find(*values) if values[0] == 0 else None)
+    for table in tables:
+        table.clear()
+    yield
+    for table in tables:
+        table.clear()
+
+
+def _dispatch_tables() -> list[dict[bytes, object]]:
+    expand_op = importlib.import_module(f"{tk.__name__}.moe._expand").expand_to_fused
+    reduce_op = importlib.import_module(f"{tk.__name__}.moe._reduce")._reduce
+    return [f.op.fast[1] for f in (expand_op, reduce_op) if f.op.fast is not None]
+
+
+# No variant is built for these hidden sizes (832 = 13 * 64); 2064 is not even a multiple of 64.
+GENERIC_EXPAND_HIDDEN = [64, 576, 832, 1536, 2064, 3584]
+GENERIC_EXPAND_CASES = [(h, t, k) for h in GENERIC_EXPAND_HIDDEN for t, k in [(0, 8), (1, 1), (4001, 6)]] + [
+    (576, 16384, 8)]
+
+
+@pytest.mark.parametrize("hidden,num_tokens,num_topk", GENERIC_EXPAND_CASES)
+def test_expand_to_fused_any_hidden(hidden: int, num_tokens: int, num_topk: int) -> None:
+    tk2p, p2e = mapping_for(num_tokens, num_topk, seed=hidden + num_tokens + 2)
+    x = torch.randn((num_tokens, hidden), device="cuda", dtype=torch.bfloat16)
+    poison_allocator()
+    assert_equal("out", moe.expand_to_fused(x, tk2p, p2e), expand_to_fused_ref(x, tk2p, p2e))
+
+
+@pytest.mark.parametrize("hidden", [2048, 2560, 7168])
+def test_expand_to_fused_hot_sizes_on_the_variant_for_any_hidden(generic_only: None, hidden: int) -> None:
+    # 2048 is one whole chunk of the bf16 row, 2560 one and a quarter, 7168 three and a half.
+    tk2p, p2e = mapping_for(4001, 8, seed=hidden + 9)
+    x = torch.randn((4001, hidden), device="cuda", dtype=torch.bfloat16)
+    poison_allocator()
+    assert_equal("out", moe.expand_to_fused(x, tk2p, p2e), expand_to_fused_ref(x, tk2p, p2e))
+    q, q_sf = random_fp8((4001, hidden)), torch.rand((4001, hidden // 128), device="cuda")
+    for col_major in (False, True):
+        out, out_sf = moe.expand_to_fused_with_sf((q, q_sf), 128, tk2p, p2e, use_tma_aligned_col_major_sf=col_major)
+        want, want_sf = expand_to_fused_with_sf_ref(q, q_sf, tk2p, p2e)
+        assert_equal("out", out, want)
+        assert_equal("out_sf", out_sf, want_sf)
+
+
+@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 576), (torch.float32, 2048), (torch.float8_e4m3fn, 4096),
+                                          (torch.float8_e4m3fn, 576), (torch.float16, 7168), (torch.int32, 1536)])
+def test_expand_to_fused_any_dtype_moves_the_bits(dtype: torch.dtype, hidden: int) -> None:
+    # Rows move as bf16 units of the same bytes: NaN payloads and -0.0 included (random bit patterns).
+    tk2p, p2e = mapping_for(4001, 6, seed=hidden + 31)
+    bits = torch.randint(-(2**31), 2**31 - 1, (4001, hidden * dtype.itemsize // 4), device="cuda", dtype=torch.int32)
+    x = bits.view(dtype)
+    poison_allocator()
+    got = moe.expand_to_fused(x, tk2p, p2e)
+    assert got.dtype == dtype
+    assert_equal("out", got.view(torch.uint8), expand_to_fused_ref(x.view(torch.uint8), tk2p, p2e))
+
+
+def _ue8m0_words(num_tokens: int, groups: int) -> torch.Tensor:
+    """int32 (T, ceil(G / 4)) words of four random biased exponents (the last word's spare bytes zero)."""
+    words = -(-groups // 4)
+    # Exponents below 128: the top byte's shift stays inside int32.
+    exponents = torch.randint(100, 128, (num_tokens, words * 4), device="cuda", dtype=torch.int32)
+    exponents[:, groups:] = 0
+    e = exponents.view(num_tokens, words, 4)
+    return (e[..., 0] | e[..., 1] << 8 | e[..., 2] << 16 | e[..., 3] << 24).contiguous()
+
+
+@pytest.mark.parametrize("sf_form", ["fp32", "ue8m0"])
+@pytest.mark.parametrize("npc", [32, 128])
+@pytest.mark.parametrize("col_major", [False, True])
+@pytest.mark.parametrize("hidden,num_tokens", [(576, 4001), (832, 1), (1536, 4001), (7168, 4001), (3584, 0)])
+def test_expand_to_fused_with_sf_any_hidden_group_size_and_scales(hidden: int, num_tokens: int, col_major: bool,
+                                                                  npc: int, sf_form: str) -> None:
+    tk2p, p2e = mapping_for(num_tokens, 6, seed=hidden + npc)
+    x = random_fp8((num_tokens, hidden))
+    groups = -(-hidden // npc)
+    x_sf = _ue8m0_words(num_tokens, groups) if sf_form == "ue8m0" else torch.rand((num_tokens, groups),
+                                                                                  device="cuda") + 0.5
+    poison_allocator()
+    out, out_sf = moe.expand_to_fused_with_sf((x, x_sf), npc, tk2p, p2e, use_tma_aligned_col_major_sf=col_major)
+    want, want_sf = expand_to_fused_with_sf_ref(x, x_sf, tk2p, p2e)
+    assert_equal("out", out, want)
+    assert_equal("out_sf", out_sf, want_sf)
+    n = p2e.shape[0]
+    if col_major and n > 1:
+        assert out_sf.stride() == (1, (n + 3) // 4 * 4), out_sf.stride()
+
+
 # ---------------------------------------------------------------------------------------------
 # reduce_fused
 
@@ -279,6 +383,63 @@ def test_reduce_fused_sums_in_k_order() -> None:
     assert out[0, 0].item() == 0.0 and out[1, 0].item() == 1.0
 
 
+# No variant is built for these hidden sizes (multiples of 256, as reduce_fused needs).
+GENERIC_REDUCE_HIDDEN = [256, 768, 1536, 3584, 5120]
+REDUCE_FORMS = [  # (x dtype, with x_sf, weighted, fp8_format, with sf)
+    (torch.bfloat16, False, True, "", False), (torch.bfloat16, False, False, "", False),
+    (torch.bfloat16, True, True, "", False), (torch.bfloat16, False, True, "e4m3", True),
+    (torch.bfloat16, False, False, "e4m3", False), (FP8, True, True, "", False), (FP8, True, False, "", False),
+    (torch.float32, False, True, "", False), (torch.float32, True, False, "", False),
+    (torch.float32, True, True, "e4m3", True),
+]
+
+
+def _reduce_case(form: tuple[torch.dtype, bool, bool, str, bool], hidden: int, num_tokens: int, num_topk: int,
+                 seed: int) -> None:
+    dtype, with_x_sf, weighted, fmt, with_sf = form
+    x, w, tk2p = reduce_inputs(hidden, num_tokens, num_topk, seed=seed)
+    x = random_fp8(tuple(x.shape)) if dtype == FP8 else (x.float() * (64 if fmt else 1)).to(dtype)
+    x_sf = torch.rand((x.shape[0],), device="cuda") + 0.25 if with_x_sf else None
+    weights = w if weighted else None
+    sf = torch.tensor([0.75], device="cuda") if with_sf else None
+    poison_allocator()
+    got = moe.reduce_fused(x if x_sf is None else (x, x_sf), weights, tk2p, fp8_format=fmt, sf=sf)
+    want = reduce_fused_ref(x, weights, tk2p, x_sf=x_sf, fp8_format=fmt, sf=sf)
+    if dtype == FP8 and not fmt:
+        assert got.dtype == torch.bfloat16
+    assert_equal("out", got, want)
+
+
+@pytest.mark.parametrize("form", REDUCE_FORMS, ids=str)
+@pytest.mark.parametrize("hidden,num_tokens,num_topk", [(h, 4001, 6) for h in GENERIC_REDUCE_HIDDEN] + [
+    (768, 0, 8), (1536, 1, 1), (3584, 16384, 8)])
+def test_reduce_fused_any_hidden_every_form(form: tuple[torch.dtype, bool, bool, str, bool], hidden: int,
+                                            num_tokens: int, num_topk: int) -> None:
+    _reduce_case(form, hidden, num_tokens, num_topk, seed=hidden + num_topk)
+
+
+@pytest.mark.parametrize("form", REDUCE_FORMS, ids=str)
+@pytest.mark.parametrize("hidden", [2048, 7168])
+def test_reduce_fused_hot_sizes_every_form(form: tuple[torch.dtype, bool, bool, str, bool], hidden: int) -> None:
+    # Forms without a variant of their own at a hot size (fp32 rows, bf16 rows with scales, unweighted e4m3) run on
+    # the variants for any hidden or on the weighted variant: the same bits either way.
+    _reduce_case(form, hidden, 4001, 8, seed=hidden + 1)
+
+
+@pytest.mark.parametrize("form", REDUCE_FORMS[:6], ids=str)
+@pytest.mark.parametrize("hidden", [2048, 4096, 7168])
+def test_reduce_fused_hot_sizes_on_the_variant_for_any_hidden(generic_only: None, hidden: int,
+                                                              form: tuple[torch.dtype, bool, bool, str, bool]) -> None:
+    # A bf16 chunk is 4096 columns: 2048 is half of one, 4096 one, 7168 one and three quarters.
+    _reduce_case(form, hidden, 4001, 8, seed=hidden + 2)
+
+
+def test_reduce_fused_refuses_a_hidden_not_a_multiple_of_256() -> None:
+    x, w, tk2p = reduce_inputs(2048, 16, 2, seed=0)
+    with pytest.raises(ValueError, match="x: hidden"):
+        moe.reduce_fused(x[:, :576].contiguous(), w, tk2p)
+
+
 # ---------------------------------------------------------------------------------------------
 # group_count, aux_fi
 
@@ -324,7 +485,8 @@ def test_autograd_matches_torch_on_the_reference(num_topk: int) -> None:
 
 # Names only: building the cases launches kernels, which belongs in the tests, not in collection.
 GRAPH_OPS = ["get_fused_mapping", "expand_to_fused", "expand_to_fused_with_sf", "reduce_fused", "reduce_fused e4m3",
-             "group_count", "aux_fi"]
+             "group_count", "aux_fi", "expand_to_fused fp32 H=576", "expand_to_fused_with_sf ue8m0 H=576",
+             "reduce_fused fp32 H=768"]
 
 
 def _graph_ops() -> dict[str, Callable[[], tuple[torch.Tensor, ...]]]:
@@ -336,6 +498,9 @@ def _graph_ops() -> dict[str, Callable[[], tuple[torch.Tensor, ...]]]:
     w = torch.rand((1000, 8), device="cuda")
     q = random_fp8((1000, 4096))
     q_sf = torch.rand((1000, 32), device="cuda")
+    x576 = torch.randn((1000, 576), device="cuda")
+    q576, q576_sf = random_fp8((1000, 576)), _ue8m0_words(1000, 576 // 128 + 1)
+    xe768 = torch.randn((p2e.shape[0], 768), device="cuda")
     return {
         "get_fused_mapping": lambda: tuple(moe.get_fused_mapping(topk_idx, 32, size, 128)[:7]),
         "expand_to_fused": lambda: (moe.expand_to_fused(x, tk2p, p2e),),
@@ -344,6 +509,11 @@ def _graph_ops() -> dict[str, Callable[[], tuple[torch.Tensor, ...]]]:
         "reduce_fused e4m3": lambda: (moe.reduce_fused(xe, w, tk2p, fp8_format="e4m3"),),
         "group_count": lambda: (moe.group_count(topk_idx, 32),),
         "aux_fi": lambda: (moe.aux_fi(topk_idx, 32, 8),),
+        # Variants for any hidden, rows of another dtype (kernel views of the outputs), UE8M0 words.
+        "expand_to_fused fp32 H=576": lambda: (moe.expand_to_fused(x576, tk2p, p2e),),
+        "expand_to_fused_with_sf ue8m0 H=576": lambda: moe.expand_to_fused_with_sf(
+            (q576, q576_sf), 128, tk2p, p2e, use_tma_aligned_col_major_sf=True),
+        "reduce_fused fp32 H=768": lambda: (moe.reduce_fused(xe768, w, tk2p),),
     }
 
 
@@ -354,8 +524,8 @@ def test_cuda_graph_capture_and_replay(name: str) -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = fn()
-    for o in static_out:
-        o.view(torch.uint8).fill_(0x7F)
+    for o in static_out:  # the whole storage (a column-major out_sf is a strided view of it)
+        torch.empty(0, dtype=torch.uint8, device=o.device).set_(o.untyped_storage()).fill_(0x7F)
     graph.replay()
     torch.cuda.synchronize()
     for got, want in zip(static_out, expected, strict=True):
@@ -384,11 +554,11 @@ BAD_CALLS = [
     "mapping negative N",
     "mapping cpu ids",
     "expand rows mismatch",
-    "expand unbuilt hidden",
-    "expand fp32 x",
+    "expand hidden % 16",
+    "expand strided fp32 x",
     "expand int64 positions",
     "expand 2-D pos_to_expert",
-    "with_sf npc 32",
+    "with_sf npc 64",
     "with_sf sf shape",
     "with_sf not a pair",
     "reduce hidden % 256",
@@ -421,13 +591,13 @@ def _bad_calls() -> dict[str, tuple[Callable[[], object], type[Exception], str]]
         "mapping negative N": (lambda: moe.get_fused_mapping(idx, 9, -5, 128), ValueError, "num_expanded_tokens"),
         "mapping cpu ids": (lambda: moe.get_fused_mapping(idx.cpu(), 9, 64, 128), Exception, "topk_idx"),
         "expand rows mismatch": (lambda: moe.expand_to_fused(x[:3], tk2p, p2e), ValueError, "token_topk_to_pos"),
-        "expand unbuilt hidden": (lambda: moe.expand_to_fused(x[:, :1024].contiguous(), tk2p, p2e),
-                                  errors.VariantNotFoundError, "hidden=1024"),
-        "expand fp32 x": (lambda: moe.expand_to_fused(x.float(), tk2p, p2e), errors.VariantNotFoundError, "float32"),
+        "expand hidden % 16": (lambda: moe.expand_to_fused(x[:, :1000].contiguous(), tk2p, p2e), ValueError,
+                               "x: hidden"),
+        "expand strided fp32 x": (lambda: moe.expand_to_fused(x.float()[:, :1024], tk2p, p2e), ValueError, "x"),
         "expand int64 positions": (lambda: moe.expand_to_fused(x, tk2p.long(), p2e), Exception, "token_topk_to_pos"),
         "expand 2-D pos_to_expert": (lambda: moe.expand_to_fused(x, tk2p, p2e[None]), ValueError, "pos_to_expert"),
-        "with_sf npc 32": (lambda: moe.expand_to_fused_with_sf((x.to(FP8), torch.ones(16, 64, device="cuda")), 32,
-                                                               tk2p, p2e), NotImplementedError, "num_per_channels"),
+        "with_sf npc 64": (lambda: moe.expand_to_fused_with_sf((x.to(FP8), torch.ones(16, 32, device="cuda")), 64,
+                                                               tk2p, p2e), ValueError, "num_per_channels"),
         "with_sf sf shape": (lambda: moe.expand_to_fused_with_sf((x.to(FP8), torch.ones(16, 3, device="cuda")), 128,
                                                                  tk2p, p2e), ValueError, "x_sf"),
         "with_sf not a pair": (lambda: moe.expand_to_fused_with_sf(x, 128, tk2p, p2e), TypeError, "x"),

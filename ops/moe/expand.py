@@ -15,7 +15,6 @@ else the one for any hidden (the grid's hidden 0; rows of whole 16-byte vectors)
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -121,14 +120,13 @@ def _data(out_data: torch.Tensor) -> torch.Tensor:
     return out_data.view(_ROWS_WITH_SF)
 
 
-@functools.cache
-def _col_major_outputs(dtype: torch.dtype, sf_dtype: torch.dtype
-                       ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The output function for these dtypes (one object per pair: torch.compile keys a plan by it)."""
+def _col_major_outputs(dtype: torch.dtype, sf_dtype: torch.dtype) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The output function of a column-major call with data of ``dtype`` and scales of ``sf_dtype``."""
 
     def outputs(data: torch.Tensor, x_sf: torch.Tensor, token_topk_to_pos: torch.Tensor,
                 pos_to_expert: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """out, and out_sf as returned: (N, G) over column-major storage whose positions are padded to 4."""
+        """out, and out_sf as returned: (N, G) over column-major storage whose positions are padded to 4
+        (``data`` and ``x_sf`` are the kernel's views: e4m3 bytes and int32 words)."""
         num_expanded = int(pos_to_expert.shape[0])
         padded = (num_expanded + 3) // 4 * 4
         storage = torch.empty((int(x_sf.shape[1]), padded), dtype=sf_dtype, device=x_sf.device)
@@ -137,6 +135,13 @@ def _col_major_outputs(dtype: torch.dtype, sf_dtype: torch.dtype
         return out_data, storage.T[:num_expanded]
 
     return outputs
+
+
+# One output function per (data dtype, scale dtype), made at import: torch.compile keys a traced plan by the
+# function, so it must be an object it finds through the module (not one made during the call).
+_DATA_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8, torch.int8, torch.bfloat16, torch.float16,
+                torch.int16, torch.float32, torch.int32, torch.float64, torch.int64)
+_COL_MAJOR_OUTPUTS = {(d, s): _col_major_outputs(d, s) for d in _DATA_DTYPES for s in (torch.float32, torch.int32)}
 
 
 @op(outputs=("out", "out_sf"), out=False)
@@ -180,6 +185,8 @@ def expand_to_fused_with_sf(
         raise ValueError(f"x_sf: expected shape ({data.shape[0]}, {sf_cols}) of {what} for x of shape "
                          f"{tuple(data.shape)} and num_per_channels={num_per_channels}, got {tuple(x_sf.shape)}")
     pos, pos_to_expert = _check_mapping(int(data.shape[0]), token_topk_to_pos, pos_to_expert)
+    if data.dtype not in _DATA_DTYPES:
+        raise TypeError(f"x: expected data of one of {', '.join(map(str, _DATA_DTYPES))}, got {data.dtype}")
     rows = _units("x", data, _ROWS_WITH_SF)
     _check_units("x", rows, _ROWS_WITH_SF)
     col_major = bool(use_tma_aligned_col_major_sf)
@@ -187,7 +194,7 @@ def expand_to_fused_with_sf(
     out_data = out(0) if rows is data else out(0, view=_data)
     if col_major:
         return launch(kernel, rows, x_sf.view(torch.int32), pos, pos_to_expert, out_data, out(1, view=_sf_storage),
-                      outputs=_col_major_outputs(data.dtype, x_sf.dtype))
+                      outputs=_COL_MAJOR_OUTPUTS[data.dtype, x_sf.dtype])
     return launch(kernel, rows, x_sf.view(torch.int32), pos, pos_to_expert, out_data, out(1, view=_words),
                   outputs=(empty(data.dtype, size(pos_to_expert, 0), hidden),
                            empty(x_sf.dtype, size(pos_to_expert, 0), sf_cols)))

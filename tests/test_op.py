@@ -49,7 +49,8 @@ from .._args import matrix, positive_int
 from .._op import Plan, empty, launch, multiple, op, out, result, size, size_is
 from .._runtime import LAUNCHES
 
-__all__ = ["scale_rows", "row_sums", "negate_in_place", "accumulate_into", "scaled_or_nothing", "shifted"]
+__all__ = ["scale_rows", "row_sums", "negate_in_place", "accumulate_into", "scaled_or_nothing", "shifted",
+           "scale_streams"]
 
 
 class _Kernel:
@@ -118,6 +119,18 @@ def shifted(x: torch.Tensor, bias: torch.Tensor | None = None) -> Plan:
             bias = _PLACEHOLDERS[x.device] = torch.empty(0, device=x.device)
         made.append(bias)
     return launch(_shift, x, bias, out(0), outputs=(empty(x.dtype, size(x, 0), x.shape[1]),), constants=made)
+
+
+def _rows(t):
+    return t.view(-1, t.shape[-1])
+
+
+@op(outputs=("y",), inputs={"x": (2,)})
+def scale_streams(x: torch.Tensor) -> Plan:
+    """y = 2 x for a (tokens, streams, width) x, launched on its (tokens * streams, width) view: the output is
+    sized from the caller's tensor, which the launcher never takes."""
+    return launch(_kernel.variant(int(x.shape[2])), _rows(x), out(0, view=_rows), 2.0,
+                  outputs=(empty(x.dtype, size(x, 0), size(x, 1), x.shape[2]),))
 
 
 @op(out=False, mutates=True)
@@ -288,6 +301,19 @@ def test_torch_compile_traces_one_custom_op_per_call_without_graph_breaks(
     x2 = torch.randn(7, 8)  # another row count: the same graph, sizes read at run time
     scaled, sums = compiled(x2, torch.zeros(7, 8))
     assert torch.equal(scaled, x2 * 3 + (x2 - 1) + 2)
+
+
+def test_torch_compile_sizes_outputs_from_a_tensor_the_launcher_does_not_take(
+        toy: tuple[ModuleType, ModuleType]) -> None:
+    """The launcher takes a view of the caller's tensor, the output's sizes read the tensor itself: the traced
+    custom op takes that tensor too, for its fake kernel to size the output."""
+    ops, _ = toy
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: ops.scale_streams(x) + 1, fullgraph=True, backend="aot_eager")
+    for tokens in (3, 5):
+        x = torch.randn(tokens, 4, 8)
+        assert torch.equal(ops.scale_streams(x), x * 2)
+        assert torch.equal(compiled(x), x * 2 + 1)
 
 
 def test_torch_compile_of_an_in_place_op(toy: tuple[ModuleType, ModuleType]) -> None:

@@ -69,6 +69,20 @@ def _tensors(plans: Sequence[Plan]) -> list[torch.Tensor]:
     return seen
 
 
+def _traced_tensors(plans: Sequence[Plan]) -> list[torch.Tensor]:
+    """What the custom op takes while tracing: the plans' tensor arguments, then each tensor an output's
+    ``size(...)`` reads that no launcher takes (the caller's tensor of a plan that launches on a view of it),
+    so that the fake kernel can size the outputs from the op's own inputs."""
+    tensors = _tensors(plans)
+    outputs = plans[0].outputs
+    if outputs is not None and not callable(outputs):
+        for o in outputs:
+            for d in o.dims:
+                if isinstance(d, Size) and _index(tensors, d.tensor) is None:
+                    tensors.append(d.tensor)
+    return tensors
+
+
 def _index(tensors: Sequence[Any], tensor: Any) -> int | None:
     """The position of ``tensor`` itself (not an equal one) in ``tensors``, or None."""
     for i, t in enumerate(tensors):
@@ -239,7 +253,7 @@ class Op:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _compiled(self, plans: Sequence[Plan], args: tuple[Any, ...]) -> list[torch.Tensor]:
-        tensors = _tensors(plans)
+        tensors = _traced_tensors(plans)
         if self.mutated is None:
             return list(self._custom(tensors, _template(plans, tensors)) or ())
         # The custom op declares only what it writes as mutated: a read-only argument may be a leaf that

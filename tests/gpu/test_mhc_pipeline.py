@@ -9,8 +9,8 @@ outputs and the loss within a few bf16 steps (1e-2) of their own scale (blocks a
 TileKernels states no tolerance for the chain); every gradient within the loosest gradient tolerance of
 TileKernels' op tests (test_norm_fn.py's fn gradient: rtol 1e-3, atol 3e-2), the atol relative to the gradient's
 largest magnitude (the toy's gradients are not of the size of TileKernels' test data). Three SGD steps, compared
-at each. Also: torch.compile(fullgraph=True) of the inference and the training pipeline (both strict xfails
-for now, see there), inference (gradients off: the fused mhc_pre_big_fuse) against the training path, and inference for random
+at each. Also: torch.compile(fullgraph=True) of the inference and the training pipeline (training a strict
+xfail for now, see there), inference (gradients off: the fused mhc_pre_big_fuse) against the training path, and inference for random
 token counts in 1..4096 (no VariantNotFoundError).
 """
 
@@ -161,12 +161,9 @@ def test_inference_for_random_token_counts() -> None:
             _out_close(got, _reference(x, p), f"{tokens} tokens: ")
 
 
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.Unsupported,
-                   reason="mhc_post_fwd and mhc_pre_apply_mix size their outputs from the caller's (..., m, hidden) "
-                          "tensor while launching with its flattened view; the compile route needs the sizes read "
-                          "from a launcher argument (_op._template: 'an output's size(...) must read a tensor the "
-                          "launcher takes')")
 def test_torch_compile_fullgraph_inference() -> None:
+    # mhc_post_fwd and mhc_pre_apply_mix size their outputs from the caller's (..., m, hidden) tensor and launch on
+    # its flattened view: the traced custom op takes that tensor too (tkc/runtime/_op.py, _traced_tensors).
     torch.manual_seed(3)
     p = _parameters(3)
     # Static shapes: the fused mhc_pre_big_fuse op cannot be traced with a symbolic token count yet (its plan

@@ -239,3 +239,32 @@ class CheckingKernel:
                     raise errors.KernelArgumentError(f"{name}: expected a contiguous tensor")
             launch(*args)
         return run
+
+
+@contextmanager
+def stub_package_with_layer(root: Path, package: str, family: str, op: str,
+                            layer: str) -> Iterator[tuple[ModuleType, ModuleType, ModuleType]]:
+    """(the op module, its autograd layer module, the stub ``_runtime``): ``stub_package`` of one op, whose
+    family module exports the op's ``__all__`` as the installed package does, with the layer module ``layer``
+    (a path under ops/, e.g. ``modeling/mhc/ops/post.py``) installed at the same place in the package."""
+    with stub_package(root, package, family, (op,)) as (modules, runtime):
+        module = modules[op]
+        family_module = importlib.import_module(f"{package}.{family}")
+        for name in module.__all__:
+            setattr(family_module, name, getattr(module, name))
+        target = root / package / layer
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for folder in target.relative_to(root / package).parents:
+            if folder != Path("."):
+                (root / package / folder / "__init__.py").touch()
+        shutil.copy(REPO / "ops" / layer, target)
+        yield module, importlib.import_module(f"{package}.{layer.removesuffix('.py').replace('/', '.')}"), runtime
+
+
+def spelled(fn: Any) -> str:
+    """``fn``'s signature without annotations: what a caller sees of its names and defaults."""
+    import inspect
+
+    signature = inspect.signature(fn)
+    return str(signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+                                 return_annotation=signature.empty))

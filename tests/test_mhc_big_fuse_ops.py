@@ -5,9 +5,6 @@ shapes, and that a bad argument raises, naming it, before anything is launched. 
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import shutil
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -15,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import REPO
-from tests.op_stub import stub_package
+from tests.op_stub import spelled, stub_package_with_layer
 
 PACKAGE = "mhc_big_fuse_ops_pkg"
 OPTIONS = (1e-6, 1e-2, 1e-4, 2.0, 10)  # rms_eps, mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, repeat
@@ -25,24 +21,10 @@ OPTIONS = (1e-6, 1e-2, 1e-4, 2.0, 10)  # rms_eps, mhc_pre_eps, mhc_sinkhorn_eps,
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType, Any]]:
     """(the op module, the modeling module, the stub runtime)."""
-    root = tmp_path_factory.mktemp("mhc_big_fuse_ops")
-    with stub_package(root, PACKAGE, "mhc", ("big_fuse",)) as (modules, runtime):
-        big_fuse = modules["big_fuse"]
-        family = importlib.import_module(f"{PACKAGE}.mhc")
-        for name in big_fuse.__all__:  # the family module exports its ops' __all__, as the installed package does
-            setattr(family, name, getattr(big_fuse, name))
-        folder = root / PACKAGE / "modeling" / "mhc" / "ops"
-        folder.mkdir(parents=True)
-        for level in (folder.parent.parent, folder.parent, folder):
-            (level / "__init__.py").write_text("")
-        shutil.copy(REPO / "ops" / "modeling" / "mhc" / "ops" / "pre_big_fuse.py", folder / "pre_big_fuse.py")
-        yield big_fuse, importlib.import_module(f"{PACKAGE}.modeling.mhc.ops.pre_big_fuse"), runtime
+    with stub_package_with_layer(tmp_path_factory.mktemp("mhc_big_fuse_ops"), PACKAGE, "mhc", "big_fuse", "modeling/mhc/ops/pre_big_fuse.py") as modules:
+        yield modules
 
 
-def _spelled(fn: Any) -> str:
-    signature = inspect.signature(fn)
-    return str(signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
-                                 return_annotation=signature.empty))
 
 
 def _data(lead: tuple[int, ...], h: int) -> tuple[torch.Tensor, ...]:
@@ -53,8 +35,8 @@ def test_signatures(ops: tuple[ModuleType, ModuleType, Any]) -> None:
     big_fuse, modeling, _ = ops
     tilekernels = ("(residual, fn, mhc_scale, mhc_base, rms_eps, mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, "
                    "sinkhorn_repeat, n_splits=16)")
-    assert _spelled(big_fuse.mhc_pre_big_fuse) == tilekernels
-    assert _spelled(modeling.mhc_pre_big_fuse) == tilekernels  # tile_kernels.modeling.mhc.ops.mhc_pre_big_fuse
+    assert spelled(big_fuse.mhc_pre_big_fuse) == tilekernels
+    assert spelled(modeling.mhc_pre_big_fuse) == tilekernels  # tile_kernels.modeling.mhc.ops.mhc_pre_big_fuse
 
 
 @pytest.mark.parametrize(("hidden", "vec", "dots_vec"), [(1280, 8, 8), (7168, 8, 8), (1283, 1, 4)])

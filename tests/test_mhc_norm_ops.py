@@ -7,8 +7,6 @@ before anything is launched. No GPU needed."""
 from __future__ import annotations
 
 import importlib
-import inspect
-import shutil
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -16,8 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import REPO
-from tests.op_stub import stub_package
+from tests.op_stub import spelled, stub_package_with_layer
 
 PACKAGE = "mhc_norm_ops_pkg"
 FWD = ["mhc_norm_fn_weights", "mhc_norm_fn_dots", "mhc_norm_fn_norm"]
@@ -28,24 +25,10 @@ BWD = ["mhc_norm_fn_bwd_norm", "mhc_norm_fn_bwd_x", "mhc_norm_fn_bwd_fn"]
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType, ModuleType, Any]]:
     """(the op module, its _norm helper, the modeling module, the stub runtime)."""
     root = tmp_path_factory.mktemp("mhc_norm_ops")
-    with stub_package(root, PACKAGE, "mhc", ("norm_fn",)) as (modules, runtime):
-        norm_fn = modules["norm_fn"]
-        family = importlib.import_module(f"{PACKAGE}.mhc")
-        for name in norm_fn.__all__:  # the family module exports its ops' __all__, as the installed package does
-            setattr(family, name, getattr(norm_fn, name))
-        folder = root / PACKAGE / "modeling" / "mhc" / "ops"
-        folder.mkdir(parents=True)
-        for level in (folder.parent.parent, folder.parent, folder):
-            (level / "__init__.py").write_text("")
-        shutil.copy(REPO / "ops" / "modeling" / "mhc" / "ops" / "norm_fn.py", folder / "norm_fn.py")
-        yield (norm_fn, importlib.import_module(f"{PACKAGE}.mhc._norm"),
-               importlib.import_module(f"{PACKAGE}.modeling.mhc.ops.norm_fn"), runtime)
+    with stub_package_with_layer(root, PACKAGE, "mhc", "norm_fn", "modeling/mhc/ops/norm_fn.py") as (op, layer, runtime):
+        yield op, importlib.import_module(f"{PACKAGE}.mhc._norm"), layer, runtime
 
 
-def _spelled(fn: Any) -> str:
-    signature = inspect.signature(fn)
-    return str(signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
-                                 return_annotation=signature.empty))
 
 
 def _data(n0: int, n1: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -55,9 +38,9 @@ def _data(n0: int, n1: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.T
 def test_signatures(ops: tuple[ModuleType, ModuleType, ModuleType, Any]) -> None:
     norm_fn, _, modeling, _ = ops
     tilekernels = "(residual, mhc_fn, mhc_norm_weight, mhc_norm_eps, fuse_grad_acc=True, n_splits=16)"
-    assert _spelled(norm_fn.mhc_pre_norm_fn) == tilekernels
-    assert _spelled(modeling.mhc_pre_norm_fn) == tilekernels  # tile_kernels.modeling.mhc.ops.mhc_pre_norm_fn
-    assert _spelled(modeling.MHCPreNormFn.forward) == "(ctx, x, fn, norm_eps, fuse_grad_acc, n_splits)"
+    assert spelled(norm_fn.mhc_pre_norm_fn) == tilekernels
+    assert spelled(modeling.mhc_pre_norm_fn) == tilekernels  # tile_kernels.modeling.mhc.ops.mhc_pre_norm_fn
+    assert spelled(modeling.MHCPreNormFn.forward) == "(ctx, x, fn, norm_eps, fuse_grad_acc, n_splits)"
     assert modeling.__all__ == ["MHCPreNormFn", "mhc_pre_norm_fn"]
 
 

@@ -5,9 +5,6 @@ argument raises, naming it, before anything is launched. No GPU needed."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import shutil
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -15,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import REPO
-from tests.op_stub import stub_package
+from tests.op_stub import spelled, stub_package_with_layer
 
 PACKAGE = "mhc_post_ops_pkg"
 
@@ -24,24 +20,10 @@ PACKAGE = "mhc_post_ops_pkg"
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType, Any]]:
     """(the op module, the modeling module, the stub runtime)."""
-    root = tmp_path_factory.mktemp("mhc_post_ops")
-    with stub_package(root, PACKAGE, "mhc", ("post",)) as (modules, runtime):
-        post = modules["post"]
-        family = importlib.import_module(f"{PACKAGE}.mhc")
-        for name in post.__all__:  # the family module exports its ops' __all__, as the installed package does
-            setattr(family, name, getattr(post, name))
-        folder = root / PACKAGE / "modeling" / "mhc" / "ops"
-        folder.mkdir(parents=True)
-        for level in (folder.parent.parent, folder.parent, folder):
-            (level / "__init__.py").write_text("")
-        shutil.copy(REPO / "ops" / "modeling" / "mhc" / "ops" / "post.py", folder / "post.py")
-        yield post, importlib.import_module(f"{PACKAGE}.modeling.mhc.ops.post"), runtime
+    with stub_package_with_layer(tmp_path_factory.mktemp("mhc_post_ops"), PACKAGE, "mhc", "post", "modeling/mhc/ops/post.py") as modules:
+        yield modules
 
 
-def _spelled(fn: Any) -> str:
-    signature = inspect.signature(fn)
-    return str(signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
-                                 return_annotation=signature.empty))
 
 
 def _data(n0: int, n1: int, h: int) -> tuple[torch.Tensor, ...]:
@@ -51,12 +33,12 @@ def _data(n0: int, n1: int, h: int) -> tuple[torch.Tensor, ...]:
 
 def test_signatures(ops: tuple[ModuleType, ModuleType, Any]) -> None:
     post, modeling, _ = ops
-    assert _spelled(post.mhc_post_fwd) == "(x, residual, post_layer_mix, comb_res_mix, *, out=None)"
-    assert _spelled(post.mhc_post_bwd) == "(x, residual, post_layer_mix, comb_res_mix, d_o)"
+    assert spelled(post.mhc_post_fwd) == "(x, residual, post_layer_mix, comb_res_mix, *, out=None)"
+    assert spelled(post.mhc_post_bwd) == "(x, residual, post_layer_mix, comb_res_mix, d_o)"
     # TileKernels' tile_kernels.modeling.mhc.ops exports, spelled as there.
-    assert _spelled(modeling.mhc_post) == "(x, residual, post_layer_mix, comb_res_mix, out=None)"
-    assert _spelled(modeling.mhc_post_fwd) == "(x, residual, post_layer_mix, comb_res_mix, out=None)"
-    assert _spelled(modeling.mhc_post_bwd) == "(x, residual, post_layer_mix, comb_res_mix, d_o, fuse_grad_acc=True)"
+    assert spelled(modeling.mhc_post) == "(x, residual, post_layer_mix, comb_res_mix, out=None)"
+    assert spelled(modeling.mhc_post_fwd) == "(x, residual, post_layer_mix, comb_res_mix, out=None)"
+    assert spelled(modeling.mhc_post_bwd) == "(x, residual, post_layer_mix, comb_res_mix, d_o, fuse_grad_acc=True)"
 
 
 @pytest.mark.parametrize(("hidden", "vec"), [(1280, 8), (7168, 8), (1283, 1)])

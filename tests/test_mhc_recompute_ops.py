@@ -5,9 +5,7 @@ naming it, before anything is launched. No GPU needed."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import shutil
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -15,8 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import REPO
-from tests.op_stub import stub_package
+from tests.op_stub import stub_package_with_layer
 
 PACKAGE = "mhc_recompute_ops_pkg"
 
@@ -24,19 +21,8 @@ PACKAGE = "mhc_recompute_ops_pkg"
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType, Any]]:
     """(the op module, the modeling module, the stub runtime)."""
-    root = tmp_path_factory.mktemp("mhc_recompute_ops")
-    with stub_package(root, PACKAGE, "mhc", ("multilayer_recompute",)) as (modules, runtime):
-        recompute = modules["multilayer_recompute"]
-        family = importlib.import_module(f"{PACKAGE}.mhc")
-        for name in recompute.__all__:  # the family module exports its ops' __all__, as the installed package does
-            setattr(family, name, getattr(recompute, name))
-        folder = root / PACKAGE / "modeling" / "mhc" / "ops"
-        folder.mkdir(parents=True)
-        for level in (folder.parent.parent, folder.parent, folder):
-            (level / "__init__.py").write_text("")
-        shutil.copy(REPO / "ops" / "modeling" / "mhc" / "ops" / "multilayer_recompute.py",
-                    folder / "multilayer_recompute.py")
-        yield recompute, importlib.import_module(f"{PACKAGE}.modeling.mhc.ops.multilayer_recompute"), runtime
+    with stub_package_with_layer(tmp_path_factory.mktemp("mhc_recompute_ops"), PACKAGE, "mhc", "multilayer_recompute", "modeling/mhc/ops/multilayer_recompute.py") as modules:
+        yield modules
 
 
 def _data(num_layers: int, num_post: int, lead: tuple[int, ...], h: int) -> tuple[Any, ...]:

@@ -1,4 +1,4 @@
-"""The compiled tensor check (``_launch.check`` over ``_runtime.contract``) on CPU tensors.
+"""The compiled tensor check (``_launch.check`` over the contracts tkc/pack.py packs) on CPU tensors.
 
 The contracts here ask for DLPack's CPU device (``device_type=1``) so that the C comparison runs
 without a GPU; the generated launchers' contracts ask for CUDA and must decline CPU tensors, so

@@ -212,7 +212,7 @@ def _contract_words(contract: LaunchContract, alignment: int, requires: Requires
 
 
 def _checked_lines(contract: LaunchContract, contract_var: str, fast: list[str]) -> list[str]:
-    """The compiled check first; the Python checks where it declines (see ``_runtime.check``)."""
+    """The compiled check first; the Python checks where it declines (see ``_compiled.check``)."""
     tensors = [p.name for p in contract.params if isinstance(p, TensorParam)]
     if not tensors:
         return fast

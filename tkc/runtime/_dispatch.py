@@ -1,5 +1,4 @@
-"""dispatch(): an op's remembered call signatures, checked and launched in one C call.
-"""
+"""dispatch(): an op's remembered call signatures, checked and launched in one C call."""
 
 from __future__ import annotations
 

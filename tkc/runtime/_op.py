@@ -8,7 +8,7 @@ allocate each output, and the rules it relies on beyond the launcher's contract.
 turns it into the public function, which
 
 - takes a keyword-only ``out=`` (the tensors the call would return, written in place);
-- goes first, for a call signature it has seen, to ``_runtime.dispatch``: one C call that keys
+- goes first, for a call signature it has seen, to ``_dispatch.dispatch``: one C call that keys
   the call, checks the contract and the plan's rules, allocates the outputs and launches;
 - otherwise runs the plan, checks the rules (naming the tensor), allocates or takes ``out``,
   launches, and remembers the call's recipe for ``dispatch``: which launcher argument is which

@@ -1,25 +1,21 @@
-"""The loader of the prebuilt kernels: a thin ctypes layer over the CUDA driver.
+"""The loader's kernel objects, and the one module generated launchers and op modules import from.
 
-Copied verbatim by tkc into every generated package; it needs only torch and
-``libcuda.so.1``. The generated ``_kernels/<kernel>.py`` modules call it:
+Copied verbatim by tkc into every generated package with the rest of the loader; it needs only torch and
+``libcuda.so.1``. Here:
 
-- ``Cubin`` loads one cubin as a context-independent CUDA library
-  (``cuLibraryLoadData``) on first use, so importing the package needs no GPU
+- ``Cubin`` loads one cubin as a context-independent CUDA library (``cuLibraryLoadData``) on first use,
+  after checking its bytes against the sha256 the build recorded, so importing the package needs no GPU
   and each cubin costs nothing until a variant of it runs;
-- ``check_tensor`` validates an argument against the lowered contract and
-  names the argument in every error;
-- ``run`` is the hot path: one call of the compiled ``_launch`` module (see
-  ``_launch.c``) that checks the tensors against the variant's ``contract`` and launches
-  as its ``plan`` says, on torch's current stream of the tensors' device;
-- ``check`` and ``launch`` are the same two steps apart, for the launchers' Python path
-  (a first launch, errors, a package without the compiled module: then ``launch`` goes
-  through ctypes);
-- ``Function`` holds one kernel's launch configuration, its handle per device, and
-  the rare paths (first launch, another device's context, launch attributes, errors);
-- ``Kernel.select`` maps compile-time parameters to a variant's launcher;
-- ``table`` reads a kernel module's packed contracts and plans (data tkc wrote at build time);
-- ``dispatch`` / ``remember`` and ``launch_op`` are what the op layer (``_op.py``) builds every op's
-  fast path and torch op from.
+- ``Function`` holds one kernel's launch configuration, its handle per device, and the rare paths
+  (first launch, another device's context, launch attributes, errors);
+- ``Kernel`` maps compile-time parameters to a variant's launcher; ``get_kernel`` imports a kernel's
+  generated module on first use; ``table`` reads its packed contracts and plans (data tkc wrote);
+- ``launch_op`` defines the torch op an op traces into under ``torch.compile`` (see ``_op.py``).
+
+What launchers call on every launch lives by responsibility and is re-exported here (``__all__``):
+``_compiled`` (``run``, ``check``, ``launch``: the compiled module or its ctypes stand-ins), ``_checks``
+(the Python tensor checks that name the argument), ``_tma`` (TMA descriptors), ``_dispatch`` (an op's
+remembered call signatures) and ``_driver`` (libcuda, devices, streams, SM counts).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from .._op import Plan, empty, launch, multiple, op, out, result, size, size_is
 from .._runtime import LAUNCHES
 
 __all__ = ["scale_rows", "row_sums", "negate_in_place", "accumulate_into", "scaled_or_nothing", "shifted",
-           "scale_streams"]
+           "scale_streams", "accumulate_each"]
 
 
 class _Kernel:
@@ -143,6 +143,18 @@ def negate_in_place(x: torch.Tensor) -> Plan:
 def accumulate_into(acc: torch.Tensor, x: torch.Tensor) -> Plan:
     """acc += x, in place; x is only read."""
     return launch(_accumulate, matrix("acc", acc), matrix("x", x))
+
+
+def _accumulate_each(x, *accs):
+    LAUNCHES.append(("accumulate_each", {}, (x, *accs)))
+    for acc in accs:
+        acc.add_(x)
+
+
+@op(out=False, mutates=("accs",))
+def accumulate_each(x: torch.Tensor, accs: list[torch.Tensor]) -> Plan:
+    """acc += x for every acc in the list accs; x is only read."""
+    return launch(_accumulate_each, matrix("x", x), *(matrix("accs", a) for a in accs))
 
 
 @op(outputs=("y",), inputs={"x": (1,)})
@@ -314,6 +326,22 @@ def test_torch_compile_sizes_outputs_from_a_tensor_the_launcher_does_not_take(
         x = torch.randn(tokens, 4, 8)
         assert torch.equal(ops.scale_streams(x), x * 2)
         assert torch.equal(compiled(x), x * 2 + 1)
+
+
+def test_an_in_place_op_may_name_a_list_it_writes(toy: tuple[ModuleType, ModuleType]) -> None:
+    """``mutates=("accs",)`` with accs a list of tensors: each of them is declared written, x (a leaf that
+    requires grad, read only) is not, so torch.compile's autograd accepts the op."""
+    ops, _ = toy
+    torch._dynamo.reset()
+
+    def step(w: torch.Tensor) -> torch.Tensor:
+        accs = [torch.zeros_like(w), torch.ones_like(w)]
+        ops.accumulate_each(w, accs)
+        return (accs[0] * accs[1] * w).sum()
+
+    w = torch.randn(3, 4, requires_grad=True)
+    loss = torch.compile(step, fullgraph=True, backend="aot_eager")(w)
+    assert torch.allclose(loss, (w * (w + 1) * w).sum())
 
 
 def test_torch_compile_of_an_in_place_op(toy: tuple[ModuleType, ModuleType]) -> None:

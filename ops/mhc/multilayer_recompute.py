@@ -67,7 +67,7 @@ def _launch(num_post: int, initial_residual: torch.Tensor, *tensors: torch.Tenso
     _kernel.variant(m, 8 if aligned else 1)(initial_residual.view(-1, m, hidden), table, num_post)
 
 
-@op(mutates=True, out=False)
+@op(mutates=("layer_input_list", "residual_list"), out=False)
 def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: Sequence[torch.Tensor],
                              layer_output_list: Sequence[torch.Tensor], post_mix_list: Sequence[torch.Tensor],
                              comb_mix_list: Sequence[torch.Tensor], layer_input_list: Sequence[torch.Tensor],

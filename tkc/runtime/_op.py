@@ -262,7 +262,10 @@ class Op:
             read, written = [], tensors
         else:
             bound = dict(zip(self.signature.parameters, args))
-            targets = [bound[name] for name in self.mutated]
+            targets: list[Any] = []
+            for name in self.mutated:  # a parameter that is a list of tensors: each of them is written
+                value = bound[name]
+                targets += value if isinstance(value, (list, tuple)) else [value]
             written = [t for t in tensors if any(t is w for w in targets)]
             read = [t for t in tensors if not any(t is w for w in targets)]
         self._custom(read, written, _template(plans, [*read, *written]))
@@ -351,7 +354,8 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
     whose other arguments have the same exact types and values, is replayed by dispatch.
     ``out``: whether the op takes ``out=``. ``mutates``: the op writes its input tensors (an
     in-place op; its custom op says so to torch.compile): True for all of them, or the names of the
-    parameters it writes (then the others may be tensors autograd must not see written, e.g. weights).
+    parameters it writes, each a tensor or a list of them (then the others may be tensors autograd must not
+    see written, e.g. weights).
     """
 
     def declare(plan: Callable[..., Any]) -> Callable[..., Any]:

@@ -42,6 +42,14 @@ def no_host_sync_under_compile(name: str, fix: str) -> None:
         raise ValueError(f"{name}: under torch.compile {fix}; this call would need a host synchronization")
 
 
+def storage_gradients(enabled: bool) -> bool:
+    """Whether two ops' backwards may pass a gradient through an attribute of a tensor's storage (TileKernels'
+    ``fuse_grad_acc``: one adds into the other's gradient in place): ``enabled``, and only eagerly. torch.compile
+    cannot trace attributes of storages; without them each backward returns its own gradient and autograd adds
+    the two, the same sum."""
+    return enabled and not torch.compiler.is_compiling()
+
+
 def positive_int(name: str, value: object) -> int:
     """``value`` as a positive int (bools refused), or a TypeError / ValueError naming it."""
     try:

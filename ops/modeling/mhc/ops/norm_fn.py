@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ...._args import storage_gradients
 from ....mhc import mhc_pre_norm_fn_bwd, mhc_pre_norm_fn_fwd
 
 __all__ = ["MHCPreNormFn", "mhc_pre_norm_fn"]
@@ -57,11 +58,11 @@ class MHCPreNormFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, out_grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, None, None, None]:
         x, fn_eff, dots_sum, sqrsum = ctx.saved_tensors
-        storage = x.untyped_storage()
-        accumulated = getattr(storage, "grad_from_mhc_post", None) if ctx.fuse_grad_acc else None
+        storage = x.untyped_storage() if storage_gradients(ctx.fuse_grad_acc) else None
+        accumulated = None if storage is None else getattr(storage, "grad_from_mhc_post", None)
         x_grad, fn_grad = mhc_pre_norm_fn_bwd(out_grad.contiguous(), x, fn_eff, dots_sum, sqrsum, ctx.norm_eps,
                                               None if accumulated is None else accumulated.view_as(x))
-        if accumulated is not None:
+        if storage is not None and accumulated is not None:
             accumulated.view_as(x).copy_(x_grad.view_as(x))  # TileKernels adds into it in place
             del storage.grad_from_mhc_post
             return None, fn_grad, None, None, None

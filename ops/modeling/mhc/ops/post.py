@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ...._args import storage_gradients
 from ....mhc import mhc_post_bwd as _mhc_post_bwd
 from ....mhc import mhc_post_fwd as _mhc_post_fwd
 
@@ -33,7 +34,7 @@ def mhc_post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
     """The gradients of ``mhc_post_fwd`` by x, residual, post_layer_mix and comb_res_mix (TileKernels'
     ``mhc_post_bwd``); with ``fuse_grad_acc`` the residual's gradient is also left on residual's storage."""
     grads = _mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o.contiguous())
-    if fuse_grad_acc:
+    if storage_gradients(fuse_grad_acc):
         residual.untyped_storage().grad_from_mhc_post = grads[1]  # type: ignore[attr-defined]
     return grads  # type: ignore[no-any-return]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ...._args import storage_gradients
 from ....mhc import mhc_pre_apply_mix as _mhc_pre_apply_mix
 from ....mhc import mhc_pre_apply_mix_bwd
 
@@ -27,7 +28,7 @@ class MHCPreApplyMix(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, o_grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, None]:
         x, mix = ctx.saved_tensors
-        accumulated = getattr(x.untyped_storage(), "grad_from_mhc_post", None)
+        accumulated = getattr(x.untyped_storage(), "grad_from_mhc_post", None) if storage_gradients(True) else None
         x_grad, mix_grad = mhc_pre_apply_mix_bwd(o_grad.contiguous(), x, mix, accumulated)
         if accumulated is not None:
             accumulated.copy_(x_grad)  # TileKernels adds into it in place and returns no gradient for x

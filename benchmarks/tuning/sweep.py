@@ -1,72 +1,19 @@
 """Time every variant of a tuning package against its kernel's shipped setting, at production shapes.
 
-Needs only torch and the wheel of one tuning package (no TileLang): ``tkc_tuning`` built from
-``benchmarks/tuning/sweep.yaml``, ``tkc_tuning2`` from ``sweep2.yaml`` (and so on: ``SWEEPS``). Run from the repository
-root so that ``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tests/reference``
-(the plain-torch references) are importable:
+Needs only torch and the wheel of one tuning package (no TileLang): a spec under benchmarks/tuning whose grid adds
+knobs (template arguments the shipped specs leave at their defaults) to a kernel's shipped grid, built with
+``tkc build --arch sm90 --specs benchmarks/tuning/<spec> --dist <dir>``, and registered in ``SWEEPS`` with the
+knobs' shipped values. ``example.yaml`` (package ``tkc_tuning_example``) is the one kept as a pattern; finished sweeps
+leave the repository once their winner ships (git keeps them). Run from the repository root so that
+``benchmarks/bench.py`` (the timer), ``benchmarks/cases`` and ``tests/reference`` (the plain-torch references) are
+importable:
 
-    python benchmarks/tuning/sweep.py --out "$OUT"                          # on the GPU machine
-    python benchmarks/tuning/sweep.py --package tkc_tuning2 --out "$OUT"    # the second sweep
-    python benchmarks/tuning/sweep.py --package tkc_tuning4 --out "$OUT"    # the MoE gates (sweep4.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning9 --out "$OUT"    # the MoE gates again (sweep9.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning15 --out "$OUT"   # per_block_cast e4m3 (sweep15.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning17 --out "$OUT"   # cast back, normalize_weight (sweep17.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning18 --out "$OUT"   # block order (sweep18.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning19 --out "$OUT"   # e2m1 encode (sweep19.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning20 --out "$OUT"   # bf16 words for e2m1 (sweep20.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning21 --out "$OUT"   # SwiGLU division, amax (sweep21.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning22 --out "$OUT"   # same, per-channel SwiGLU (sweep22.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning23 --out "$OUT"   # SwiGLU rows per block (sweep23.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning24 --out "$OUT"   # SwiGLU row fetch (sweep24.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning25 --out "$OUT"   # SwiGLU backward steps (sweep25.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning26 --out "$OUT"   # same: loads ahead, bound (sweep26.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning27 --out "$OUT"   # per-channel SwiGLU tiles (sweep27.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning28 --out "$OUT"   # lossless re-cast tile rows (sweep28.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning29 --out "$OUT"   # SwiGLU backward division (sweep29.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning30 --out "$OUT"   # fp8 pair, gather: row tiles (sweep30.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning31 --out "$OUT"   # same, tile in shared memory (sweep31.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning32 --out "$OUT"   # same: block order, fp32 (sweep32.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning33 --out "$OUT"   # per_block_cast: whole tiles (sweep33.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning34 --out "$OUT"   # per-channel: whole tiles (sweep34.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning35 --out "$OUT"   # cast back, lossless (sweep35.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning36 --out "$OUT"   # per_block_cast e2m1: words (sweep36.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning37 --out "$OUT"   # per_block_cast: rectangles (sweep37.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning38 --out "$OUT"   # per_block_cast: squares (sweep38.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning39 --out "$OUT"   # block order, two more (sweep39.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning40 --out "$OUT"   # two leftovers (sweep40.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning41 --out "$OUT"   # per_block_cast, 1-D grid (sweep41.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning42 --out "$OUT"   # lossless, 16-byte stores (sweep42.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning43 --out "$OUT"   # e2m1 codes as bytes (sweep43.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning44 --out "$OUT"   # per-channel sf as one store (sweep44.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning45 --out "$OUT"   # lossless 1x128, wide tiles (sweep45.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning46 --out "$OUT"   # expand's padding tests (sweep46.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning47 --out "$OUT"   # two probes (sweep47.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning48 --out "$OUT"   # 64-channel tiles (sweep48.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning49 --out "$OUT"   # expand, dense and EP (sweep49.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning50 --out "$OUT"   # expand, strided padding (sweep50.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning51 --out "$OUT"   # expand, fat blocks first (sweep51.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning52 --out "$OUT"   # expand, bulk stores (sweep52.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning53 --out "$OUT"   # cast backs, bulk stores (sweep53.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning54 --out "$OUT"   # E5M6 cast back, bulk (sweep54.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning55 --out "$OUT"   # fp32 cast backs, SwiGLU bwd: bulk
-    python benchmarks/tuning/sweep.py --package tkc_tuning56 --out "$OUT"   # per-channel codes: bulk (sweep56.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning57 --out "$OUT"   # transposed q rows: bulk (sweep57.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning58 --out "$OUT"   # lossless re-cast: bulk (sweep58.yaml)
-    python benchmarks/tuning/sweep.py --package tkc_tuning59 --out "$OUT"   # e2m1 cast backs: work per thread
-    python benchmarks/tuning/sweep.py --package tkc_tuning60 --out "$OUT"   # cast backs: warps per SM
-    python benchmarks/tuning/sweep.py --package tkc_tuning61 --out "$OUT"   # cast backs: smaller tiles
-    python benchmarks/tuning/sweep.py --package tkc_tuning62 --out "$OUT"   # E5M6 cast back: rows in pieces
-    python benchmarks/tuning/sweep.py --package tkc_tuning63 --out "$OUT"   # e2m1 cast: tile, warps per SM
-    python benchmarks/tuning/sweep.py --package tkc_tuning64 --out "$OUT"   # E5M6 cast back: pieces, 3 widths
-    python benchmarks/tuning/sweep.py --package tkc_tuning65 --out "$OUT"   # e2m1 cast backs: PRMT decode
-    python benchmarks/tuning/sweep.py --package tkc_tuning66 --out "$OUT"   # E5M6 cast back: pieces, 1-D copies
-    python benchmarks/tuning/sweep.py --package tkc_tuning67 --out "$OUT"   # E5M6 cast back bf16: pieces
-    python benchmarks/tuning/sweep.py --dry-run                             # anywhere: variants, baselines
+    python benchmarks/tuning/sweep.py --out "$OUT"      # on the GPU machine, the default package
+    python benchmarks/tuning/sweep.py --dry-run         # anywhere: variants, baselines
 
 A *problem* is a kernel's non-knob grid values (per_block_cast e4m3 128 x 128, say); its
 *baseline* is the variant whose knobs equal the sweep's baseline for that kernel and problem
-(``SWEEPS``): the settings shipped before the sweep (for the first sweep ``BASELINE``, from
-before 2026-11-30; its winners are now the templates' defaults, see README.md). Per problem, every
+(``SWEEPS``): the settings shipped before the sweep. Per problem, every
 variant runs once on a check input (for the casts: random rows over a wide range of magnitudes
 plus zeros, -0.0, exact e2m1 ties, a NaN and an Inf) and must match the baseline's outputs byte
 for byte; the baseline itself is compared with the plain-torch reference of tests/reference on
@@ -99,22 +46,6 @@ TOKENS, HIDDEN = 8192, 7168  # the production shape of the casts
 TRANSPOSE_SHAPE = (8, 512, 7168)  # (B, M, N), as in benchmarks/bench.py
 DEVICE = "cuda"  # tests run the CPU pieces with "cpu" and small shapes
 
-# The settings shipped before the first sweep: the reference every variant must match bit for bit
-# and the speed-ups are measured against. Grid keys named here are knobs.
-BASELINE: dict[str, Any] = {
-    "elems_per_thread": 32,
-    "chunk_vectors": 2,
-    "min_tile_elems": 4096,
-    "threads": 128,
-    "e2m1_encode": "compare",
-    "tile": 64,
-    "segments_per_thread": 4,
-    "block_order": "column",  # per_block_cast's grid: row tiles on blockIdx.x (sweeps 18, 37 and 38 turned it)
-    "x_words": False,  # x read as values, not as words of two
-    "min_blocks": 0,  # no launch bound
-    "generic_block_k": 512,  # per_token_cast's tile width where hidden is a runtime size
-}
-
 Inputs = tuple[Any, ...]
 Params = tuple[tuple[str, Any], ...]  # (grid key, value) pairs in grid order
 
@@ -144,239 +75,14 @@ class Sweep:
         return knobs
 
 
-_FIRST = ("per_block_cast", "per_token_cast", "batched_transpose")
+# package -> its sweep. A new sweep: a spec beside example.yaml and an entry with its knobs' shipped values.
 SWEEPS = {
-    "tkc_tuning": Sweep("tkc_tuning", "sweep.yaml", {kernel: BASELINE for kernel in _FIRST}),
-    # The values shipped on 2026-11-30 after the first sweep (templates' defaults).
-    "tkc_tuning2": Sweep(
-        "tkc_tuning2", "sweep2.yaml",
-        {
-            "per_token_cast_back": {"threads": 128, "elems_per_thread": 32},
-            "per_channel_cast_fused": {"threads": 256, "min_blocks": 3, "tile_k": 128},
-            "per_channel_cast_and_transpose": {"tile_h": 32, "tile_t": 128},
-            "moe_expand": {"threads": 128},
-            "swiglu_forward_and_per_token_cast": {"threads": 128, "min_blocks": 0},  # 0: no launch bound
-        },
-        # fp8 input pairs ship with half the threads and four blocks per SM on sm90.
-        (("per_channel_cast_fused", "in_dtype", "float8_e4m3fn", {"threads": 128, "min_blocks": 4}),),
-    ),
+    # cast_back_e5m6 -> bf16 at H 4096 / 6144 / 7168: each row in one block (shipped), or in 1024-column pieces of
+    # 1, 2 or 4 rows.
+    "tkc_tuning_example": Sweep("tkc_tuning_example", "example.yaml",
+                                {"cast_back_e5m6": {"bf16_row_pieces": 1, "piece_rows": 1}}),
 }
-SWEEPS["tkc_tuning3"] = Sweep(
-    "tkc_tuning3", "sweep3.yaml",
-    # Shipped since the first sweep for e4m3 128 x 128: 128 elements per thread, no launch bound.
-    {"per_block_cast": {"elems_per_thread": 128, "min_blocks": 0}},
-)
-SWEEPS["tkc_tuning4"] = Sweep(
-    "tkc_tuning4", "sweep4.yaml",
-    # The MoE gates as shipped: one warp per token, num_topk rounds of a 5-step shuffle argmax.
-    {"topk_gate": {"gate_impl": "shuffle"}, "top2_sum_gate": {"gate_impl": "shuffle", "group_rank": "insert"}},
-)
-SWEEPS["tkc_tuning5"] = Sweep(
-    "tkc_tuning5", "sweep5.yaml",
-    # Shipped before the fifth sweep: the float fp4 decode, split 16-byte stores, 3 blocks per SM;
-    # the fp8 pair of per_channel_cast_fused with scalar casts, 128 threads, 4 blocks, 128 channels.
-    {
-        "per_block_cast_lossless": {"decode": "float", "store": "split", "min_blocks": 3},
-        "per_channel_cast_fused": {"fp8_decode": "scalar", "threads": 128, "min_blocks": 4, "tile_k": 128},
-    },
-)
-# The fused SwiGLU per-channel cast (sweep6.yaml): shipped before it, the fragment form (staged false;
-# its tile_t / tile_h are unused and pinned at the staged defaults).
-SWEEPS["tkc_tuning6"] = Sweep(
-    "tkc_tuning6", "sweep6.yaml",
-    {"swiglu_forward_and_per_channel_cast_and_transpose": {"staged": False, "tile_t": 128, "tile_h": 32}},
-)
-# The MoE gates after the fourth sweep (its winners are the defaults), before the ninth: the values shipped then.
-SWEEPS["tkc_tuning9"] = Sweep(
-    "tkc_tuning9", "sweep9.yaml",
-    {
-        "topk_gate": {"gate_impl": "redux"},
-        "top2_sum_gate": {"tp_fast": False, "group_rank": "insert", "pair_top2": "branch"},
-    },
-)
-# per_channel_cast_and_transpose as shipped (sweep12.yaml): the cast's 16 fp32 values kept in registers,
-# the first warp turning npt 128's segment maxima into scales, no launch bound, 128-token tiles.
-SWEEPS["tkc_tuning12"] = Sweep(
-    "tkc_tuning12", "sweep12.yaml",
-    {"per_channel_cast_and_transpose": {"recast": "keep", "scale_by": "first_warp", "min_blocks": 0, "tile_t": 128}},
-)
-# The lossless re-cast as shipped before the thirteenth sweep (sweep13.yaml): the rows with d < -5 take
-# the unrolled float path, 3 blocks per SM (the prmt decode and paired stores are the defaults).
-SWEEPS["tkc_tuning13"] = Sweep(
-    "tkc_tuning13", "sweep13.yaml", {"per_block_cast_lossless": {"fallback": "float", "min_blocks": 3}},
-)
-# topk_gate as shipped before the fourteenth sweep (sweep14.yaml): redux, one token per warp.
-SWEEPS["tkc_tuning14"] = Sweep("tkc_tuning14", "sweep14.yaml", {"topk_gate": {"tokens_per_warp": 1}})
-# per_block_cast e4m3 128 x 128 with the amax reduce shipped before the fifteenth sweep (sweep15.yaml): over
-# each row, then over the rows. (Its other baseline knobs, the explicit clamp and one tile per block, are no
-# longer in the template: the clamp lost to the satfinite cast alone, the pipelined tiles lost.)
-SWEEPS["tkc_tuning15"] = Sweep("tkc_tuning15", "sweep15.yaml", {"per_block_cast": {"amax_reduce": "rows"}})
-# The cast back and normalize_weight as shipped before the seventeenth sweep (sweep17.yaml): the output tile
-# staged through shared memory, blocks down the column strips; one thread per token of 128-thread blocks,
-# scalar loads and stores.
-SWEEPS["tkc_tuning17"] = Sweep(
-    "tkc_tuning17", "sweep17.yaml",
-    {
-        "per_token_cast_back": {"store": "shared", "block_order": "column"},
-        "normalize_weight": {"threads": 128, "vector": "scalar"},
-    },
-)
-# The memory-bound kernels under 90% of copy with their blocks in the shipped order (sweep18.yaml): blockIdx.x
-# walks down one column strip (per_block_cast, per_channel_cast_fused) or, for the transposing kernels, the
-# tiles of one input row band (x read in order, q / y written in strips).
-SWEEPS["tkc_tuning18"] = Sweep(
-    "tkc_tuning18", "sweep18.yaml",
-    {
-        "per_block_cast": {"block_order": "column"},
-        "per_channel_cast_fused": {"block_order": "column"},
-        "per_channel_cast_and_transpose": {"block_order": "input"},
-        "swiglu_forward_and_per_channel_cast_and_transpose": {"block_order": "input"},
-    },
-)
-# The FP4 e2m1 casts with the float-add ("magic") encode shipped since the first sweep (sweep19.yaml), 32 values
-# per thread.
-SWEEPS["tkc_tuning19"] = Sweep(
-    "tkc_tuning19", "sweep19.yaml",
-    {
-        "per_token_cast": {"e2m1_encode": "magic", "elems_per_thread": 32, "min_blocks": 0},
-        "per_block_cast": {"e2m1_encode": "magic", "elems_per_thread": 32, "min_blocks": 0},
-    },
-)
-SWEEPS["tkc_tuning20"] = Sweep(
-    "tkc_tuning20", "sweep20.yaml",
-    {"per_token_cast": {"x_words": False, "elems_per_thread": 32, "min_blocks": 8}},
-    overrides=(("per_token_cast", "npc", 0, {"min_blocks": 5}),),
-)
-SWEEPS["tkc_tuning21"] = Sweep(
-    "tkc_tuning21", "sweep21.yaml",
-    {"swiglu_forward_and_per_token_cast": {"division": "ieee", "amax_abs": False, "min_blocks": 0}},
-)
-SWEEPS["tkc_tuning22"] = Sweep(
-    "tkc_tuning22", "sweep22.yaml",
-    {"swiglu_forward_and_per_channel_cast_and_transpose": {"division": "ieee", "min_blocks": 0}},
-)
-SWEEPS["tkc_tuning23"] = Sweep(
-    "tkc_tuning23", "sweep23.yaml", {"swiglu_forward_and_per_token_cast": {"rows": 1, "min_blocks": 5}},
-)
-SWEEPS["tkc_tuning24"] = Sweep(
-    "tkc_tuning24", "sweep24.yaml", {"swiglu_forward_and_per_token_cast": {"fetch": "tma", "rows": 2}},
-)
-SWEEPS["tkc_tuning25"] = Sweep(
-    "tkc_tuning25", "sweep25.yaml", {"swiglu_backward_and_per_token_cast": {"chunk": 512, "prefetch": False}},
-)
-SWEEPS["tkc_tuning26"] = Sweep(
-    "tkc_tuning26", "sweep26.yaml",
-    {"swiglu_backward_and_per_token_cast": {"chunk": 1024, "prefetch": 1, "min_blocks": 0}},
-)
-SWEEPS["tkc_tuning27"] = Sweep(
-    "tkc_tuning27", "sweep27.yaml",
-    {"swiglu_forward_and_per_channel_cast_and_transpose": {"tiles": 1, "min_warps": 0}},
-)
-SWEEPS["tkc_tuning28"] = Sweep(
-    "tkc_tuning28", "sweep28.yaml", {"per_block_cast_lossless": {"tile_m": 128, "min_blocks": 3}},
-)
-SWEEPS["tkc_tuning29"] = Sweep(
-    "tkc_tuning29", "sweep29.yaml",
-    {"swiglu_backward_and_per_token_cast": {"division": "ieee", "min_blocks": 0}},
-)
-SWEEPS["tkc_tuning30"] = Sweep(
-    "tkc_tuning30", "sweep30.yaml", {"per_channel_cast_fused": {"tiles": 1, "min_blocks": 3}},
-    (("per_channel_cast_fused", "in_dtype", "float8_e4m3fn", {"min_blocks": 4}),),
-)
-SWEEPS["tkc_tuning31"] = Sweep(
-    "tkc_tuning31", "sweep31.yaml", {"per_channel_cast_fused": {"stage": "registers", "staged_threads": 128}},
-)
-SWEEPS["tkc_tuning32"] = Sweep(
-    "tkc_tuning32", "sweep32.yaml",
-    {"per_channel_cast_fused": {"stage": "registers", "staged_threads": 128, "block_order": "row"}},
-    # sweep 18's orders, shipped: row for bf16 without the gather, column for the rest
-    (("per_channel_cast_fused", "expand", True, {"block_order": "column"}),
-     ("per_channel_cast_fused", "in_dtype", "float32", {"block_order": "column"}),
-     ("per_channel_cast_fused", "in_dtype", "float8_e4m3fn", {"block_order": "column"})),
-)
-SWEEPS["tkc_tuning33"] = Sweep("tkc_tuning33", "sweep33.yaml", {"per_block_cast": {"full_tiles": False}})
-SWEEPS["tkc_tuning34"] = Sweep("tkc_tuning34", "sweep34.yaml", {"per_channel_cast_fused": {"full_tiles": False}})
-SWEEPS["tkc_tuning35"] = Sweep(
-    "tkc_tuning35", "sweep35.yaml",
-    {"per_token_cast_back": {"full_tiles": False}, "per_block_cast_lossless": {"full_tiles": False}},
-)
-SWEEPS["tkc_tuning36"] = Sweep(
-    "tkc_tuning36", "sweep36.yaml", {"per_block_cast": {"x_words": False, "elems_per_thread": 32}},
-)
-SWEEPS["tkc_tuning37"] = Sweep("tkc_tuning37", "sweep37.yaml", {"per_block_cast": {"block_order": "column"}})
-SWEEPS["tkc_tuning38"] = Sweep(
-    "tkc_tuning38", "sweep38.yaml", {"per_block_cast": {"block_order": "column", "min_tile_elems": 4096}},
-    # the sweep's 128 x 32 problems ship row order since sweep 37
-    (("per_block_cast", ("block_m", "block_k"), (128, 32), {"block_order": "row"}),),
-)
-SWEEPS["tkc_tuning39"] = Sweep(
-    "tkc_tuning39", "sweep39.yaml",
-    {"per_token_cast": {"block_order": "column"}, "per_block_cast_lossless": {"block_order": "column"}},
-)
-SWEEPS["tkc_tuning40"] = Sweep(
-    "tkc_tuning40", "sweep40.yaml",
-    {"per_block_cast": {"elems_per_thread": 32}, "per_token_cast": {"block_order": "column"}},
-)
-SWEEPS["tkc_tuning41"] = Sweep("tkc_tuning41", "sweep41.yaml", {"per_block_cast": {"flat_grid": False}})
-SWEEPS["tkc_tuning42"] = Sweep("tkc_tuning42", "sweep42.yaml", {"per_block_cast_lossless": {"store_v4": False}})
-SWEEPS["tkc_tuning43"] = Sweep("tkc_tuning43", "sweep43.yaml", {"per_token_cast": {"q_bytes": False}})
-SWEEPS["tkc_tuning44"] = Sweep("tkc_tuning44", "sweep44.yaml", {"per_channel_cast_fused": {"store_v4": False}})
-SWEEPS["tkc_tuning45"] = Sweep(
-    "tkc_tuning45", "sweep45.yaml", {"per_block_cast_lossless": {"tile_m": 128, "tile_k": 256}},
-)
-SWEEPS["tkc_tuning46"] = Sweep("tkc_tuning46", "sweep46.yaml", {"moe_expand": {"pad_rows": 1}})
-SWEEPS["tkc_tuning47"] = Sweep(
-    "tkc_tuning47", "sweep47.yaml",
-    {"per_channel_cast_fused": {"sf_probe": False, "staged_min_blocks": 0},
-     "swiglu_forward_and_per_channel_cast_and_transpose": {"act_probe": False}},
-)
-SWEEPS["tkc_tuning48"] = Sweep(
-    "tkc_tuning48", "sweep48.yaml",
-    {"per_channel_cast_and_transpose": {"tile_h": 32, "min_blocks": 8},
-     "swiglu_forward_and_per_channel_cast_and_transpose": {"tile_h": 32}},
-)
-SWEEPS["tkc_tuning49"] = Sweep(
-    "tkc_tuning49", "sweep49.yaml", {"moe_expand": {"layout": "rows", "pad_rows": 1}},
-)
-SWEEPS["tkc_tuning50"] = Sweep(
-    "tkc_tuning50", "sweep50.yaml", {"moe_expand": {"layout": "rows", "pad_rows": 1, "pad_order": "block"}},
-)
-SWEEPS["tkc_tuning51"] = Sweep(
-    "tkc_tuning51", "sweep51.yaml",
-    {"moe_expand": {"layout": "rows", "pad_rows": 1, "pad_order": "block", "min_blocks": 0}},
-)
-SWEEPS["tkc_tuning52"] = Sweep("tkc_tuning52", "sweep52.yaml", {"moe_expand": {"stores": "lsu", "pad_rows": 4}})
-SWEEPS["tkc_tuning53"] = Sweep("tkc_tuning53", "sweep53.yaml", {"per_token_cast_back": {"store": "direct"}})
-SWEEPS["tkc_tuning54"] = Sweep("tkc_tuning54", "sweep54.yaml", {"cast_back_e5m6": {"store": "direct"}})
-SWEEPS["tkc_tuning55"] = Sweep(
-    "tkc_tuning55", "sweep55.yaml",
-    {"cast_back_e5m6": {"store": "direct"}, "per_token_cast_back": {"store": "direct"},
-     "swiglu_backward_and_per_token_cast": {"store": "direct"}},
-    (("per_token_cast_back", "fmt", "e4m3", {"store": "bulk"}),),  # e4m3 ships bulk since sweep 53
-)
-SWEEPS["tkc_tuning56"] = Sweep("tkc_tuning56", "sweep56.yaml", {"per_channel_cast_fused": {"q_store": "direct"}})
-SWEEPS["tkc_tuning57"] = Sweep(
-    "tkc_tuning57", "sweep57.yaml", {"per_channel_cast_and_transpose": {"q_store": "direct"}})
-SWEEPS["tkc_tuning58"] = Sweep("tkc_tuning58", "sweep58.yaml", {"per_block_cast_lossless": {"q_store": "direct"}})
-SWEEPS["tkc_tuning59"] = Sweep(
-    "tkc_tuning59", "sweep59.yaml", {"per_token_cast_back": {"elems_per_thread": 32, "store": "bulk", "min_blocks": 0}},
-    (("per_token_cast_back", ("fmt", "out_dtype"), ("e2m1", "bfloat16"), {"store": "direct"}),),  # sweep 53
-)
-SWEEPS["tkc_tuning60"] = Sweep(
-    "tkc_tuning60", "sweep60.yaml", SWEEPS["tkc_tuning59"].baselines, SWEEPS["tkc_tuning59"].overrides)
-SWEEPS["tkc_tuning61"] = Sweep(
-    "tkc_tuning61", "sweep61.yaml", {"per_token_cast_back": {"elems_per_thread": 32, "threads": 128, "store": "bulk"}},
-    SWEEPS["tkc_tuning59"].overrides)
-SWEEPS["tkc_tuning62"] = Sweep("tkc_tuning62", "sweep62.yaml", {"cast_back_e5m6": {"row_pieces": 1}})
-SWEEPS["tkc_tuning63"] = Sweep(
-    "tkc_tuning63", "sweep63.yaml", {"per_token_cast": {"elems_per_thread": 32, "chunk_vectors": 4, "min_blocks": 8}})
-SWEEPS["tkc_tuning64"] = Sweep("tkc_tuning64", "sweep64.yaml", {"cast_back_e5m6": {"row_pieces": 1}})
-SWEEPS["tkc_tuning65"] = Sweep("tkc_tuning65", "sweep65.yaml", {"per_token_cast_back": {"e2m1_decode": "bits"}})
-SWEEPS["tkc_tuning66"] = Sweep(
-    "tkc_tuning66", "sweep66.yaml", {"cast_back_e5m6": {"row_pieces": 1, "piece_rows": 1}})
-SWEEPS["tkc_tuning67"] = Sweep(
-    "tkc_tuning67", "sweep67.yaml", {"cast_back_e5m6": {"bf16_row_pieces": 1, "piece_rows": 1}})
-DEFAULT_PACKAGE = "tkc_tuning"
+DEFAULT_PACKAGE = "tkc_tuning_example"
 
 
 @dataclass(frozen=True)
@@ -590,7 +296,7 @@ def first_sweep_case(kernel: str, problem: dict[str, Any]) -> Case | None:
     return None
 
 
-# ---- the second sweep's kernels (sweep2.yaml); shapes and byte counts as in benchmarks/bench.py --------
+# ---- the casts, the transpose and the MoE routing; shapes and byte counts as in benchmarks/bench.py --------
 
 
 def cast_back_case(problem: dict[str, Any]) -> Case:
@@ -753,7 +459,7 @@ def swiglu_case(problem: dict[str, Any]) -> Case:
     )
 
 
-# ---- the fourth sweep's kernels (sweep4.yaml): the MoE gates as benchmarks/cases/moe_gate.py runs them ----
+# ---- the MoE gates, as benchmarks/cases/moe_gate.py runs them ----------------------------------------------
 
 GATE_TOKENS, GATE_SCALE = 16384, 2.5  # benchmarks/cases/moe_gate.py: T and routed_scaling_factor
 WEIGHT_RTOL, WEIGHT_ATOL = 2e-6, 1e-7  # tests/gpu/test_moe_gate.py: sigmoid rounds differently from torch's
@@ -831,7 +537,7 @@ def gate_case(kernel: str, problem: dict[str, Any]) -> Case:
     )
 
 
-# ---- the fifth sweep's lossless re-cast (sweep5.yaml); inputs as benchmarks/cases/quant_per_channel.py --------
+# ---- the lossless re-cast; inputs as benchmarks/cases/quant_per_channel.py ----------------------------------
 
 
 def lossless_case(problem: dict[str, Any]) -> Case:
@@ -893,7 +599,7 @@ def swiglu_per_channel_case(problem: dict[str, Any]) -> Case:
     )
 
 
-# ---- the eleventh sweep's SwiGLU backward (sweep11.yaml at 874b437); inputs as cases/quant_swiglu.py ----
+# ---- the SwiGLU backward; inputs as cases/quant_swiglu.py ---------------------------------------------------
 
 SWIGLU_BF16_RTOL = 2.0**-7  # tests/gpu/test_quant_swiglu.py: bf16 outputs within one bf16 ulp of torch's
 SWIGLU_WGRAD_RTOL, SWIGLU_WGRAD_ATOL = 1e-5, 1e-6  # weight_grad: of sum |products|, a row sum in its own order
@@ -969,7 +675,7 @@ def swiglu_backward_case(problem: dict[str, Any]) -> Case:
     )
 
 
-# ---- the ninth sweep's mapped top2_sum_gate (sweep9.yaml) -----------------------------------------------------
+# ---- the mapped top2_sum_gate -------------------------------------------------------------------------------
 
 MAP_COPIES, MAP_EP_RANK, MAP_EP_RANKS = 3, 1, 2  # as tests/gpu/test_moe_gate.py: 1..3 copies per expert
 
@@ -1016,7 +722,7 @@ def mapped_gate_case(problem: dict[str, Any]) -> Case:
 
 
 def per_token_row_case(problem: dict[str, Any]) -> Case:
-    """per_token_cast with one scale per row (grid npc 0, npc = H; sweep8.yaml at 874b437): x (T, H) bf16 or fp32
+    """per_token_cast with one scale per row (grid npc 0, npc = H): x (T, H) bf16 or fp32
     (the problem's in_dtype, bf16 where it has none) -> q, sf (T, 1) row-major; bytes x, q, sf as bench.py counts them
     (every input and output). The check input's special rows (zeros, -0.0, the e2m1 ties with 6 in the row, a NaN,
     an Inf) are whole rows, so each one is a scale group of its own here too."""
@@ -1042,7 +748,7 @@ def per_token_row_case(problem: dict[str, Any]) -> Case:
     )
 
 
-# ---- the seventeenth sweep's normalize_weight (sweep17.yaml); inputs as benchmarks/cases/moe_gate.py --------
+# ---- normalize_weight; inputs as benchmarks/cases/moe_gate.py -----------------------------------------------
 
 NORMALIZE_TAIL = 3  # the check input has GATE_TOKENS - 3 rows: a partial last block (and warp)
 

@@ -90,7 +90,7 @@ _JINJA_BLOCKS = {
     "quant/per_token_cast.py.j2": 2, "quant/per_token_cast_back.py.j2": 14, "quant/per_token_cast_e5m6.py.j2": 1,
     "quant/swiglu_backward_and_per_token_cast.py.j2": 19,
     "quant/swiglu_forward_and_per_channel_cast_and_transpose.py.j2": 7,
-    "quant/swiglu_forward_and_per_token_cast.py.j2": 54, "transpose/batched_transpose.py.j2": 2,
+    "quant/swiglu_forward_and_per_token_cast.py.j2": 2, "transpose/batched_transpose.py.j2": 2,
 }
 
 

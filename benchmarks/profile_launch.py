@@ -59,11 +59,11 @@ def layers() -> dict[str, Callable[[], object]]:
         "compiled check alone": lambda: rt.check(getattr(module, f"_{launcher.__name__.upper()}_CONTRACT"), x, q, sf),
         "3 x torch._C._to_dlpack": lambda: (compiled._to_dlpack(x), compiled._to_dlpack(q), compiled._to_dlpack(sf)),
         "Function.launch (values given)": lambda: function.launch(0, (1, 1, 1), *values),
-        "_launch + stream getter": lambda: compiled._launch(kernel, 0, (1, 1, 1), block, smem, rt._current_stream(0),
+        "_launch + stream getter": lambda: compiled.launch(kernel, 0, (1, 1, 1), block, smem, rt._current_stream(0),
                                                       kinds, *values),
-        "_launch (everything given)": lambda: compiled._launch(kernel, 0, (1, 1, 1), block, smem, stream, kinds,
+        "_launch (everything given)": lambda: compiled.launch(kernel, 0, (1, 1, 1), block, smem, stream, kinds,
                                                                *values),
-        "_launch of the CUfunction (everything given)": lambda: compiled._launch(
+        "_launch of the CUfunction (everything given)": lambda: compiled.launch(
             function_handle, 0, (1, 1, 1), block, smem, stream, kinds, *values),
         "ctypes cuLaunchKernel (arguments packed)": lambda: lib.cuLaunchKernel(
             ctypes.c_void_p(kernel), 1, 1, 1, *block, smem, ctypes.c_void_p(stream), params, None),

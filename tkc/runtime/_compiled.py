@@ -132,15 +132,13 @@ def _ctypes_launch_cooperative(kernel: int, device: int, grid: tuple[int, int, i
     return _ctypes_launch_ex(kernel, device, grid, block, smem, stream, kinds, values, cooperative=True, cluster=None)
 
 
-_launch: Callable[..., int] = _native.launch if _native is not None else _ctypes_launch
-_launch_cooperative: Callable[..., int] = (_native.launch_cooperative if _native is not None
-                                           else _ctypes_launch_cooperative)
 NATIVE_LAUNCH = _native is not None  # for benchmarks and bug reports: which launch path this package takes
 # What the generated launchers call: launch(kernel, device, grid, block, smem, stream, kinds, *values)
 # returns the CUresult (0: launched), or -1 when the current context is another device's;
 # launch_cooperative the same for kernels with a grid-wide barrier.
-launch = _launch
-launch_cooperative = _launch_cooperative
+launch: Callable[..., int] = _native.launch if _native is not None else _ctypes_launch
+launch_cooperative: Callable[..., int] = (_native.launch_cooperative if _native is not None
+                                          else _ctypes_launch_cooperative)
 
 
 # ---- the compiled tensor check ---------------------------------------------------------------

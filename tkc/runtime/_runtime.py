@@ -38,8 +38,6 @@ from ._compiled import (
     NATIVE_LAUNCH,
     NATIVE_RUN,
     _ctypes_launch_ex,
-    _launch,
-    _launch_cooperative,
     check,
     launch,
     launch_cooperative,
@@ -178,7 +176,7 @@ class Function:
         self.handles: dict[int, int] = {}  # device index -> CUkernel, once launched there (fast-path launches)
         self._extended: dict[int, int] = {}  # the same for cluster launches, which never take the fast path
         # Plain and cooperative launches have a compiled fast path; clusters go through ctypes.
-        self._fast = _launch_cooperative if cooperative else _launch
+        self._fast = launch_cooperative if cooperative else launch
 
     def launch(self, device: int, grid: tuple[int, int, int], *values: Any) -> None:
         """Launch on torch's current stream of cuda:``device``; ``values`` in the cubin's argument order.

@@ -82,8 +82,9 @@ def test_build_one_kernel(small_build: tuple[Any, Any], tmp_path: Path) -> None:
     result = CliRunner().invoke(main, [*args, "--kernel", "batched_transpose"])
     assert result.exit_code == 0, result.output
     (wheel,) = (tmp_path / "dist").glob("*.whl")
-    launchers = {n.rsplit("/", 1)[1] for n in zipfile.ZipFile(wheel).namelist() if "/_kernels/" in n}
-    assert launchers == {"__init__.py", "batched_transpose.py", "batched_transpose.bin"}
+    launchers = {n.split("/_kernels/", 1)[1] for n in zipfile.ZipFile(wheel).namelist() if "/_kernels/" in n}
+    assert {n.split("/")[0] for n in launchers} == {"__init__.py", "batched_transpose", "batched_transpose.bin"}
+    assert "batched_transpose/__init__.py" in launchers and len(launchers) >= 4  # the index, a module per variant
     missing = CliRunner().invoke(main, [*args, "--kernel", "per_token_cst"])
     assert missing.exit_code == 2 and "no kernel 'per_token_cst'" in missing.output
     assert "per_token_cast" in missing.output

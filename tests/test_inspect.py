@@ -104,18 +104,18 @@ def test_inspect_checks_the_record_and_the_launchers_against_the_manifest(
         cubin = f"{root}/{variant['cubin']}"
         data = wheel.read(cubin)
         forged = data[:-1] + bytes([data[-1] ^ 0xFF])
-        launcher = f"{root}/_kernels/per_token_cast.py"
+        launcher = f"{root}/_kernels/per_token_cast/{Path(variant['cubin']).stem}.py"
         source = wheel.read(launcher).decode()
     variant["sha256"] = hashlib.sha256(forged).hexdigest()
     consistent = _rewritten(original, tmp_path / "a.whl", {cubin: forged, f"{root}/manifest.json":
                                                            json.dumps(manifest).encode()})
     out = CliRunner().invoke(main, ["inspect", str(consistent)]).output
     assert f"problem: {cubin}: its hash or size differs from the wheel's RECORD" in out
-    assert f"problem: {launcher}: its cubins and hashes differ from the manifest's" in out
+    assert f"problem: {launcher}: its cubin or hash differs from the manifest's" in out
     edited = _rewritten(original, tmp_path / "b.whl", {launcher: source.replace(
         variant["cubin"].removeprefix("cubins/"), "other.cubin", 1).encode()})
     out = CliRunner().invoke(main, ["inspect", str(edited)]).output
-    assert f"problem: {launcher}: its hash or size differs" in out and "differ from the manifest's" in out
+    assert f"problem: {launcher}: its hash or size differs" in out and "differs from the manifest's" in out
 
 
 def test_a_malformed_manifest_is_a_package_error_not_a_traceback(

@@ -108,9 +108,9 @@ def test_cooperative_and_cluster_launches_are_recorded(tmp_path: Path, cluster: 
     assert (f"{source.functions[0][0]}.launch(device, grid," in "\n".join(source.body)) is (expected_cluster is not None)
     assert ("cluster=(2, 1, 1)" in function) is (expected_cluster is not None)
     # run() takes a plain or cooperative launch in one C call; a cluster launch has no plan.
-    assert (f"if run(_F_CONTRACT, _F_PLAN, {source.functions[0][0]}.handles, " in "\n".join(source.body)) is (
+    assert (f"if run(_CONTRACT, _PLAN, {source.functions[0][0]}.handles, " in "\n".join(source.body)) is (
         expected_cluster is None)
-    assert [var for var, _ in source.contract] == ["_F_CONTRACT", "_F_PLAN"][:1 + (expected_cluster is None)]
+    assert [var for var, _ in source.contract] == ["_CONTRACT", "_PLAN"][:1 + (expected_cluster is None)]
     if expected_cluster is not None:  # the grid is checked against the cluster before the launch
         assert "must be a multiple of the thread-block cluster" in "\n".join(source.body)
 
@@ -144,7 +144,7 @@ def test_tma_stores_and_scratch_tensors_count_as_written(tmp_path: Path) -> None
         assert any(a.kind == "tma" for launch in contract.launches for a in launch.args) is (kernel == "tma_transpose")
         # A TMA descriptor is encoded (and cached) in Python: such a launcher has no plan for run().
         source = launcher_source(func="f", doc="", cubin="f.cubin", key="()", contract=contract)
-        assert ("_F_PLAN" in dict(source.contract)) is (kernel != "tma_transpose")
+        assert ("_PLAN" in dict(source.contract)) is (kernel != "tma_transpose")
 
 
 @pytest.mark.slow

@@ -62,11 +62,16 @@ def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, lis
         assert names == set(sorted(names))
         for required in ("__init__.py", *RUNTIME_FILES, "_launch.abi3.so", *(part.name for part in SOURCES),
                          "_protocol.h", "_build_info.py", "manifest.json",
-                         "_kernels/per_token_cast.py", "_kernels/per_token_cast.bin", "_kernels/batched_transpose.py",
-                         "_kernels/batched_transpose.bin", "quant/__init__.py",
+                         "_kernels/per_token_cast/__init__.py", "_kernels/per_token_cast.bin",
+                         "_kernels/batched_transpose/__init__.py", "_kernels/batched_transpose.bin", "quant/__init__.py",
                          "quant/_per_token_cast.py", "quant/_scales.py", "transpose/__init__.py",
                          "transpose/_batched_transpose.py"):
             assert f"tkc_small_kernels/{required}" in names
+        # One launcher module per variant, named like its cubin.
+        cubins = {n.removeprefix("tkc_small_kernels/cubins/").removesuffix(".cubin") for n in names if n.endswith(".cubin")}
+        launchers = {n.rsplit("/", 1)[1].removesuffix(".py") for n in names
+                     if n.startswith("tkc_small_kernels/_kernels/") and n.count("/") == 3} - {"__init__"}
+        assert launchers == cubins and cubins
         # Nothing of the build machine travels: no TileLang sources, no CUDA sources.
         assert not [n for n in names if n.endswith((".cu", ".j2"))]
         manifest = json.loads(wheel.read("tkc_small_kernels/manifest.json"))
@@ -295,6 +300,12 @@ def test_a_helper_where_an_op_module_installs_is_an_error(tmp_path: Path) -> Non
         package_files(specs, ARCHS["sm90"], [built], {})
 
 
+def _launcher(files: dict[str, bytes]) -> str:
+    """The launcher module of the one variant of kernel k in package p."""
+    (name,) = [n for n in files if n.startswith("p/_kernels/k/") and not n.endswith("/__init__.py")]
+    return files[name].decode()
+
+
 def test_a_kernels_requirements_are_checked_by_its_launchers(tmp_path: Path) -> None:
     from tkc.arch import ARCHS
     from tkc.errors import PackageError
@@ -302,7 +313,7 @@ def test_a_kernels_requirements_are_checked_by_its_launchers(tmp_path: Path) -> 
 
     op = {"fam/k.py": "def k(x):\n    return x\n"}
     specs, built = _one_variant(tmp_path, op, "    requires: ['m % 64 == 0']\n")
-    launcher = package_files(specs, ARCHS["sm90"], [built], {})["p/_kernels/k.py"].decode()
+    launcher = _launcher(package_files(specs, ARCHS["sm90"], [built], {}))
     assert "and (m % 64) == (0)" in launcher  # the fast Python check
     assert 'raise KernelArgumentError(f"x: the kernel requires m % 64 == 0, got m = {m}' in launcher
     specs, built = _one_variant(tmp_path / "other", op, "    requires: ['rows % 64 == 0']\n")
@@ -320,7 +331,7 @@ def test_requirements_may_name_grid_keys_bound_per_variant(tmp_path: Path) -> No
 
     op = {"fam/k.py": "def k(x):\n    return x\n"}
     specs, built = _one_variant(tmp_path, op, "    requires: ['m % (64 * n) == 0', 'n % 2 == 1']\n")
-    launcher = package_files(specs, ARCHS["sm90"], [built], {})["p/_kernels/k.py"].decode()
+    launcher = _launcher(package_files(specs, ARCHS["sm90"], [built], {}))
     assert "and (m % (64 * 1)) == (0)" in launcher and "n % 2" not in launcher
     specs, built = _one_variant(tmp_path / "other", op, "    requires: ['n % 2 == 0']\n")
     with pytest.raises(PackageError, match=r"s.yaml:3: kernels.k.requires: n % 2 == 0 does not hold for n=1"):

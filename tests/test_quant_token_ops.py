@@ -151,7 +151,8 @@ def ops(small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path_factory: p
     root = tmp_path_factory.mktemp("ops")
     package = root / "tkc_small_kernels"
     shutil.copytree(options.build_dir / "pkg" / "tkc_small_kernels" / "sm90" / "tkc_small_kernels", package)
-    (package / "_kernels" / "per_token_cast_back.py").write_text("KERNEL = None\n")
+    (package / "_kernels" / "per_token_cast_back").mkdir()
+    (package / "_kernels" / "per_token_cast_back" / "__init__.py").write_text("KERNEL = None\n")
     shutil.copy(REPO / "ops" / "quant" / "per_token_cast_back.py", package / "quant" / "_per_token_cast_back.py")
     # The package under the same name may be imported already (the quant fixture): set it aside.
     saved = {m: sys.modules.pop(m) for m in [m for m in sys.modules if m.startswith("tkc_small_kernels")]}

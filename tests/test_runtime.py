@@ -56,6 +56,31 @@ def test_select_takes_the_keys_in_any_order(package: ModuleType) -> None:
     assert kernel.select(**dict(reversed(values.items()))) is in_order
 
 
+def test_a_kernel_imports_a_variants_launcher_on_its_first_use(package: ModuleType) -> None:
+    """Importing a kernel costs its index: each variant's launcher module is imported when the variant is first
+    asked for (variant, select, find or the variants mapping), once."""
+    import sys
+
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    kernel = runtime.get_kernel("per_token_cast")
+    first = next(iter(kernel.modules.items()))
+    modules = [f"tkc_small_kernels._kernels.per_token_cast.{name}" for _, name in kernel.modules.items()]
+    saved = {name: sys.modules.pop(name) for name in modules if name in sys.modules}  # as if freshly imported
+    try:
+        kernel = runtime.Kernel(kernel.name, kernel.spec, kernel.keys, dict(kernel.modules))
+        assert len(kernel.variants) == len(modules) and first[0] in kernel.variants
+        assert not any(name in sys.modules for name in modules)
+        launcher = kernel.variant(*first[0])
+        assert launcher.__name__ == first[1] and launcher.__module__ == modules[0] and modules[0] in sys.modules
+        assert not any(name in sys.modules for name in modules[1:])
+        assert kernel.variant(*first[0]) is launcher is kernel.find(*first[0]) is kernel.variants[first[0]]
+        assert kernel.find("float16", 1, "e4m3", 128, True, "row_major") is None
+        with pytest.raises(KeyError):
+            kernel.variants[("float16",)]
+    finally:
+        sys.modules.update(saved)
+
+
 def test_variant_takes_the_grid_values_in_order(package: ModuleType) -> None:
     runtime = importlib.import_module("tkc_small_kernels._runtime")
     errors = importlib.import_module("tkc_small_kernels.errors")
@@ -618,10 +643,8 @@ def test_generated_launchers_carry_what_dispatch_launches_with(package: ModuleTy
     kernel = runtime.get_kernel("per_token_cast")
     for launch in kernel.variants.values():
         module = sys.modules[launch.__module__]
-        prefix = f"_{launch.__name__.upper()}"
         contract, plan, handles = launch.planned
-        assert contract is getattr(module, f"{prefix}_CONTRACT") and plan is getattr(module, f"{prefix}_PLAN")
-        assert handles is getattr(module, f"{prefix}_KERNEL").handles
+        assert contract is module._CONTRACT and plan is module._PLAN and handles is module._KERNEL.handles
 
 
 def test_a_tampered_cubin_is_refused_before_the_driver_sees_it(package: ModuleType, tmp_path: Path,
@@ -634,8 +657,8 @@ def test_a_tampered_cubin_is_refused_before_the_driver_sees_it(package: ModuleTy
 
     runtime = importlib.import_module("tkc_small_kernels._runtime")
     errors = importlib.import_module("tkc_small_kernels.errors")
-    kernels = importlib.import_module("tkc_small_kernels._kernels.per_token_cast")
-    cubins = [value for value in vars(kernels).values() if isinstance(value, runtime.Cubin)]
+    kernel = runtime.get_kernel("per_token_cast")
+    cubins = [sys.modules[launch.__module__]._CUBIN for launch in kernel.variants.values()]
     manifest = json.loads((runtime._CUBIN_DIR.parent / "manifest.json").read_text())
     recorded = {v["cubin"].removeprefix("cubins/"): v["sha256"] for v in manifest["kernels"]["per_token_cast"]["variants"]}
     assert cubins and {c.filename: c.sha256 for c in cubins} == recorded

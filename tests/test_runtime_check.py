@@ -212,7 +212,7 @@ def test_check_agrees_with_the_python_checks_on_random_views(runtime: ModuleType
 
 def test_generated_launchers_hold_a_contract_and_decline_cpu_tensors(small_package: ModuleType,
                                                                      runtime: ModuleType) -> None:
-    """Each launcher module packs one contract and one plan per variant at import; CPU tensors are
+    """Each variant's launcher module takes its contract and plan from the kernel's table; CPU tensors are
     declined by run() and refused by the Python checks with the usual error, not accepted by the CUDA
     contract."""
     errors = importlib.import_module("tkc_small_kernels.errors")
@@ -220,9 +220,9 @@ def test_generated_launchers_hold_a_contract_and_decline_cpu_tensors(small_packa
     launch = kernel.select(in_dtype="bfloat16", hidden=2048, fmt="e4m3", npc=128, round_sf=True,
                            sf_layout="row_major") if "sf_layout" in kernel.keys else next(iter(kernel.variants.values()))
     module = importlib.import_module(launch.__module__)
-    contract = getattr(module, f"_{launch.__name__.upper()}_CONTRACT")
+    contract = module._CONTRACT
     assert isinstance(contract, bytes) and len(contract) % 8 == 0
-    plan = getattr(module, f"_{launch.__name__.upper()}_PLAN")
+    plan = module._PLAN
     assert isinstance(plan, bytes) and len(plan) % 8 == 0
     x, q, _ = token_tensors(tokens=4)
     assert runtime.check(contract, x.contiguous(), q, torch.empty(4, 16)) is None

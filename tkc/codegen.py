@@ -1,8 +1,10 @@
-"""Python source of the generated launchers, one function per variant.
+"""Python source of the generated launchers, one module per variant.
 
 The launch contract recorded by ``lower`` becomes straight-line Python: a
 reader of a failing launch sees exactly which checks ran, how each runtime size
-was read, the grid formula, and the argument order the cubin expects.
+was read, the grid formula, and the argument order the cubin expects. Each
+variant's launcher is a module of its own (``_kernels/<kernel>/<variant>.py``),
+so that importing a kernel costs its index, not the code of every variant.
 """
 
 from __future__ import annotations
@@ -368,22 +370,23 @@ def _plan_words(contract: LaunchContract) -> bytes | None:
 def launcher_source(func: str, doc: str, cubin: str, key: str, contract: LaunchContract,
                     alignment: int = 16, requires: Requires = ()) -> LauncherSource:
     """The launcher function of one variant; ``requires``: the spec's conditions on the runtime sizes."""
-    cubin_var = f"_{func.upper()}"
-    function_vars = [f"{cubin_var}_{launch.symbol.upper()}" for launch in contract.launches]
+    # Module-level names of the variant's own module (one launcher per module: no prefixes needed).
+    cubin_var = "_CUBIN"
+    function_vars = [f"_{launch.symbol.upper()}" for launch in contract.launches]
     if len(contract.launches) == 1:
-        function_vars = [f"{cubin_var}_KERNEL"]
-    elif len(set(function_vars)) != len(function_vars):  # one kernel launched twice: number them
-        function_vars = [f"{cubin_var}_LAUNCH{i}" for i in range(len(contract.launches))]
+        function_vars = ["_KERNEL"]
+    elif len(set(function_vars)) != len(function_vars) or {"_CUBIN", "_CONTRACT", "_PLAN"} & set(function_vars):
+        function_vars = [f"_LAUNCH{i}" for i in range(len(contract.launches))]  # one kernel launched twice
     has_tensors = any(isinstance(p, TensorParam) for p in contract.params)
     slow = _tensor_checks(contract.params, contract) + _size_limits(contract) + _requirement_checks(contract, requires)
     python_checks = [*_fast_checks(contract, alignment, requires), "if not fast:", *(f"    {line}" for line in slow)]
-    contract_var = f"{cubin_var}_CONTRACT"
+    contract_var = "_CONTRACT"
     body = _checked_lines(contract, contract_var, python_checks)
     module_vars = [(contract_var, _contract_words(contract, alignment, requires))] if has_tensors else []
     plan = _plan_words(contract)
     planned = ""
     if plan is not None:
-        plan_var = f"{cubin_var}_PLAN"
+        plan_var = "_PLAN"
         module_vars.append((plan_var, plan))
         planned = f"({contract_var}, {plan_var}, {function_vars[0]}.handles)"
         tensors = ", ".join(p.name for p in contract.params)

@@ -220,23 +220,32 @@ def _check_record(wheel: zipfile.ZipFile, problems: list[str]) -> None:
 
 
 _CUBIN_LINE = re.compile(r'^_\w+ = Cubin\("([^"]+)", "([0-9a-f]*)"\)$', re.MULTILINE)
+_INDEX_ENTRY = re.compile(r'^        \(.*\): "(\w+)",$', re.MULTILINE)  # a kernel index's key: "module" lines
 
 
 def _check_launchers(wheel: zipfile.ZipFile, root: str, manifest: dict, problems: list[str]) -> None:
-    """The launcher modules load the cubins the manifest lists, and check the hashes it records."""
+    """Each kernel's index names the variants the manifest lists, and each variant's launcher module loads
+    the cubin the manifest lists and checks the hash it records."""
+    names = set(wheel.namelist())
     for kernel, entry in sorted(manifest["kernels"].items()):
-        member = f"{root}/_kernels/{kernel}.py"
-        try:
-            source = wheel.read(member).decode()
-        except KeyError:
-            problems.append(f"{member}: missing: the manifest lists kernel {kernel}")
+        index = f"{root}/_kernels/{kernel}/__init__.py"
+        if index not in names:
+            problems.append(f"{index}: missing: the manifest lists kernel {kernel}")
             continue
-        loaded = dict(_CUBIN_LINE.findall(source))
-        expected = {v["cubin"].removeprefix("cubins/"): v["sha256"] for v in entry["variants"]}
-        if loaded != expected:
-            wrong = sorted(set(loaded.items()) ^ set(expected.items()))[:1]
-            problems.append(f"{member}: its cubins and hashes differ from the manifest's (e.g. {wrong[0][0]}); "
-                            "rebuild with tkc build")
+        expected = {Path(v["cubin"]).stem: v["sha256"] for v in entry["variants"]}
+        indexed = set(_INDEX_ENTRY.findall(wheel.read(index).decode()))
+        modules = {Path(n).stem for n in names if n.startswith(f"{root}/_kernels/{kernel}/")} - {"__init__"}
+        for what, found in (("its index names", indexed), ("its launcher modules are", modules)):
+            if found != set(expected):
+                odd = sorted(found ^ set(expected))[0]
+                problems.append(f"{index}: {what} not the manifest's variants (e.g. {odd}); rebuild with tkc build")
+        for variant, sha256 in sorted(expected.items()):
+            member = f"{root}/_kernels/{kernel}/{variant}.py"
+            if member not in names:
+                continue  # reported above
+            loaded = dict(_CUBIN_LINE.findall(wheel.read(member).decode()))
+            if loaded != {f"{variant}.cubin": sha256}:
+                problems.append(f"{member}: its cubin or hash differs from the manifest's; rebuild with tkc build")
 
 
 def _launch_module(wheel: zipfile.ZipFile, root: str, problems: list[str]) -> str:

@@ -27,17 +27,17 @@ pytestmark = pytest.mark.gpu
 
 def _contract(launch: object) -> bytes | None:
     module = sys.modules[launch.__module__]
-    return getattr(module, f"_{launch.__name__.upper()}_CONTRACT")
+    return module._CONTRACT
 
 
 def _plan(launch: object) -> bytes | None:
     module = sys.modules[launch.__module__]
-    return getattr(module, f"_{launch.__name__.upper()}_PLAN", None)
+    return getattr(module, "_PLAN", None)
 
 
 def _handles(launch: object) -> dict[int, int]:
     module = sys.modules[launch.__module__]
-    return getattr(module, f"_{launch.__name__.upper()}_KERNEL").handles  # type: ignore[no-any-return]
+    return module._KERNEL.handles  # type: ignore[no-any-return]
 
 
 def _per_token_launcher(fmt: str, npc: int) -> object:

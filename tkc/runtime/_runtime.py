@@ -8,8 +8,9 @@ Copied verbatim by tkc into every generated package with the rest of the loader;
   and each cubin costs nothing until a variant of it runs;
 - ``Function`` holds one kernel's launch configuration, its handle per device, and the rare paths
   (first launch, another device's context, launch attributes, errors);
-- ``Kernel`` maps compile-time parameters to a variant's launcher; ``get_kernel`` imports a kernel's
-  generated module on first use; ``table`` reads its packed contracts and plans (data tkc wrote);
+- ``Kernel`` maps compile-time parameters to a variant's launcher, whose module it imports on the variant's
+  first use; ``get_kernel`` imports a kernel's index on first use; ``table`` reads its packed contracts and
+  plans (data tkc wrote);
 - ``launch_op`` defines the torch op an op traces into under ``torch.compile`` (see ``_op.py``).
 
 What launchers call on every launch lives by responsibility and is re-exported here (``__all__``):
@@ -23,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,14 +91,20 @@ _MAX_GRID = (2**31 - 1, 65535, 65535)  # blocks per grid dimension, every arch s
 _TABLES = Path(__file__).parent / "_kernels"
 
 
+_tables: dict[str, list[bytes | None]] = {}
+
+
 def table(kernel: str) -> list[bytes | None]:
     """The packed contracts and plans of ``kernel``'s variants (``_kernels/<kernel>.bin``), in the order
-    its launcher module takes them."""
-    path = _TABLES / f"{kernel}.bin"
-    try:
-        return protocol.unpack_table(path.read_bytes())
-    except ValueError:
-        raise RuntimeError(f"{path} is not a tkc table: reinstall {info.PACKAGE}") from None
+    its launcher modules index them; read once per process, on the first use of one of its variants."""
+    entries = _tables.get(kernel)
+    if entries is None:
+        path = _TABLES / f"{kernel}.bin"
+        try:
+            entries = _tables[kernel] = protocol.unpack_table(path.read_bytes())
+        except ValueError:
+            raise RuntimeError(f"{path} is not a tkc table: reinstall {info.PACKAGE}") from None
+    return entries
 
 
 class Cubin:
@@ -229,49 +236,86 @@ class Function:
 
 
 class Kernel:
-    """All prebuilt variants of one spec kernel, keyed by their compile-time parameters."""
+    """All prebuilt variants of one spec kernel, keyed by their compile-time parameters.
 
-    def __init__(self, name: str, spec: str, keys: tuple[str, ...],
-                 variants: dict[tuple[Any, ...], Callable[..., None]]) -> None:
+    ``modules`` names each variant's launcher module in the kernel's package (``_kernels/<name>/``); a
+    launcher is imported on its variant's first use, so importing a kernel of hundreds of variants costs
+    only its index. ``variants`` maps the same keys to the launchers.
+    """
+
+    def __init__(self, name: str, spec: str, keys: tuple[str, ...], variants: dict[tuple[Any, ...], str]) -> None:
         self.name = name
         self.spec = spec
         self.keys = keys
-        self.variants = variants
+        self.modules = variants
+        self.variants: Mapping[tuple[Any, ...], Callable[..., None]] = _Launchers(self)
+        self._launchers: dict[tuple[Any, ...], Callable[..., None]] = {}
 
     def variant(self, *values: Any) -> Callable[..., None]:
         """The launcher of the variant built for ``values``, given in grid order (``keys``).
 
-        The ops' hot path: one dict lookup, no keyword handling. A miss goes through
-        ``select``, which names the keys and lists the built variants in its error.
+        The ops' hot path: one dict lookup, no keyword handling. A miss (a variant's first use, or one
+        not built) goes through ``select``, which loads it or names the keys and lists the built variants.
         """
-        launcher = self.variants.get(values)
+        launcher = self._launchers.get(values)
         return launcher if launcher is not None else self.select(**dict(zip(self.keys, values)))
 
     def find(self, *values: Any) -> Callable[..., None] | None:
         """The launcher of the variant built for ``values`` (grid order), or None: for ops that prefer a
         specialized variant where the build has one and fall back to a generic one."""
-        return self.variants.get(values)
+        launcher = self._launchers.get(values)
+        if launcher is None and values in self.modules:
+            launcher = self._load(values)
+        return launcher
 
     def select(self, **values: Any) -> Callable[..., None]:
         """The launcher of the variant built for ``values`` (every grid key, by name)."""
-        # Ops pass the keys in grid order, so the values already form the key: one dict lookup.
-        launcher = self.variants.get(tuple(values.values())) if tuple(values) == self.keys else None
-        if launcher is not None:
-            return launcher
         try:
             key = tuple(values[k] for k in self.keys)
         except KeyError as exc:
             raise TypeError(f"{self.name}.select() needs every grid key: {', '.join(self.keys)}") from exc
-        launcher = self.variants.get(key)
-        if launcher is None:
+        launcher = self._launchers.get(key)
+        if launcher is not None:
+            return launcher
+        if key not in self.modules:
             have = "\n  ".join(", ".join(f"{k}={v}" for k, v in zip(self.keys, variant))
-                               for variant in self.variants)
+                               for variant in self.modules)
             asked = ", ".join(f"{k}={values[k]!r}" for k in self.keys)
             raise VariantNotFoundError(
                 f"{self.name}: no prebuilt variant for {asked} in {info.PACKAGE} {info.VERSION}; add the values "
                 f"to the grid of kernel {self.name} in {self.spec} and rebuild (tkc build). Built variants:\n  {have}"
             )
+        return self._load(key)
+
+    def _load(self, key: tuple[Any, ...]) -> Callable[..., None]:
+        """Import the launcher module of the variant built for ``key`` (once; importing is thread-safe)."""
+        module_name = self.modules[key]
+        module = importlib.import_module(f"{__package__}._kernels.{self.name}.{module_name}")
+        launcher: Callable[..., None] = getattr(module, module_name)
+        self._launchers[key] = launcher
         return launcher
+
+
+class _Launchers(Mapping[tuple[Any, ...], Callable[..., None]]):
+    """A kernel's variants as a mapping of keys to launchers, each imported when it is first read."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+
+    def __getitem__(self, key: tuple[Any, ...]) -> Callable[..., None]:
+        launcher = self._kernel.find(*key)
+        if launcher is None:
+            raise KeyError(key)
+        return launcher
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._kernel.modules)
+
+    def __len__(self) -> int:
+        return len(self._kernel.modules)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._kernel.modules
 
 
 _library: list[Any] = []  # the package's torch.library fragment, made on the first op

@@ -67,7 +67,7 @@ def with_globals(launcher: Callable[..., None], swaps: dict[str, object], *args:
 def _runtime_of(launcher: Callable[..., None]) -> ModuleType:
     """The module holding the launch paths: ``_compiled`` since the runtime was split, ``_runtime`` before (so that
     one run can time an older wheel beside a newer one)."""
-    package = launcher.__module__.rsplit(".", 2)[0]
+    package = launcher.__module__.split(".", 1)[0]
     return sys.modules.get(package + "._compiled") or sys.modules[package + "._runtime"]
 
 

@@ -69,6 +69,12 @@ class Row:
     size_copy_us: float | None = None
     # mix_ceiling.py's kernel streaming the op's bytes read and written (None: no Triton).
     mix_us: float | None = None
+    # TileKernels' JIT kernel on the same inputs (bench.py --tilekernels; peer.py): its median time, its first
+    # call's seconds (the JIT compile, or a load from TileLang's cache), and whether its outputs equal ours bit
+    # for bit (None: not compared, e.g. an op writing in place).
+    tk_us: float | None = None
+    tk_first_s: float | None = None
+    tk_same: bool | None = None
 
     @property
     def pct_size_copy(self) -> float | None:
@@ -85,6 +91,10 @@ class Row:
     @property
     def vs_compiled(self) -> float | None:
         return self.compiled_us / self.us if self.us and self.compiled_us else None
+
+    @property
+    def vs_tk(self) -> float | None:
+        return self.tk_us / self.us if self.us and self.tk_us else None
 
 
 class Timer:
@@ -203,9 +213,55 @@ def mix_ceiling_us(timer: Timer, read_bytes: int, written_bytes: int) -> float |
     return min(us for _, us in mix_ceiling.timed_forms(read_bytes, written_bytes, rotating_inputs, timer.median_us))
 
 
+PEER: dict[str, bool] = {"on": False}  # set by main() when TileKernels is importable (--tilekernels)
+
+
+def same_bits(a: Any, b: Any) -> str:
+    """"" where two (nested) results are equal bit for bit, else what differs first."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}"
+        if a.numel() == 0:
+            return ""
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        x, y = a.contiguous().view(bits), b.contiguous().view(bits)
+        differ = int((x != y).sum())
+        return f"{differ} of {a.numel()} elements differ" if differ else ""
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        if len(a) != len(b):
+            return f"{len(a)} outputs vs {len(b)}"
+        return next((f"output {i}: {d}" for i, d in enumerate(same_bits(x, y) for x, y in zip(a, b)) if d), "")
+    return "" if a == b else f"{a!r} vs {b!r}"
+
+
+def _peer_columns(timer: Timer, ours: Op, inputs: Sequence[Inputs], notes: list[str]
+                  ) -> tuple[float | None, float | None, bool | None]:
+    """TileKernels' (µs, first-call s, same bits) for the case's call made through it (see peer.py)."""
+    from peer import as_theirs
+
+    theirs = as_theirs(ours)
+    try:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        their_out = theirs(*inputs[0])
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - start
+    except Exception as exc:  # a missing op or a failed JIT is a note in the row
+        notes.append(f"tilekernels n/a: {reason(exc)}")
+        return None, None, None
+    same = None
+    if tensor_bytes(their_out):  # ops that return nothing write in place: an accumulator would differ
+        diff = same_bits(ours(*inputs[0]), their_out)
+        same = not diff
+        if diff:
+            notes.append(f"differs from TileKernels: {diff}")
+    return try_time(timer, theirs, inputs, notes, "tilekernels"), first_s, same
+
+
 def bench_case(timer: Timer, copy_gb_s: float, op: str, shape: str, make: Callable[[], Inputs],
                ours: Op | None, eager: Op | None, missing: str = "") -> Row:
-    """One table row: our op, torch eager and torch.compile of the eager function on the same inputs."""
+    """One table row: our op, torch eager and torch.compile of the eager function on the same inputs, and with
+    --tilekernels the same call through TileKernels (peer.py)."""
     notes = [missing] if missing else []
     inputs = rotating_inputs(make)
     us = try_time(timer, ours, inputs, notes, "ours")
@@ -219,9 +275,13 @@ def bench_case(timer: Timer, copy_gb_s: float, op: str, shape: str, make: Callab
             mix = mix_ceiling_us(timer, read, written)
         except Exception as exc:  # a Triton failure costs the column, not the row
             notes.append(f"mix n/a: {reason(exc)}")
+    tk_us = tk_first_s = tk_same = None
+    if PEER["on"] and us is not None and ours is not None:
+        tk_us, tk_first_s, tk_same = _peer_columns(timer, ours, inputs, notes)
     eager_us = try_time(timer, eager, inputs, notes, "eager")
     compiled_us = try_time(timer, compiled(eager) if eager else None, inputs, notes, "compiled")
-    return Row(op, shape, us, gb_s, pct, eager_us, compiled_us, "; ".join(notes), same_size, mix)
+    return Row(op, shape, us, gb_s, pct, eager_us, compiled_us, "; ".join(notes), same_size, mix, tk_us,
+               tk_first_s, tk_same)
 
 
 def load_quant_reference() -> tuple[Op | None, str]:
@@ -355,6 +415,73 @@ def case_sections() -> dict[str, Callable[[Timer, float, Any], list[Row]]]:
     return sections
 
 
+COLD = """
+import sys, time, torch
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()  # torch's own start and context, outside the figures
+t0 = time.perf_counter()
+import {package}
+from {package}.modeling.mhc import mhc_pre
+t1 = time.perf_counter()
+{body}
+torch.cuda.synchronize()
+print(t1 - t0, time.perf_counter() - t1)
+"""
+COLD_BODIES = {
+    "per_token_cast": ("the first per_token_cast e4m3/128 of (4096, 7168) bf16",
+                       "x = torch.randn(4096, 7168, device='cuda').bfloat16()\n"
+                       "{package}.quant.per_token_cast(x, 'e4m3', 128)"),
+    "mhc_pre x50": ("mhc_pre (no grad, m 4, H 7168) at 50 token counts 1..4096",
+                    "g = torch.Generator().manual_seed(0)\n"
+                    "counts = sorted(set(torch.randint(1, 4097, (60,), generator=g).tolist()))[:50]\n"
+                    "res = torch.randn(4096, 4, 7168, device='cuda').bfloat16()\n"
+                    "fn, scale, base = torch.randn(24, 4 * 7168, device='cuda') * 1e-2, "
+                    "torch.rand(3, device='cuda'), torch.randn(24, device='cuda')\n"
+                    "with torch.no_grad():\n"
+                    "    for t in counts:\n"
+                    "        mhc_pre(res[:t], fn, scale, base)"),
+}
+
+
+def _fresh_processes(code: str, count: int, env: dict[str, str], timeout: float) -> tuple[list[list[float]], str]:
+    """(import s, calls s) of ``count`` fresh processes running ``code``; stops at the first failure (its reason)."""
+    import os
+    import subprocess
+
+    samples: list[list[float]] = []
+    for _ in range(count):
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                                  env={**os.environ, **env})
+        except subprocess.TimeoutExpired:
+            return samples, f"over {timeout:.0f} s"
+        if proc.returncode:
+            last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+            return samples, last[:160]
+        samples.append([float(v) for v in proc.stdout.split()[-2:]])
+    return samples, ""
+
+
+def cold_start(peer: bool, runs: int = 3, timeout: float = 240.0) -> list[dict[str, Any]]:
+    """Import + first calls in fresh processes (median of ``runs``): the wheel, and with ``peer`` TileKernels with
+    an empty TileLang cache (one process, which pays every JIT compile) and with the cache it left (warm)."""
+    import tempfile
+
+    out = []
+    for body_name, (what, body) in COLD_BODIES.items():
+        cache = {"TILELANG_CACHE_DIR": tempfile.mkdtemp(prefix="tilelang-cache.")}  # empty, per body
+        kinds = [("tile_kernels_aot", "tile_kernels_aot", runs, {})]
+        if peer:
+            kinds += [("TileKernels, empty JIT cache", "tile_kernels", 1, cache),
+                      ("TileKernels, warm JIT cache", "tile_kernels", runs, cache)]
+        for label, package, count, env in kinds:
+            code = COLD.format(package=package, body=body.format(package=package))
+            samples, error = _fresh_processes(code, count, env, timeout)
+            out.append({"name": f"{label}: {body_name}", "runs": len(samples), "what": what + (f"; {error}" if error
+                        else ""), "import_s": statistics.median(s[0] for s in samples) if samples else None,
+                        "calls_s": statistics.median(s[1] for s in samples) if samples else None})
+    return out
+
+
 def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
 
@@ -371,17 +498,30 @@ def markdown(meta: dict[str, Any], rows: Sequence[Row]) -> str:
         "same way (the copy's own speed at that size); \"% mix\" against a kernel streaming exactly the op's bytes "
         "read and written (benchmarks/mix_ceiling.py: the ceiling of the op's size and read:write mix).",
         "",
+        "\"TileKernels µs\" is TileKernels' JIT kernel on the same inputs through the same call (peer.py), \"first s\" "
+        "its first call (the JIT compile, or a load from TileLang's cache), \"= bits\" whether its outputs equal "
+        "ours bit for bit (\"-\": not compared, the op writes in place).",
+        "",
         "| op | shape | µs | GB/s | % copy | % size copy | % mix | eager µs | compiled µs | vs eager | vs compiled "
-        "| note |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| TileKernels µs | vs TileKernels | first s | = bits | note |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :-: | --- |",
     ]
     for r in rows:
+        same = "-" if r.tk_same is None else "yes" if r.tk_same else "**no**"
         lines.append(
             f"| {r.op} | {r.shape} | {fmt(r.us)} | {fmt(r.gb_s, 0)} | {fmt(r.pct_copy, 0, '%')} "
             f"| {fmt(r.pct_size_copy, 0, '%')} | {fmt(r.pct_mix, 0, '%')} "
             f"| {fmt(r.eager_us)} | {fmt(r.compiled_us)} | {fmt(r.vs_eager, 2, 'x')} "
-            f"| {fmt(r.vs_compiled, 2, 'x')} | {r.note} |"
+            f"| {fmt(r.vs_compiled, 2, 'x')} | {fmt(r.tk_us)} | {fmt(r.vs_tk, 2, 'x')} | {fmt(r.tk_first_s, 1)} "
+            f"| {same if r.tk_us is not None or r.tk_same is not None else 'n/a'} | {r.note} |"
         )
+    if meta.get("tilekernels"):
+        lines += ["", f"TileKernels: {meta['tilekernels']}"]
+    if meta.get("cold_start"):
+        lines += ["", "## Cold start (fresh processes, median)", "",
+                  "| process | runs | import s | first calls s | what |", "| --- | ---: | ---: | ---: | --- |"]
+        lines += [f"| {c['name']} | {c['runs']} | {fmt(c['import_s'], 2)} | {fmt(c['calls_s'], 2)} | {c['what']} |"
+                  for c in meta["cold_start"]]
     return "\n".join(lines) + "\n"
 
 
@@ -392,7 +532,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     parser.add_argument("--only", default="", help="comma-separated sections to run (quant, block_and_back, "
                         "transpose, or a benchmarks/cases module name); default: all")
+    parser.add_argument("--tilekernels", action="store_true", help="also time TileKernels' JIT kernels through the "
+                        "same calls (needs tile_kernels and tilelang importable; see peer.py)")
+    parser.add_argument("--cold-start", action="store_true", help="add the cold-start section (fresh processes)")
+    parser.add_argument("--baseline", type=Path, help="a results.json to compare with: exit 3, naming the ops, when "
+                        "an op is more than 5%% slower than there in two consecutive measurements")
     return parser.parse_args(argv)
+
+
+THRESHOLD = 0.05  # slower than the baseline by more than this, twice in a row: a regression
+
+
+def regressions(rows: Sequence[Row], baseline: dict[str, Any], threshold: float = THRESHOLD,
+                within: set[tuple[str, str]] | None = None) -> dict[tuple[str, str], str]:
+    """(op, shape) -> "op (shape): now vs then" for each row more than ``threshold`` slower than the baseline's row
+    of the same op and shape (rows the baseline lacks, or without a time on either side, are not compared);
+    ``within``: only those rows."""
+    then = {(r["op"], r["shape"]): r["us"] for r in baseline.get("rows", []) if r.get("us")}
+    return {(r.op, r.shape): f"{r.op} ({r.shape}): {r.us:.1f} µs vs {then[(r.op, r.shape)]:.1f} µs" for r in rows
+            if r.us and (r.op, r.shape) in then and r.us > (1 + threshold) * then[(r.op, r.shape)]
+            and (within is None or (r.op, r.shape) in within)}
+
+
+def _driver() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -405,17 +574,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings(reps=20, warmup=3) if args.quick else Settings(reps=200, warmup=10)
     timer = Timer(settings)
     copy_gb_s = copy_bandwidth(timer)
-    meta = {
+    meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": torch.cuda.get_device_name(),
+        "driver": _driver(),
         "torch": torch.__version__,
         "package": getattr(tk, "__version__", "unknown"),
         "commit": args.commit,
         "copy_gb_s": copy_gb_s,
         "reps": settings.reps,
     }
+    cases_tk: Any = tk
+    if args.tilekernels:
+        start = time.perf_counter()
+        try:
+            import tile_kernels
+            import tilelang
+        except Exception as exc:  # the table says why its TileKernels columns are empty
+            meta["tilekernels"] = f"not importable ({reason(exc)})"
+        else:
+            from peer import mirror
+
+            meta["tilekernels"] = (f"{getattr(tile_kernels, '__version__', '?')} JIT through TileLang "
+                                   f"{tilelang.__version__}, imported in {time.perf_counter() - start:.1f} s")
+            cases_tk, PEER["on"] = mirror(tk, tile_kernels), True
     args.out.mkdir(parents=True, exist_ok=True)
-    rows: list[Row] = []
     # Results are rewritten after every section, so a run cut short keeps what it measured.
     sections = {"quant": quant_rows, "block_and_back": block_and_back_rows, "transpose": transpose_rows,
                 **case_sections()}
@@ -424,13 +607,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"--only: unknown sections {', '.join(unknown)}; choose from {', '.join(sections)}", file=sys.stderr)
         return 2
-    for section in (sections[name] for name in wanted):
-        rows += section(timer, copy_gb_s, tk)
-        derived = ("pct_size_copy", "pct_mix", "vs_eager", "vs_compiled")
+    baseline = json.loads(args.baseline.read_text()) if args.baseline else None
+    rows: list[Row] = []
+    slow: list[str] = []
+
+    def write() -> str:
+        derived = ("pct_size_copy", "pct_mix", "vs_eager", "vs_compiled", "vs_tk")
         results = {"meta": meta, "rows": [asdict(r) | {k: getattr(r, k) for k in derived} for r in rows]}
         (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         table = markdown(meta, rows)
         (args.out / "results.md").write_text(table)
+        return table
+
+    for name in wanted:
+        section_rows = sections[name](timer, copy_gb_s, cases_tk)
+        first = regressions(section_rows, baseline) if baseline is not None else {}
+        if first and baseline is not None:
+            # Measured again before it counts: a regression is slower twice in a row, not one noisy run.
+            slow += regressions(sections[name](timer, copy_gb_s, cases_tk), baseline, within=set(first)).values()
+        rows += section_rows
+        table = write()
+    if args.cold_start:
+        meta["cold_start"] = cold_start(peer=PEER["on"])
+        table = write()
     try:
         from plot import plot  # benchmarks/plot.py, next to this script
 
@@ -438,6 +637,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:  # matplotlib is optional: the numbers are in results.json
         print(f"no plot: {exc}", file=sys.stderr)
     print(table)
+    if slow:
+        print(f"slower than {args.baseline} by more than {THRESHOLD:.0%} twice in a row:\n  " + "\n  ".join(slow),
+              file=sys.stderr)
+        return 3
     return 0
 
 

@@ -6,7 +6,7 @@
 # examples/rmsnorm/kernel_specs --templates examples/rmsnorm/kernels --dist dist/examples)
 # with --no-deps, run the GPU tests, then the benchmarks.
 # Logs and results go under $OUT (the device tool's output folder) or ./gpu-out.
-# Usage: COMMIT=<sha> [BENCH=all|none|<sections>] [OVERHEAD=0] [OVERHEAD_BEFORE=<wheel dir>] [GVS=1] [TK_JIT=<tar.xz>] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
+# Usage: COMMIT=<sha> [BENCH=all|none|<sections>] [OVERHEAD=0] [OVERHEAD_BEFORE=<wheel dir>] [GVS=1] [TK_JIT=<tar.xz>] [COLD=1] [BASELINE=<results.json>] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
 #        [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -21,13 +21,22 @@ python3 -c "import torch, tile_kernels_aot as tk; print('torch', torch.__version
 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE --junitxml="$OUT/gpu-tests.xml" "$@" > "$OUT/gpu-tests.log" 2>&1
 tests=$?
 tail -n 25 "$OUT/gpu-tests.log"
+# TileKernels' JIT kernels beside ours in the benchmark (TK_JIT=<tar.xz of TileLang 0.1.15, its dependencies and
+# TileKernels 1.0.0 as unpacked wheels; benchmarks/peer.py says how to make it), COLD=1 adds the cold-start section,
+# BASELINE=<results.json> makes bench.py fail on ops more than 5% slower than there twice in a row.
+bench_path=$site bench_args=()
+if [ -n "${TK_JIT:-}" ]; then
+  jit=$(mktemp -d /tmp/tk-jit.XXXX)
+  xz -dc "$TK_JIT" | tar xf - -C "$jit" && bench_path="$site:$jit" bench_args+=(--tilekernels)
+fi
+[ "${COLD:-0}" = 1 ] && bench_args+=(--cold-start)
+[ -n "${BASELINE:-}" ] && bench_args+=(--baseline "$BASELINE")
 # BENCH=none skips the benchmarks, BENCH=<sections> (bench.py --only) runs some of them.
 bench=0
-if [ "${BENCH:-all}" = all ]; then
-  python3 benchmarks/bench.py --out "$OUT" --commit "${COMMIT:-unknown}" > "$OUT/bench.log" 2>&1
-  bench=$?
-elif [ "${BENCH}" != none ]; then
-  python3 benchmarks/bench.py --out "$OUT" --commit "${COMMIT:-unknown}" --only "$BENCH" > "$OUT/bench.log" 2>&1
+if [ "${BENCH:-all}" != none ]; then
+  [ "${BENCH:-all}" != all ] && bench_args+=(--only "$BENCH")
+  PYTHONPATH="$bench_path" python3 benchmarks/bench.py --out "$OUT" --commit "${COMMIT:-unknown}" "${bench_args[@]}" \
+    > "$OUT/bench.log" 2>&1
   bench=$?
 fi
 overhead=0
@@ -66,15 +75,6 @@ if [ "${TK_SUITE_S:-0}" -gt 0 ]; then
     --deadline "$((TK_SUITE_S - 15))" ${TK_SUITE_FILES:-} > "$OUT/tilekernels-suite.log" 2>&1
   cp "$suite/tilekernels-suite.md" "$OUT/" 2>/dev/null
   tar czf "$OUT/tilekernels-suite.tgz" -C "$suite" .
-fi
-# The Engram kernels against TileKernels' JIT kernels (TK_JIT=<tar.xz of TileLang 0.1.15, its dependencies and
-# TileKernels 1.0.0, unpacked wheels>; benchmarks/engram_vs_tilekernels.py).
-if [ -n "${TK_JIT:-}" ]; then
-  jit=$(mktemp -d /tmp/tk-jit.XXXX)
-  xz -dc "$TK_JIT" | tar xf - -C "$jit"
-  PYTHONPATH="$site:$jit" timeout "${TK_JIT_S:-240}" python3 benchmarks/engram_vs_tilekernels.py --out "$OUT" \
-    > "$OUT/engram_vs_tilekernels.log" 2>&1
-  tail -n 12 "$OUT/engram_vs_tilekernels.log"
 fi
 tail -n 30 "$OUT/bench.log" 2>/dev/null; tail -n 12 "$OUT/runtime_overhead.log" 2>/dev/null
 echo "exit codes: tests $tests, bench $bench, runtime_overhead $overhead"

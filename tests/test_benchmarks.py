@@ -120,3 +120,61 @@ def test_mix_ceiling_check_recomputes_the_kernel(read_bytes: int, written_bytes:
     skipped_load[m.reads_per_program if m.programs > 1 else 0] += 1  # lane 0 of a program: every program writes it
     with pytest.raises(AssertionError):
         check(m, skipped_load, y)
+
+
+def _modules(prefix: str, funcs: dict[str, object], sub: dict[str, object] | None = None) -> object:
+    import types
+
+    package = types.ModuleType(prefix)
+    for name, value in funcs.items():
+        setattr(package, name, value)
+    if sub is not None:
+        child = types.ModuleType(f"{prefix}.quant")
+        for name, value in sub.items():
+            setattr(child, name, value)
+        package.quant = child  # type: ignore[attr-defined]
+    return package
+
+
+def test_a_call_written_once_runs_through_the_wheel_or_through_tilekernels() -> None:
+    """peer.mirror: functions read from the wheel's tree are Twins, calling TileKernels' function of the same name
+    inside as_theirs; a name the wheel lacks is an AttributeError; a call that reaches no TileKernels function (or
+    one TileKernels lacks) is refused instead of timing ours twice."""
+    from peer import as_theirs, mirror
+
+    ours = _modules("tile_kernels_aot", {"VERSION": 1}, {"cast": lambda x: ("ours", x), "only_ours": lambda: 0})
+    theirs = _modules("tile_kernels", {}, {"cast": lambda x: ("theirs", x)})
+    tk = mirror(ours, theirs)
+    call = lambda x: tk.quant.cast(x)  # noqa: E731  # as a benchmark case writes it
+    assert call(3) == ("ours", 3) and as_theirs(call)(3) == ("theirs", 3) and call(4) == ("ours", 4)
+    assert tk.VERSION == 1 and getattr(tk.quant, "missing", None) is None
+    with pytest.raises(NotImplementedError, match="TileKernels has no tile_kernels.quant.only_ours"):
+        as_theirs(lambda: tk.quant.only_ours())()
+    captured = ours.quant.cast  # type: ignore[attr-defined]  # not read through the mirror
+    with pytest.raises(LookupError, match="reaches no TileKernels function"):
+        as_theirs(lambda: captured(1))()
+    assert mirror(ours, None) is ours
+
+
+def test_same_bits_compares_every_output_bit_for_bit() -> None:
+    from bench import same_bits
+
+    a = torch.tensor([0.0, 1.0, float("nan")])
+    assert same_bits((a, a.clone()), (a.clone(), a)) == ""  # NaN equals itself bit for bit
+    assert same_bits(a, torch.tensor([-0.0, 1.0, float("nan")])) == "1 of 3 elements differ"  # signed zero
+    assert same_bits((a,), (a, a)) == "1 outputs vs 2"
+    assert "torch.float32 vs" in same_bits(a, a.double())
+    assert same_bits([a, 2], [a, 3]) == "output 1: 2 vs 3"
+
+
+def test_a_regression_is_an_op_slower_than_its_baseline_by_more_than_five_percent() -> None:
+    from bench import Row, regressions
+
+    def row(op: str, us: float | None) -> Row:
+        return Row(op, "s", us, None, None, None, None, "")
+
+    baseline = {"rows": [{"op": "a", "shape": "s", "us": 100.0}, {"op": "b", "shape": "s", "us": 100.0},
+                         {"op": "c", "shape": "s", "us": None}]}
+    now = [row("a", 105.0), row("b", 105.1), row("c", 500.0), row("d", 1.0), row("a", None)]
+    assert regressions(now, baseline) == {("b", "s"): "b (s): 105.1 µs vs 100.0 µs"}
+    assert regressions(now, baseline, within={("a", "s")}) == {}

@@ -28,13 +28,15 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
     except Exception as exc:
         return [Row("mhc", "-", None, None, None, None, None,
                     f"n/a: tests/reference/mhc*.py not importable ({reason(exc)})")]
-    mhc = getattr(tk, "mhc", None)
+    # TileKernels' functions live in modeling.mhc.ops (its mhc package holds the kernels, no public names): read
+    # them there, so that bench.py --tilekernels times TileKernels' own through the same calls.
+    ops = getattr(getattr(getattr(tk, "modeling", None), "mhc", None), "ops", None)
 
     def op(name: str) -> Any:
-        return getattr(mhc, name, None)
+        return getattr(ops, name, None)
 
     def missing(name: str) -> str:
-        return "" if op(name) else f"ours n/a: the wheel has no mhc.{name}"
+        return "" if op(name) else f"ours n/a: the wheel has no modeling.mhc.ops.{name}"
 
     streams = f"T={T} m={M} H={H} bf16"
 
@@ -63,7 +65,9 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
                    lambda r, f: norm_fn_ref(r, f, None, EPS), missing("mhc_pre_norm_fn")),
         bench_case(timer, copy_gb_s, "mhc_pre_apply_mix", streams, make_apply, apply_mix, pre_apply_mix_ref,
                    missing("mhc_pre_apply_mix")),
-        bench_case(timer, copy_gb_s, "mhc_post_fwd", streams, make_post, post, post_ref, missing("mhc_post_fwd")),
+        bench_case(timer, copy_gb_s, "mhc_post_fwd", streams, make_post, post,
+                   lambda x, r, p, c: post_ref(x[None], r[None], p[None], c[None])[0],  # it takes (a, b, ...)
+                   missing("mhc_post_fwd")),
         bench_case(timer, copy_gb_s, "mhc_pre_big_fuse", streams, make_fuse,
                    (lambda r, f, s, b: big_fuse(r, f, s, b, EPS, EPS, EPS, 2.0, 10)) if big_fuse else None, None,
                    missing("mhc_pre_big_fuse") or "eager n/a: the fused step has no single reference"),

@@ -98,7 +98,10 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
             torch.rand((T, K), device="cuda")
 
     def ours_chain(scores: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        p2e, _, _, tk2p, *_ = moe.get_fused_mapping(gate(scores), E, N, ALIGN)  # type: ignore[union-attr]
+        # Experts of other ranks as -1 (what TileKernels' mapping takes; ids >= E would index past its counters).
+        ids = gate(scores)
+        ids = torch.where(ids < E, ids, -1)
+        p2e, _, _, tk2p, *_ = moe.get_fused_mapping(ids, E, N, ALIGN)  # type: ignore[union-attr]
         return moe.reduce_fused(moe.expand_to_fused(x, tk2p, p2e), w, tk2p)  # type: ignore[union-attr]
 
     def torch_chain(scores: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

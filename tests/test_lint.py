@@ -83,11 +83,11 @@ def test_op_modules_type_check(tmp_path: Path) -> None:
 # Python, jinja only on the line that instantiates it. These still hold blocks from before that rule; the count
 # may only go down (lower it here when a template is converted). Every other template: none.
 _JINJA_BLOCKS = {
-    "moe/normalize_weight.py.j2": 12, "moe/top2_sum_gate.py.j2": 20, "moe/topk_gate.py.j2": 11,
+    "moe/top2_sum_gate.py.j2": 20,
     "quant/_clamp.j2": 1, "quant/_layout.j2": 1, "quant/_scale.j2": 1, "quant/_store.j2": 3, "quant/_tiles.j2": 14,
     "quant/_words.j2": 1, "quant/cast_back_e5m6.py.j2": 17, "quant/per_block_cast_lossless.py.j2": 1,
     "quant/per_block_cast.py.j2": 1, "quant/per_channel_cast_and_transpose.py.j2": 17, "quant/per_channel_cast_fused.py.j2": 1,
-    "quant/per_token_cast.py.j2": 2, "quant/per_token_cast_back.py.j2": 14, "quant/per_token_cast_e5m6.py.j2": 1,
+    "quant/per_token_cast.py.j2": 2, "quant/per_token_cast_e5m6.py.j2": 1,
     "quant/swiglu_backward_and_per_token_cast.py.j2": 19,
     "quant/swiglu_forward_and_per_channel_cast_and_transpose.py.j2": 7,
     "quant/swiglu_forward_and_per_token_cast.py.j2": 3, "transpose/batched_transpose.py.j2": 2,

@@ -234,9 +234,10 @@ def same_bits(a: Any, b: Any) -> str:
     return "" if a == b else f"{a!r} vs {b!r}"
 
 
-def _peer_columns(timer: Timer, ours: Op, inputs: Sequence[Inputs], notes: list[str]
+def _peer_columns(timer: Timer, ours: Op, our_out: Any, inputs: Sequence[Inputs], notes: list[str]
                   ) -> tuple[float | None, float | None, bool | None]:
-    """TileKernels' (µs, first-call s, same bits) for the case's call made through it (see peer.py)."""
+    """TileKernels' (µs, first-call s, same bits) for the case's call made through it (see peer.py); ``our_out``:
+    our call's result on ``inputs[0]``."""
     from peer import as_theirs
 
     theirs = as_theirs(ours)
@@ -251,7 +252,7 @@ def _peer_columns(timer: Timer, ours: Op, inputs: Sequence[Inputs], notes: list[
         return None, None, None
     same = None
     if tensor_bytes(their_out):  # ops that return nothing write in place: an accumulator would differ
-        diff = same_bits(ours(*inputs[0]), their_out)
+        diff = same_bits(our_out, their_out)
         same = not diff
         if diff:
             notes.append(f"differs from TileKernels: {diff}")
@@ -265,9 +266,10 @@ def bench_case(timer: Timer, copy_gb_s: float, op: str, shape: str, make: Callab
     notes = [missing] if missing else []
     inputs = rotating_inputs(make)
     us = try_time(timer, ours, inputs, notes, "ours")
-    gb_s = pct = same_size = mix = None
+    gb_s = pct = same_size = mix = our_out = None
     if us is not None and ours is not None:
-        read, written = tensor_bytes(inputs[0]), tensor_bytes(ours(*inputs[0]))
+        our_out = ours(*inputs[0])
+        read, written = tensor_bytes(inputs[0]), tensor_bytes(our_out)
         gb_s = (read + written) / us / 1e3
         pct = 100 * gb_s / copy_gb_s
         same_size = size_copy_us(timer, read + written)
@@ -277,7 +279,7 @@ def bench_case(timer: Timer, copy_gb_s: float, op: str, shape: str, make: Callab
             notes.append(f"mix n/a: {reason(exc)}")
     tk_us = tk_first_s = tk_same = None
     if PEER["on"] and us is not None and ours is not None:
-        tk_us, tk_first_s, tk_same = _peer_columns(timer, ours, inputs, notes)
+        tk_us, tk_first_s, tk_same = _peer_columns(timer, ours, our_out, inputs, notes)
     eager_us = try_time(timer, eager, inputs, notes, "eager")
     compiled_us = try_time(timer, compiled(eager) if eager else None, inputs, notes, "compiled")
     return Row(op, shape, us, gb_s, pct, eager_us, compiled_us, "; ".join(notes), same_size, mix, tk_us,

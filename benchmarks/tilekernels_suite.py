@@ -46,17 +46,25 @@ import sys
 
 import tile_kernels_aot
 
+
+
+def _alias(name, module):
+    """``module`` and its public submodules at every depth (quant.common, modeling.mhc.ops.post, ...) under
+    TileKernels' name: a submodule left out would be loaded a second time from the same file under the alias,
+    where its relative imports miss tile_kernels_aot's private modules."""
+    sys.modules[name] = module
+    for sub in pkgutil.iter_modules(getattr(module, "__path__", [])):
+        if not sub.name.startswith("_"):
+            _alias(f"{{name}}.{{sub.name}}", importlib.import_module(f"{{module.__name__}}.{{sub.name}}"))
+
+
 for _name in {modules!r}:
     try:
         _module = importlib.import_module(f"tile_kernels_aot.{{_name}}")
     except ModuleNotFoundError:
         continue
-    sys.modules[f"{{__name__}}.{{_name}}"] = _module
+    _alias(f"{{__name__}}.{{_name}}", _module)
     globals()[_name] = _module
-    for _sub in pkgutil.iter_modules(getattr(_module, "__path__", [])):
-        if not _sub.name.startswith("_"):  # public submodules (quant.common, moe.scoring, ...)
-            sys.modules[f"{{__name__}}.{{_name}}.{{_sub.name}}"] = importlib.import_module(
-                f"tile_kernels_aot.{{_name}}.{{_sub.name}}")
 for _name in ("get_num_sms", "set_num_sms", "get_device_num_sms"):
     if hasattr(tile_kernels_aot, _name):
         globals()[_name] = getattr(tile_kernels_aot, _name)

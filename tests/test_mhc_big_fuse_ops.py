@@ -39,10 +39,15 @@ def test_signatures(ops: tuple[ModuleType, ModuleType, Any]) -> None:
     assert spelled(modeling.mhc_pre_big_fuse) == tilekernels  # tile_kernels.modeling.mhc.ops.mhc_pre_big_fuse
 
 
-@pytest.mark.parametrize(("hidden", "vec", "dots_vec"), [(1280, 8, 8), (7168, 8, 8), (1283, 1, 4)])
+@pytest.mark.parametrize(("hidden", "vec", "gemm"), [
+    (1280, 8, ("mhc_norm_fn_mma", {"stage": "mma", "mhc_mult": 4})),
+    (7168, 8, ("mhc_norm_fn_mma", {"stage": "mma", "mhc_mult": 4})),
+    (1288, 8, ("mhc_norm_fn_dots", {"stage": "dots", "mhc_mult": 4, "vec": 8})),
+    (1283, 1, ("mhc_norm_fn_dots", {"stage": "dots", "mhc_mult": 4, "vec": 4})),
+])
 @pytest.mark.parametrize("lead", [(1, 1), (1, 13), (2, 5), (7,), (1, 0)])
 def test_launches(ops: tuple[ModuleType, ModuleType, Any], lead: tuple[int, ...], hidden: int, vec: int,
-                  dots_vec: int) -> None:
+                  gemm: tuple[str, dict[str, Any]]) -> None:
     big_fuse, modeling, runtime = ops
     residual, fn, scale, base = _data(lead, hidden)
     t = int(torch.tensor(lead).prod())
@@ -51,7 +56,7 @@ def test_launches(ops: tuple[ModuleType, ModuleType, Any], lead: tuple[int, ...]
         post, comb, layer_input = call(residual, fn, scale, base, *OPTIONS)
         (n_w, v_w, l_w), (n_d, v_d, l_d), (n_f, v_f, l_f) = runtime.LAUNCHES
         assert (n_w, v_w, l_w[0], l_w[3]) == ("mhc_norm_fn_weights", {"stage": "weights", "mhc_mult": 4}, fn, 0)
-        assert (n_d, v_d) == ("mhc_norm_fn_dots", {"stage": "dots", "mhc_mult": 4, "vec": dots_vec})
+        assert (n_d, v_d) == gemm
         assert l_d[0].shape == (t, 4 * hidden) and l_d[0].data_ptr() == residual.data_ptr() and l_d[1] is l_w[2]
         assert (n_f, v_f) == ("mhc_pre_big_fuse", {"mhc_mult": 4, "vec": vec})
         assert l_f[0] is l_d[2] and l_f[1] is l_d[3] and l_f[2] is scale and l_f[3] is base

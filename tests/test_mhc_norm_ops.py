@@ -17,7 +17,7 @@ import torch
 from tests.op_stub import spelled, stub_package_with_layer
 
 PACKAGE = "mhc_norm_ops_pkg"
-FWD = ["mhc_norm_fn_weights", "mhc_norm_fn_dots", "mhc_norm_fn_norm"]
+FWD = ["mhc_norm_fn_weights", "mhc_norm_fn_mma", "mhc_norm_fn_norm"]  # hidden % 16 == 0: the tensor cores
 BWD = ["mhc_norm_fn_bwd_norm", "mhc_norm_fn_bwd_x", "mhc_norm_fn_bwd_fn"]
 
 
@@ -44,20 +44,26 @@ def test_signatures(ops: tuple[ModuleType, ModuleType, ModuleType, Any]) -> None
     assert modeling.__all__ == ["MHCPreNormFn", "mhc_pre_norm_fn"]
 
 
+MMA = ("mhc_norm_fn_mma", {"stage": "mma", "mhc_mult": 4})
+
+
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize(("hidden", "vec"), [(1280, 8), (7168, 8), (1283, 4)])
+@pytest.mark.parametrize(("hidden", "gemm"), [
+    (1280, MMA), (7168, MMA), (1296, MMA),  # K % 64 == 0: the tensor-core GEMM
+    (1288, ("mhc_norm_fn_dots", {"stage": "dots", "mhc_mult": 4, "vec": 8})),  # K % 64 == 32
+    (1283, ("mhc_norm_fn_dots", {"stage": "dots", "mhc_mult": 4, "vec": 4})),
+])
 @pytest.mark.parametrize(("n0", "n1"), [(1, 1), (2, 13), (1, 0)])
 def test_forward_launches_three_stages(ops: tuple[ModuleType, ModuleType, ModuleType, Any], n0: int, n1: int,
-                                       hidden: int, vec: int, weighted: bool) -> None:
+                                       hidden: int, gemm: tuple[str, dict[str, Any]], weighted: bool) -> None:
     norm_fn, _, _, runtime = ops
     runtime.LAUNCHES.clear()
     residual, fn, weight = _data(n0, n1, hidden)
     mixes = norm_fn.mhc_pre_norm_fn(residual, fn, weight if weighted else None, 1e-6)
     (n_w, v_w, l_w), (n_d, v_d, l_d), (n_n, v_n, l_n) = runtime.LAUNCHES
     t, k = n0 * n1, 4 * hidden
-    assert [n_w, n_d, n_n] == FWD
-    assert (v_w, v_d, v_n) == ({"stage": "weights", "mhc_mult": 4}, {"stage": "dots", "mhc_mult": 4, "vec": vec},
-                               {"stage": "norm", "mhc_mult": 4})
+    assert [n_w, (n_d, v_d), n_n] == [FWD[0], gemm, FWD[2]]
+    assert (v_w, v_n) == ({"stage": "weights", "mhc_mult": 4}, {"stage": "norm", "mhc_mult": 4})
     # weights: fn, the weight (fn's elements as a stand-in without one), fn_eff, has_weight
     assert l_w[0] is fn and l_w[3] == int(weighted)
     assert l_w[1] is weight if weighted else (l_w[1].shape == (24 * k,) and l_w[1].data_ptr() == fn.data_ptr())
@@ -92,11 +98,29 @@ def test_forward_with_saved_tensors(ops: tuple[ModuleType, ModuleType, ModuleTyp
     (13, 64, 1),  # a short row: one split
     (0, 7168, 112),  # no tokens: the grid is empty whatever the count
 ])
-def test_dots_split_counts(ops: tuple[ModuleType, ModuleType, ModuleType, Any], num_tokens: int, hidden: int,
+def test_cuda_core_split_counts(ops: tuple[ModuleType, ModuleType, ModuleType, Any], num_tokens: int, hidden: int,
                            splits: int) -> None:
     helper = ops[1]
     assert helper.dots_splits(num_tokens, 4 * hidden, 0) == splits
     assert helper.dots_splits(num_tokens, 4 * hidden, -1) == 1
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "splits"), [
+    (8192, 7168, 2),  # 64 token tiles of 128: 128 blocks on 132 SMs
+    (16384, 7168, 1),  # 128 tiles fill the GPU alone: one split, TileKernels' sums
+    (1024, 7168, 16),  # 8 tiles: 16 of the 448 steps' divisors keeps 128 blocks
+    (1, 7168, 112),  # one tile: 112 (divides 448) of at most 132
+    (13, 1280, 80),  # 80 steps: 80 itself
+    (1, 16, 1),  # K = 64: one step
+    (4096, 1296, 3),  # 81 steps, 32 tiles: at most 4 splits, of which 81 divides 3
+    (0, 7168, 112),  # no tokens: the grid is empty whatever the count
+])
+def test_tensor_core_split_counts(ops: tuple[ModuleType, ModuleType, ModuleType, Any], num_tokens: int, hidden: int,
+                                  splits: int) -> None:
+    helper = ops[1]
+    got = helper.mma_splits(num_tokens, 4 * hidden, 0)
+    assert got == splits and (4 * hidden // 64) % got == 0
+    assert helper.mma_splits(num_tokens, 4 * hidden, -1) == 1
 
 
 @pytest.mark.parametrize("accumulate", [False, True])

@@ -1,6 +1,7 @@
 """What mhc_pre_norm_fn and mhc_pre_big_fuse share: their argument checks and the forward's split-K GEMM
-(kernels/mhc/norm_fn_fwd.py.j2's ``weights`` and ``dots`` stages), whose split count both must choose
-alike (mhc_pre_big_fuse's outputs equal those of the ops it fuses, bit for bit)."""
+(kernels/mhc/norm_fn_fwd.py.j2's ``weights`` stage, then ``mma`` on the tensor cores or ``dots`` on CUDA
+cores), whose GEMM and split count both must choose alike (mhc_pre_big_fuse's outputs equal those of the
+ops it fuses, bit for bit)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ BUILT_MHC_MULT = (4,)  # kernel_specs/mhc_norm.yaml's grid
 
 _weights = get_kernel("mhc_norm_fn_weights")
 _dots = get_kernel("mhc_norm_fn_dots")
+_mma = get_kernel("mhc_norm_fn_mma")
+
+# The mma stage's Config.tile_tokens and tile_k: K must be a multiple of MMA_STEP (the spec requires it),
+# and a split owns a whole number of steps.
+MMA_TOKENS_PER_BLOCK = 128
+MMA_STEP = 64
 
 # The dots stage's token tile: Config.threads // Config.groups * Config.tokens (128 // 4 * 2), and the
 # vectors of 8 or 4 bf16 a split should at least hold per lane group (8 steps of its 4 lanes).
@@ -59,7 +66,7 @@ def dots_vec(mhc_hidden: int) -> int:
 
 
 def dots_splits(num_tokens: int, mhc_hidden: int, device: int) -> int:
-    """The split count of the forward's GEMM: enough blocks to fill the GPU for a small token count, each
+    """The split count of the CUDA-core GEMM: enough blocks to fill the GPU for a small token count, each
     split long enough that its partial sums cost little beside its share of x."""
     if device < 0:
         return 1  # a tensor elsewhere: the launcher refuses it by name
@@ -68,22 +75,43 @@ def dots_splits(num_tokens: int, mhc_hidden: int, device: int) -> int:
     return max(1, min(wanted, mhc_hidden // dots_vec(mhc_hidden) // _DOTS_MIN_SPLIT_VECTORS))
 
 
+def mma_splits(num_tokens: int, mhc_hidden: int, device: int) -> int:
+    """The split count of the tensor-core GEMM: the largest divisor of its K steps that keeps the grid
+    within one block per SM (about one block an SM is as fast as more, and fewer leave SMs idle). A token
+    count that fills the GPU alone gets one split, whose sums are TileKernels' to the bit."""
+    if device < 0:
+        return 1  # a tensor elsewhere: the launcher refuses it by name
+    tiles = max(1, -(-num_tokens // MMA_TOKENS_PER_BLOCK))
+    steps = mhc_hidden // MMA_STEP
+    most = max(1, sm_count(device) // tiles)
+    return max(d for d in range(1, min(most, steps) + 1) if steps % d == 0)
+
+
+def uses_mma(mhc_hidden: int) -> bool:
+    """Whether the tensor-core GEMM tiles K (else the CUDA-core one runs)."""
+    return mhc_hidden % MMA_STEP == 0 and mhc_hidden > 0
+
+
 def gemm_plans(x: torch.Tensor, mhc_mult: int, fn: torch.Tensor, weight: torch.Tensor | None, fn_eff: int,
                dots: int, sqrsum: int, outputs: Sequence[Empty]) -> list[Plan]:
     """The GEMM's launches over x (num_tokens, K): the TF32 weights into output ``fn_eff`` (fn * weight
     where given), then the split partial sums into outputs ``dots`` and ``sqrsum``; ``outputs``: all the
     op's outputs (its plans launch into one set)."""
     placeholder = fn.reshape(-1)  # not read without a weight: any fp32 vector
+    mhc_hidden = int(x.shape[1])
+    gemm = _mma.variant("mma", mhc_mult) if uses_mma(mhc_hidden) else \
+        _dots.variant("dots", mhc_mult, dots_vec(mhc_hidden))
     return [launch(_weights.variant("weights", mhc_mult), fn, placeholder if weight is None else weight,
                    out(fn_eff), int(weight is not None), outputs=outputs),
-            launch(_dots.variant("dots", mhc_mult, dots_vec(int(x.shape[1]))), x, out(fn_eff), out(dots),
-                   out(sqrsum))]
+            launch(gemm, x, out(fn_eff), out(dots), out(sqrsum))]
 
 
 def gemm_outputs(x: torch.Tensor, fn: torch.Tensor) -> tuple[Empty, Empty, Empty]:
     """The GEMM's outputs: fn_eff like fn, the (n_splits, num_tokens, m3) partial dots and (n_splits,
     num_tokens) partial sqrsums."""
-    splits = dots_splits(int(x.shape[0]), int(x.shape[1]), x.get_device())
+    num_tokens, mhc_hidden = int(x.shape[0]), int(x.shape[1])
+    choose = mma_splits if uses_mma(mhc_hidden) else dots_splits
+    splits = choose(num_tokens, mhc_hidden, x.get_device())
     m3 = int(fn.shape[0])
     return (empty(torch.float32, size(fn, 0), size(fn, 1)), empty(torch.float32, splits, size(x, 0), m3),
             empty(torch.float32, splits, size(x, 0)))

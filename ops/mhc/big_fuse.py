@@ -3,7 +3,7 @@
 TileKernels' ``mhc_pre_big_fuse`` (KERNELS.md, "mHC"; its modeling layer's function, which
 ``modeling.mhc.ops.mhc_pre_big_fuse`` re-exports): mhc_pre_norm_fn (without an RMSNorm weight, as there),
 mhc_pre_split_mixes, sinkhorn_normalize on comb and mhc_pre_apply_mix, with outputs equal to those ops' bit
-for bit. Three launches: the norm's GEMM stages (kernels/mhc/norm_fn_fwd.py.j2's ``weights`` and ``dots``,
+for bit. Three launches: the norm's GEMM stages (kernels/mhc/norm_fn_fwd.py.j2's ``weights``, then ``mma`` or ``dots``,
 kernel_specs/mhc_norm.yaml, the split count chosen as mhc_pre_norm_fn chooses it) and the fused rest
 (kernels/mhc/big_fuse.py.j2, kernel_specs/mhc_big_fuse.yaml). The token count and hidden are runtime sizes;
 leading dimensions are flattened into tokens through the op itself.

@@ -7,9 +7,10 @@ package's own stages: ``mhc_pre_norm_fn`` with TileKernels' signature (the forwa
 ``mhc_pre_norm_fn_fwd`` with what the backward needs, and ``mhc_pre_norm_fn_bwd``. Kernels in
 kernels/mhc/norm_fn_fwd.py.j2 and norm_fn_bwd.py.j2 (kernel_specs/mhc_norm.yaml): the token count and
 K = mhc_mult * hidden are runtime sizes, the GEMMs split over K (forward) or tokens (backward) by counts
-sized from the SM count. The TF32 rounding of TileKernels' tensor-core GEMMs is kept (``round_to_tf32``
-on the weights forward, on the dots' gradient backward); the products are then exact in fp32 and only the
-fp32 order of the sums differs from TileKernels'.
+sized from the SM count. The forward's GEMM runs on TF32 tensor cores as TileKernels' does (its products
+and its order of the sums: with one split, which a token count that fills the GPU gets, its bits), on CUDA
+cores for a K its 64-wide steps do not divide. The backward keeps TileKernels' TF32 rounding of the dots'
+gradient on CUDA cores; its products are exact in fp32 and only the fp32 order of the sums differs.
 """
 
 from __future__ import annotations

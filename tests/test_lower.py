@@ -246,3 +246,18 @@ def test_e5m6_cast_back_rows_leave_as_bulk_copies(arch: str, out_dtype: str, tmp
     itemsize = 2 if out_dtype == "bfloat16" else 4
     assert f", {2560 * itemsize});" in source  # the copy's size in bytes
     assert launch.dynamic_smem == (3072 if out_dtype == "bfloat16" else 2560) * itemsize
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_mhc_norm_fn_gemm_runs_on_tf32_tensor_cores(arch: str, tmp_path: Path) -> None:
+    """The mma stage of mhc_pre_norm_fn lowers to TF32 mma.sync on both archs (the spec disables wgmma, as
+    TileKernels' kernel does, whose order of the sums it keeps), fed by TMA from warp-specialized producers, with
+    the token count, K and the split count at run time."""
+    launch, source = _lower_shipped("mhc_norm_fn_mma", arch, tmp_path, stage="mma")
+    assert "tl::mma_sync<tl::DataType::kTensorFloat32, tl::DataType::kTensorFloat32, tl::DataType::kFloat32, " \
+           "16, 8, 8" in source
+    assert "wgmma" not in source and "tcgen05" not in source
+    assert "tl::tma_load(x_desc" in source and "tl::tma_load(fn_eff_desc" in source
+    assert launch.block == (256, 1, 1)  # 128 consumer threads and a producer warpgroup
+    assert [a.name for a in launch.args if a.kind == "size"] == ["mhc_hidden", "n_splits", "num_tokens"]

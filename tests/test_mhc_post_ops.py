@@ -33,7 +33,7 @@ def _data(n0: int, n1: int, h: int) -> tuple[torch.Tensor, ...]:
 
 def test_signatures(ops: tuple[ModuleType, ModuleType, Any]) -> None:
     post, modeling, _ = ops
-    assert spelled(post.mhc_post_fwd) == "(x, residual, post_layer_mix, comb_res_mix, *, out=None)"
+    assert spelled(post.mhc_post_fwd) == "(x, residual, post_layer_mix, comb_res_mix, out=None)"  # TileKernels' too
     assert spelled(post.mhc_post_bwd) == "(x, residual, post_layer_mix, comb_res_mix, d_o)"
     # TileKernels' tile_kernels.modeling.mhc.ops exports, spelled as there.
     assert spelled(modeling.mhc_post) == "(x, residual, post_layer_mix, comb_res_mix, out=None)"

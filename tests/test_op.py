@@ -91,6 +91,14 @@ def scale_rows(x: torch.Tensor, factor: int = 2) -> Plan:
                   outputs=(empty(x.dtype, size(x, 0), x.shape[1]),), rules=(multiple("x", x, 1, 4),))
 
 
+@op(outputs=("y",), positional_out=True)
+def scale_rows_into(x: torch.Tensor, factor: int) -> Plan:
+    """scale_rows whose out may come positionally too, as some TileKernels functions take it."""
+    x = matrix("x", x, "(rows, width)")
+    return launch(_kernel.variant(int(x.shape[1])), x, out(0), float(factor),
+                  outputs=(empty(x.dtype, size(x, 0), x.shape[1]),))
+
+
 @op(outputs=("sums", "y"), inputs={"x": (1,)})
 def row_sums(x: torch.Tensor) -> list[Plan]:
     """(x.sum(1), x * 3): two launches into one set of outputs."""
@@ -219,6 +227,22 @@ def test_an_allocating_call_launches_into_fresh_outputs_and_is_remembered(toy: t
     assert rules == (("size_multiple", 0, 1, 4),)
     ((recipe,),) = [outputs]
     assert recipe.dtype == torch.float32 and recipe.dims == ((0, 0, 1, 0, 1), 8)
+
+
+def test_positional_out_is_the_last_positional_parameter(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, _ = toy
+    assert str(inspect.signature(ops.scale_rows_into)) == "(x: 'torch.Tensor', factor: 'int', out=None)"
+    x = torch.randn(2, 8)
+    y, z = torch.full((2, 8), float("nan")), torch.full((2, 8), float("nan"))
+    assert ops.scale_rows_into(x, 3, y) is y and ops.scale_rows_into(x, 3, out=z) is z
+    assert torch.equal(y, x * 3) and torch.equal(z, x * 3)
+    assert torch.equal(ops.scale_rows_into(x, 3), x * 3)
+
+    def keyword_only(x: torch.Tensor, *, k: int = 1) -> None:
+        """Not an op: out cannot follow a keyword-only parameter positionally."""
+
+    with pytest.raises(TypeError, match="op keyword_only: positional_out needs out=True and a plan without keyword"):
+        ops.op(outputs=("y",), positional_out=True)(keyword_only)
 
 
 def test_out_is_written_in_place_and_returned(toy: tuple[ModuleType, ModuleType]) -> None:

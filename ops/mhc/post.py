@@ -55,7 +55,7 @@ def _like(t: torch.Tensor, dtype: torch.dtype) -> Empty:
     return empty(dtype, *(size(t, d) for d in range(t.dim())))
 
 
-@op(outputs=("out",))
+@op(outputs=("out",), positional_out=True)  # TileKernels' mhc_post_fwd takes out as its fifth argument
 def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
                  comb_res_mix: torch.Tensor) -> Plan:
     """The streams after the layer: ``out[..., n, :] = post[..., n] * x + sum_k comb[..., k, n] * residual[..., k, :]``.
@@ -68,7 +68,8 @@ def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         residual: bfloat16 (..., mhc_mult, hidden), contiguous: the streams.
         post_layer_mix: float32 (..., mhc_mult, 1), contiguous.
         comb_res_mix: float32 (..., mhc_mult, mhc_mult), contiguous.
-        out: (keyword) the bfloat16 tensor like residual to write into instead (contiguous); returned as given.
+        out: the bfloat16 tensor like residual to write into instead (contiguous; positional too, as in
+            TileKernels); returned as given.
 
     Returns:
         bfloat16 (..., mhc_mult, hidden).

@@ -344,7 +344,8 @@ _PUBLIC: dict[str, Any] = {"dispatch": rt.dispatch, "is_compiling": torch.compil
 
 
 def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None = None, name: str | None = None,
-       out: bool = True, mutates: bool | Sequence[str] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+       out: bool = True, positional_out: bool = False,
+       mutates: bool | Sequence[str] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Make a plan function the public op.
 
     ``outputs``: the names of the tensors the op returns, in order (``out=`` takes them in that
@@ -352,13 +353,20 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
     dimensions whose sizes choose the variant (the others vary at run time: the contract reads
     them); a call whose inputs match a remembered one in dtype, rank and those sizes, and
     whose other arguments have the same exact types and values, is replayed by dispatch.
-    ``out``: whether the op takes ``out=``. ``mutates``: the op writes its input tensors (an
+    ``out``: whether the op takes ``out=``; ``positional_out``: also as the last positional parameter, where the
+    op's TileKernels counterpart takes it so (``f(a, b, None)``; the plan then has no keyword-only parameters).
+    ``mutates``: the op writes its input tensors (an
     in-place op; its custom op says so to torch.compile): True for all of them, or the names of the
     parameters it writes, each a tensor or a list of them (then the others may be tensors autograd must not
     see written, e.g. weights).
     """
 
     def declare(plan: Callable[..., Any]) -> Callable[..., Any]:
+        if positional_out:
+            kinds = {p.name: p.kind for p in inspect.signature(plan).parameters.values()}
+            if not out or "out" in kinds or inspect.Parameter.KEYWORD_ONLY in kinds.values():
+                raise TypeError(f"op {name or plan.__name__}: positional_out needs out=True and a plan without "
+                                "keyword-only parameters or an out of its own")
         declared = Op(plan, name or plan.__name__, tuple(outputs), dict(inputs or {}), out, mutates)
         parameters = list(declared.signature.parameters.values())
         defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
@@ -370,7 +378,7 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
             spelled.append(f"{p.name}=_defaults[{p.name!r}]" if p.name in defaults else p.name)
         # A plan that takes out itself (to route it to another op) declares it; else the op adds it.
         if out and "out" not in declared.signature.parameters:
-            spelled.extend([] if seen_keyword else ["*"])
+            spelled.extend([] if seen_keyword or positional_out else ["*"])
             spelled.append("out=None")
         names = [p.name for p in parameters]
         source = (_FAST_SOURCE if declared.fast is not None else _SOURCE).format(
@@ -383,7 +391,8 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
         public.__doc__, public.plan, public.op = plan.__doc__, plan, declared
         shown = list(parameters)
         if out and "out" not in declared.signature.parameters:
-            shown.append(inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None))
+            kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if positional_out else inspect.Parameter.KEYWORD_ONLY
+            shown.append(inspect.Parameter("out", kind, default=None))
         public.__signature__ = inspect.Signature(shown)
         return public  # type: ignore[no-any-return]
 

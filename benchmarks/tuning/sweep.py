@@ -77,10 +77,12 @@ class Sweep:
 
 # package -> its sweep. A new sweep: a spec beside example.yaml and an entry with its knobs' shipped values.
 SWEEPS = {
-    # cast_back_e5m6 -> bf16 at H 4096 / 6144 / 7168: each row in one block (shipped), or in 1024-column pieces of
-    # 1, 2 or 4 rows.
+    # cast_back_e5m6 -> fp32 at H 4096 / 6144 / 7168: 1024-column pieces of two rows a block (shipped), pieces of
+    # one or four rows, or a block per row.
     "tkc_tuning_example": Sweep("tkc_tuning_example", "example.yaml",
-                                {"cast_back_e5m6": {"bf16_row_pieces": 1, "piece_rows": 1}}),
+                                {"cast_back_e5m6": {"row_pieces": 4, "piece_rows": 2}},
+                                overrides=(("cast_back_e5m6", "hidden", 6144, {"row_pieces": 6}),
+                                           ("cast_back_e5m6", "hidden", 7168, {"row_pieces": 7}))),
 }
 DEFAULT_PACKAGE = "tkc_tuning_example"
 

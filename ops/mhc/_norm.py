@@ -5,6 +5,7 @@ ops it fuses, bit for bit)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -82,9 +83,13 @@ def mma_splits(num_tokens: int, mhc_hidden: int, device: int) -> int:
     if device < 0:
         return 1  # a tensor elsewhere: the launcher refuses it by name
     tiles = max(1, -(-num_tokens // MMA_TOKENS_PER_BLOCK))
-    steps = mhc_hidden // MMA_STEP
-    most = max(1, sm_count(device) // tiles)
-    return max(d for d in range(1, min(most, steps) + 1) if steps % d == 0)
+    return _largest_divisor(mhc_hidden // MMA_STEP, max(1, sm_count(device) // tiles))
+
+
+@functools.lru_cache(maxsize=1024)
+def _largest_divisor(n: int, most: int) -> int:
+    """The largest divisor of n that is at most ``most`` (cached: the op asks it on every call)."""
+    return max(d for d in range(1, min(most, n) + 1) if n % d == 0)
 
 
 def uses_mma(mhc_hidden: int) -> bool:

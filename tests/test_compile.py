@@ -81,6 +81,25 @@ def test_cubins_name_no_folder_of_the_machine(tmp_path: Path, monkeypatch: pytes
         assert marker not in cubins[0]
 
 
+# Internal linkage: cicc names the symbol after a hash of the path it is told the source has.
+WITH_INTERNAL_SYMBOL = ('namespace { __device__ int counter; }\n'
+                        'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f + counter; }\n')
+
+
+def test_internal_symbols_do_not_depend_on_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels that include libcu++ (TileLang's mma and TMA templates do) carry internal-linkage symbols, which
+    cicc names after the source's path: two compiles in different fresh folders still give the same bytes."""
+    import tempfile
+
+    toolchain = find_toolchain()
+    cubins = []
+    for where in ("a", "b/deeper"):
+        (tmp_path / where).mkdir(parents=True)
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / where))
+        cubins.append(compile_cubin(WITH_INTERNAL_SYMBOL, ARCHS["sm90"], toolchain, name="k").cubin)
+    assert b"_INTERNAL_" in cubins[0] and cubins[0] == cubins[1]
+
+
 def test_line_info_is_an_option() -> None:
     """--lineinfo builds record source lines, and with them the folder nvcc ran in."""
     toolchain, lined = find_toolchain(), find_toolchain(line_info=True)

@@ -130,9 +130,12 @@ def include_dirs(toolchain: Toolchain) -> tuple[Path, ...]:
 
 
 def nvcc_command(toolchain: Toolchain, arch: Arch, source: Path, output: Path) -> list[str]:
+    # cicc names internal-linkage symbols (libcu++'s customization-point objects, anything in an anonymous
+    # namespace) after a hash of the source's absolute path, which nvcc passes it; the folder is a fresh
+    # mkdtemp, so without the source's bare name in its place such cubins would differ from build to build.
     return [
-        str(toolchain.nvcc), *toolchain.flags, "-gencode", arch.gencode,
-        *(f"-I{p}" for p in include_dirs(toolchain)), "-o", str(output), str(source),
+        str(toolchain.nvcc), *toolchain.flags, "-Xcicc", "--orig_src_path_name", "-Xcicc", source.name,
+        "-gencode", arch.gencode, *(f"-I{p}" for p in include_dirs(toolchain)), "-o", str(output), str(source),
     ]
 
 

@@ -64,9 +64,8 @@ WITH_HEADERS = ('#include <cuda_fp16.h>\nextern "C" __global__ void k(float* x) 
                 '{ x[threadIdx.x] = __half2float(__float2half(x[threadIdx.x])) * 2.0f; }\n')
 
 
-def test_cubins_name_no_folder_of_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """nvcc runs in a fresh private folder (mkdtemp) per compile, yet two compiles under different TMPDIRs give
-    the same bytes: without line info the cubin records neither that folder nor the include folders."""
+def _compiled_in_two_folders(source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The cubins of ``source`` compiled with TMPDIR in two different folders (each left empty again)."""
     import tempfile
 
     toolchain = find_toolchain()
@@ -74,8 +73,15 @@ def test_cubins_name_no_folder_of_the_machine(tmp_path: Path, monkeypatch: pytes
     for where in ("a", "b/deeper"):
         (tmp_path / where).mkdir(parents=True)
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / where))
-        cubins.append(compile_cubin(WITH_HEADERS, ARCHS["sm90"], toolchain, name="k").cubin)
+        cubins.append(compile_cubin(source, ARCHS["sm90"], toolchain, name="k").cubin)
         assert list((tmp_path / where).iterdir()) == []  # its folder is gone again
+    return cubins
+
+
+def test_cubins_name_no_folder_of_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvcc runs in a fresh private folder (mkdtemp) per compile, yet two compiles under different TMPDIRs give
+    the same bytes: without line info the cubin records neither that folder nor the include folders."""
+    cubins = _compiled_in_two_folders(WITH_HEADERS, tmp_path, monkeypatch)
     assert cubins[0] == cubins[1]
     for marker in (str(tmp_path).encode(), b"tkc-nvcc", b"site-packages", b"/include"):
         assert marker not in cubins[0]
@@ -89,14 +95,7 @@ WITH_INTERNAL_SYMBOL = ('namespace { __device__ int counter; }\n'
 def test_internal_symbols_do_not_depend_on_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernels that include libcu++ (TileLang's mma and TMA templates do) carry internal-linkage symbols, which
     cicc names after the source's path: two compiles in different fresh folders still give the same bytes."""
-    import tempfile
-
-    toolchain = find_toolchain()
-    cubins = []
-    for where in ("a", "b/deeper"):
-        (tmp_path / where).mkdir(parents=True)
-        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / where))
-        cubins.append(compile_cubin(WITH_INTERNAL_SYMBOL, ARCHS["sm90"], toolchain, name="k").cubin)
+    cubins = _compiled_in_two_folders(WITH_INTERNAL_SYMBOL, tmp_path, monkeypatch)
     assert b"_INTERNAL_" in cubins[0] and cubins[0] == cubins[1]
 
 

@@ -61,13 +61,20 @@ def test_changed_template_misses_the_cache(small_build: tuple[BuildOptions, list
     options, _ = small_build
     variant, arch = plan(options)[0]
     from tkc.compile import find_toolchain
-    from tkc.render import render
+    from tkc.render import Helper, render
 
     toolchain = find_toolchain()
     a = render(variant, arch, options.templates, tmp_path / "a")
     key_a = tkc.build.cache_key(a, toolchain)
-    changed = type(a)(variant=a.variant, arch=a.arch, path=a.path, source=a.source + "\n# touched\n")
+    changed = dataclasses.replace(a, source=a.source + "\n# touched\n")
     assert tkc.build.cache_key(changed, toolchain) != key_a
+    # The helper modules a variant imports are keyed with it: an edit of one rebuilds its users only.
+    helper = Helper(module="tkc_templates.quant.common", path=tmp_path / "common.py", source="X = 1\n")
+    with_helper = dataclasses.replace(a, helpers=(helper,))
+    key_h = tkc.build.cache_key(with_helper, toolchain)
+    assert key_h != key_a
+    edited = dataclasses.replace(with_helper, helpers=(dataclasses.replace(helper, source="X = 2\n"),))
+    assert tkc.build.cache_key(edited, toolchain) != key_h
     assert tkc.build.cache_key(a, toolchain) == key_a
     # A --lineinfo build is cached apart; tkc's own source is not part of the key (a comment in it must not
     # rebuild the catalog), the stages' FORMAT versions are.

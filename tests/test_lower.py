@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -154,9 +155,9 @@ def test_tma_stores_and_scratch_tensors_count_as_written(tmp_path: Path) -> None
     ("swiglu_forward_and_per_channel_cast_and_transpose", {"hidden": 2048, "npt": 32, "without_transpose": False}),
 ])
 def test_swiglu_clamps_keep_nan(kernel: str, params: dict[str, object], tmp_path: Path) -> None:
-    """The shipped SwiGLU kernels clamp through PTX min.NaN / max.NaN (kernels/quant/_clamp.j2), as torch.clamp
-    keeps NaN; T.min / T.max would lower to fminf / fmaxf, which turn a NaN x into the bound. The GPU tests check
-    the outputs; this catches the mechanism on a machine without a GPU."""
+    """The shipped SwiGLU kernels clamp through PTX min.NaN / max.NaN (clamp_min_max in kernels/quant/common.py),
+    as torch.clamp keeps NaN; T.min / T.max would lower to fminf / fmaxf, which turn a NaN x into the bound. The GPU
+    tests check the outputs; this catches the mechanism on a machine without a GPU."""
     spec = load_specs([REPO / "kernel_specs"], TEMPLATES).kernel(kernel)
     variant = next(v for v in expand(spec) if all(v.param_dict[k] == p for k, p in params.items()))
     source = lower(render(variant, ARCHS["sm90"], TEMPLATES, tmp_path), ARCHS["sm90"]).cuda_source
@@ -261,3 +262,23 @@ def test_mhc_norm_fn_gemm_runs_on_tf32_tensor_cores(arch: str, tmp_path: Path) -
     assert "tl::tma_load(x_desc" in source and "tl::tma_load(fn_eff_desc" in source
     assert launch.block == (256, 1, 1)  # 128 consumer threads and a producer warpgroup
     assert [a.name for a in launch.args if a.kind == "size"] == ["mhc_hidden", "n_splits", "num_tokens"]
+
+
+def test_templates_import_shared_helpers_of_their_own_folder(tmp_path: Path) -> None:
+    """``tkc_templates`` names the folder of the kernel being lowered: two catalogs with a helper of the same name
+    each get their own, and a helper edited between two lowerings in one process is imported again."""
+    from tests.test_render import _helper_catalog
+
+    def lowered_cuda(root: Path) -> str:
+        templates = root / "kernels"
+        variant = expand(load_specs([root / "s.yaml"], templates).kernels[0])[0]
+        return lower(render(variant, ARCHS["sm90"], templates, root / "out"), ARCHS["sm90"]).cuda_source
+
+    _helper_catalog(tmp_path / "a", factor="2.0")
+    _helper_catalog(tmp_path / "b", factor="3.0")
+    assert "2.000000e+00*/" in lowered_cuda(tmp_path / "a")
+    assert "3.000000e+00*/" in lowered_cuda(tmp_path / "b")
+    consts = tmp_path / "a" / "kernels" / "lib" / "consts.py"
+    consts.write_text("FACTOR = 5.0\n")
+    os.utime(consts, ns=(consts.stat().st_atime_ns, consts.stat().st_mtime_ns + 1_000_000))
+    assert "5.000000e+00*/" in lowered_cuda(tmp_path / "a")

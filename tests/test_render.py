@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -48,4 +49,75 @@ def test_undefined_template_variable_is_a_template_error(tmp_path: Path) -> None
                     "    op: quant/k.py\n    grid: {hidden: [1]}\n")
     variant = expand(load_specs([spec], templates).kernels[0])[0]
     with pytest.raises(TemplateError, match="'hiden' is undefined.*grid keys available to the template: hidden"):
+        render(variant, ARCHS["sm90"], templates, tmp_path / "out")
+
+
+def _helper_catalog(root: Path, factor: str = "2.0") -> Path:
+    """A one-kernel catalog whose template imports a helper that imports another; returns its spec."""
+    templates = root / "kernels"
+    (templates / "lib").mkdir(parents=True)
+    (templates / "quant").mkdir()
+    (templates / "lib" / "consts.py").write_text(f"FACTOR = {factor}\n")
+    (templates / "lib" / "ops.py").write_text("from tkc_templates.lib.consts import FACTOR\n\n\n"
+                                              "def scaled(v):\n    return v * FACTOR\n")
+    (templates / "quant" / "k.py.j2").write_text(
+        "import tilelang.language as T\nfrom tkc_templates.lib.ops import scaled\n\n\n"
+        "def make(n):\n"
+        "    @T.prim_func\n"
+        "    def k(x: T.Tensor((n,), 'float32'), y: T.Tensor((n,), 'float32')):\n"
+        "        with T.Kernel(1, threads=32):\n"
+        "            for i in T.Parallel(n):\n"
+        "                y[i] = scaled(x[i])\n\n"
+        "    return k\n\n\n"
+        "prim_func = make({{ n }})\n")
+    (root / "ops" / "quant").mkdir(parents=True)
+    (root / "ops" / "quant" / "k.py").write_text("def k(): pass\n")
+    spec = root / "s.yaml"
+    spec.write_text("package: {name: p, version: '1'}\nkernels:\n  k:\n    module: quant\n    template: quant/k.py.j2\n"
+                    "    op: quant/k.py\n    grid: {n: [64]}\n")
+    return spec
+
+
+def test_rendered_module_lists_the_helpers_it_imports_directly_and_through_helpers(tmp_path: Path) -> None:
+    spec = _helper_catalog(tmp_path)
+    templates = tmp_path / "kernels"
+    variant = expand(load_specs([spec], templates).kernels[0])[0]
+    rendered = render(variant, ARCHS["sm90"], templates, tmp_path / "out")
+    assert [h.module for h in rendered.helpers] == ["tkc_templates.lib.consts", "tkc_templates.lib.ops"]
+    assert rendered.helpers[0].path == templates / "lib" / "consts.py"
+    assert rendered.helpers[0].source == "FACTOR = 2.0\n"
+    assert rendered.templates == templates
+    # A template that imports no helper has none.
+    plain = expand(load_specs([SMALL_SPEC], TEMPLATES).kernel("batched_transpose"))[0]
+    assert render(plain, ARCHS["sm90"], TEMPLATES, tmp_path / "plain").helpers == ()
+
+
+def test_a_changed_helper_is_seen_by_the_next_render(tmp_path: Path) -> None:
+    spec = _helper_catalog(tmp_path)
+    templates = tmp_path / "kernels"
+    variant = expand(load_specs([spec], templates).kernels[0])[0]
+    render(variant, ARCHS["sm90"], templates, tmp_path / "out")
+    consts = templates / "lib" / "consts.py"
+    consts.write_text("FACTOR = 3.0\n")
+    os.utime(consts, ns=(consts.stat().st_atime_ns, consts.stat().st_mtime_ns + 1_000_000))
+    assert render(variant, ARCHS["sm90"], templates, tmp_path / "out").helpers[0].source == "FACTOR = 3.0\n"
+
+
+def test_a_missing_helper_names_the_importer_and_the_file_to_create(tmp_path: Path) -> None:
+    spec = _helper_catalog(tmp_path)
+    templates = tmp_path / "kernels"
+    (templates / "lib" / "consts.py").unlink()
+    variant = expand(load_specs([spec], templates).kernels[0])[0]
+    with pytest.raises(TemplateError, match=r"lib/ops.py: imports tkc_templates.lib.consts, which is not a module "
+                                            r"of the templates folder .*; create .*lib/consts.py or fix the import"):
+        render(variant, ARCHS["sm90"], templates, tmp_path / "out")
+
+
+def test_a_relative_import_in_a_helper_is_refused(tmp_path: Path) -> None:
+    spec = _helper_catalog(tmp_path)
+    templates = tmp_path / "kernels"
+    (templates / "lib" / "ops.py").write_text("from .consts import FACTOR\n\n\ndef scaled(v):\n    return v * FACTOR\n")
+    variant = expand(load_specs([spec], templates).kernels[0])[0]
+    with pytest.raises(TemplateError, match=r"lib/ops.py: relative import of 'consts'; import shared code as "
+                                            r"`from tkc_templates.<folder>.<module> import ...`"):
         render(variant, ARCHS["sm90"], templates, tmp_path / "out")

@@ -98,7 +98,11 @@ def tilelang_version() -> str:
 
 def cache_key(rendered: RenderedKernel, toolchain: Toolchain) -> str:
     spec = rendered.variant.kernel
+    # The shared helper modules the rendered source imports are part of its source; a variant without helpers
+    # keys as it did before helpers existed.
+    helpers = {"helpers": {h.module: h.source for h in rendered.helpers}} if rendered.helpers else {}
     material = json.dumps({
+        **helpers,
         "format": CACHE_FORMAT,
         "source": rendered.source,
         "pass_configs": [list(p) for p in spec.pass_configs],

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.machinery
 import importlib.util
 import re
 import sys
@@ -32,7 +33,7 @@ from typing import Any
 
 from tkc.arch import Arch
 from tkc.errors import LowerError
-from tkc.render import RenderedKernel
+from tkc.render import HELPER_PACKAGE, RenderedKernel
 
 # What this module writes into a cache entry (the CUDA source, the launch contract): bump when that changes
 # for the same rendered source, pass configs and TileLang version (those are keyed already), so that older
@@ -182,8 +183,30 @@ def _int(expr: Any, what: str) -> int:
         raise LowerError(f"{what} must be a compile-time integer, got {expr}") from exc
 
 
+_loaded_helpers: dict[str, str] = {}  # helper module -> the source it was imported from, in this process
+
+
+def _map_helper_package(rendered: RenderedKernel) -> None:
+    """Make ``tkc_templates`` name ``rendered.templates``, with each helper imported from the source the cache key
+    was computed from: a package mapped onto another folder, or a helper whose file changed since this process
+    imported it, is dropped and imported again."""
+    package = sys.modules.get(HELPER_PACKAGE)
+    stale = package is None or list(getattr(package, "__path__", [])) != [str(rendered.templates)] or any(
+        _loaded_helpers.get(h.module, h.source) != h.source for h in rendered.helpers)
+    if stale:
+        for name in [n for n in sys.modules if n == HELPER_PACKAGE or n.startswith(HELPER_PACKAGE + ".")]:
+            del sys.modules[name]
+        _loaded_helpers.clear()
+        spec = importlib.machinery.ModuleSpec(HELPER_PACKAGE, None, is_package=True)
+        spec.submodule_search_locations = [str(rendered.templates)]
+        sys.modules[HELPER_PACKAGE] = importlib.util.module_from_spec(spec)
+    for helper in rendered.helpers:
+        _loaded_helpers.setdefault(helper.module, helper.source)
+
+
 def import_rendered(rendered: RenderedKernel) -> Any:
     """Import the rendered module from its file (TileLang needs the source on disk)."""
+    _map_helper_package(rendered)
     name = f"tkc_rendered_{rendered.arch.name}_{rendered.variant.id}"
     spec = importlib.util.spec_from_file_location(name, rendered.path)
     if spec is None or spec.loader is None:

@@ -2,10 +2,18 @@
 
 TileLang parses kernel bodies through ``inspect``, so the rendered source must be
 a real file that is imported, never an exec'd string.
+
+Code shared between templates lives in plain Python modules in the templates folder
+(``@T.macro``s and small functions), which a template imports as
+``from tkc_templates.quant.common import ...``: the lower stage maps the package
+``tkc_templates`` onto the templates folder. The helpers a rendered module imports,
+directly or through other helpers, are part of what it is (``RenderedKernel.helpers``),
+so the build cache rebuilds exactly the variants that use a changed helper.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +31,26 @@ HEADER = '''\
 '''
 
 
+HELPER_PACKAGE = "tkc_templates"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Helper:
+    """A shared Python module of the templates folder that a rendered module imports."""
+
+    module: str  # e.g. "tkc_templates.quant.common"
+    path: Path
+    source: str
+
+
 @dataclass(frozen=True, kw_only=True)
 class RenderedKernel:
     variant: Variant
     arch: Arch
     path: Path  # the TileLang module written to disk
     source: str
+    templates: Path  # the folder ``tkc_templates`` names while this module is imported
+    helpers: tuple[Helper, ...] = ()  # sorted by module name
 
 
 @functools.lru_cache(maxsize=8)
@@ -66,9 +88,65 @@ def render_source(variant: Variant, arch: Arch, templates: Path) -> str:
     return header + body
 
 
+def _imported_helpers(source: str, where: str) -> list[str]:
+    """The ``tkc_templates`` modules that ``source`` imports (absolute imports only: a relative one in a helper
+    would hide a dependency from the cache key)."""
+    names: list[str] = []
+    if HELPER_PACKAGE not in source and "from ." not in source:
+        return names
+    for node in ast.walk(ast.parse(source, filename=where)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise TemplateError(f"{where}: relative import of {node.module or '.'!r}; import shared code as "
+                                f"`from {HELPER_PACKAGE}.<folder>.<module> import ...`")
+        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        names += [m for m in modules if m.split(".")[0] == HELPER_PACKAGE]
+    return names
+
+
+def _helper_path(module: str, templates: Path) -> Path | None:
+    parts = module.split(".")[1:]
+    if not parts:
+        return None
+    for path in (templates.joinpath(*parts).with_suffix(".py"), templates.joinpath(*parts, "__init__.py")):
+        if path.is_file():
+            return path
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _helper(module: str, templates: Path, mtime_ns: int) -> tuple[Helper, tuple[str, ...]]:
+    """One helper and the helpers it imports (cached per file version: every variant of a template asks)."""
+    path = _helper_path(module, templates)
+    assert path is not None
+    source = path.read_text()
+    return Helper(module=module, path=path, source=source), tuple(_imported_helpers(source, str(path)))
+
+
+def helpers_of(source: str, template: str, templates: Path) -> tuple[Helper, ...]:
+    """Every helper module ``source`` (rendered from ``template``) imports, directly or through helpers."""
+    found: dict[str, Helper] = {}
+    pending = [(name, template) for name in _imported_helpers(source, template)]
+    while pending:
+        module, importer = pending.pop()
+        if module in found:
+            continue
+        path = _helper_path(module, templates)
+        if path is None:
+            relative = "/".join(module.split(".")[1:]) or "<module>"
+            raise TemplateError(f"{importer}: imports {module}, which is not a module of the templates folder "
+                                f"{templates}; create {templates / relative}.py or fix the import")
+        helper, imports = _helper(module, templates, path.stat().st_mtime_ns)
+        found[module] = helper
+        pending += [(name, str(path)) for name in imports]
+    return tuple(found[name] for name in sorted(found))
+
+
 def render(variant: Variant, arch: Arch, templates: Path, out_dir: Path) -> RenderedKernel:
     """Render ``variant`` for ``arch`` into ``out_dir/<arch>/<variant id>.py``."""
     source = render_source(variant, arch, templates)
+    helpers = helpers_of(source, variant.kernel.template, templates)
     path = out_dir / arch.name / f"{variant.id}.py"
     write_atomic(path, source)
-    return RenderedKernel(variant=variant, arch=arch, path=path, source=source)
+    return RenderedKernel(variant=variant, arch=arch, path=path, source=source, templates=templates,
+                          helpers=helpers)

@@ -25,6 +25,7 @@ table last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import itertools
@@ -34,7 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ class Row:
     tk_us: float | None = None
     tk_first_s: float | None = None
     tk_same: bool | None = None
+    section: str = ""  # the bench.py section that measured it (--into replaces a section's rows)
 
     @property
     def pct_size_copy(self) -> float | None:
@@ -519,6 +521,9 @@ def markdown(meta: dict[str, Any], rows: Sequence[Row]) -> str:
         )
     if meta.get("tilekernels"):
         lines += ["", f"TileKernels: {meta['tilekernels']}"]
+    if meta.get("parts"):
+        lines += ["", "Measured in parts (one GPU call each, same commit and GPU kind): " + "; ".join(
+            f"{part['date']}: {', '.join(part['sections'])}" for part in meta["parts"])]
     if meta.get("cold_start"):
         lines += ["", "## Cold start (fresh processes, median)", "",
                   "| process | runs | import s | first calls s | what |", "| --- | ---: | ---: | ---: | --- |"]
@@ -539,6 +544,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cold-start", action="store_true", help="add the cold-start section (fresh processes)")
     parser.add_argument("--baseline", type=Path, help="a results.json to compare with: exit 3, naming the ops, when "
                         "an op is more than 5%% slower than there in two consecutive measurements")
+    parser.add_argument("--deadline", type=float, help="seconds after which no further section starts; the sections "
+                        "left are named on stderr (run them with --only ... --into results.json)")
+    parser.add_argument("--into", type=Path, help="a results.json of an earlier part of this run (same GPU kind and "
+                        "commit): its rows of the sections not run now are kept, so that a run too long for one "
+                        "call is made in several (each call with --only)")
     return parser.parse_args(argv)
 
 
@@ -554,6 +564,32 @@ def regressions(rows: Sequence[Row], baseline: dict[str, Any], threshold: float 
     return {(r.op, r.shape): f"{r.op} ({r.shape}): {r.us:.1f} µs vs {then[(r.op, r.shape)]:.1f} µs" for r in rows
             if r.us and (r.op, r.shape) in then and r.us > (1 + threshold) * then[(r.op, r.shape)]
             and (within is None or (r.op, r.shape) in within)}
+
+
+def earlier_part(earlier: dict[str, Any], meta: dict[str, Any], wanted: Sequence[str],
+                 known: Sequence[str]) -> tuple[list[Row], dict[str, Any]]:
+    """The rows of ``earlier`` (a results.json) from sections other than ``wanted``, and ``meta`` with the parts'
+    dates; refuses a file of another GPU kind or commit, or one whose rows do not name their section."""
+    then = earlier["meta"]
+    for key in ("gpu", "commit"):
+        if then.get(key) != meta[key]:
+            raise SystemExit(f"--into: its {key} is {then.get(key)!r}, this run's {meta[key]!r}; the parts of one "
+                             "run measure one commit on one GPU kind")
+    fields = {f.name for f in dataclasses.fields(Row)}
+    kept = []
+    for row in earlier["rows"]:
+        if row.get("section") not in known:
+            raise SystemExit(f"--into: row {row.get('op')} ({row.get('shape')}) names no section of this bench.py; "
+                             "write the earlier part with this version")
+        if row["section"] not in wanted:
+            kept.append(Row(**{k: v for k, v in row.items() if k in fields}))
+    parts = then.get("parts") or [{"date": then["date"], "sections": sorted({r.section for r in kept})}]
+    merged = {**then, **meta, "parts": [*parts, {"date": meta["date"], "sections": list(wanted)}]}
+    if "cold_start" in then:
+        merged["cold_start"] = then["cold_start"]
+    if "tilekernels" in then and "tilekernels" not in meta:
+        merged["tilekernels"] = then["tilekernels"]
+    return kept, merged
 
 
 def _driver() -> str:
@@ -612,24 +648,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     baseline = json.loads(args.baseline.read_text()) if args.baseline else None
     rows: list[Row] = []
     slow: list[str] = []
+    kept: list[Row] = []
+    if args.into:
+        kept, meta = earlier_part(json.loads(args.into.read_text()), meta, wanted, list(sections))
 
     def write() -> str:
         derived = ("pct_size_copy", "pct_mix", "vs_eager", "vs_compiled", "vs_tk")
-        results = {"meta": meta, "rows": [asdict(r) | {k: getattr(r, k) for k in derived} for r in rows]}
+        order = list(sections)
+        every = sorted(kept + rows, key=lambda r: order.index(r.section) if r.section in order else len(order))
+        results = {"meta": meta, "rows": [asdict(r) | {k: getattr(r, k) for k in derived} for r in every]}
         (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        table = markdown(meta, rows)
+        table = markdown(meta, every)
         (args.out / "results.md").write_text(table)
         return table
 
-    for name in wanted:
-        section_rows = sections[name](timer, copy_gb_s, cases_tk)
+    started, cut = time.perf_counter(), False
+    for index, name in enumerate(wanted):
+        if args.deadline is not None and time.perf_counter() - started > args.deadline:
+            left, cut = ",".join(wanted[index:]), True
+            print(f"--deadline: {args.deadline:.0f} s passed; sections not run: {left} (run them with --only {left} "
+                  f"--into {args.out / 'results.json'})", file=sys.stderr)
+            break
+        section_start = time.perf_counter()
+        section_rows = [replace(r, section=name) for r in sections[name](timer, copy_gb_s, cases_tk)]
+        print(f"section {name}: {len(section_rows)} rows in {time.perf_counter() - section_start:.0f} s",
+              file=sys.stderr)
         first = regressions(section_rows, baseline) if baseline is not None else {}
         if first and baseline is not None:
             # Measured again before it counts: a regression is slower twice in a row, not one noisy run.
             slow += regressions(sections[name](timer, copy_gb_s, cases_tk), baseline, within=set(first)).values()
         rows += section_rows
         table = write()
-    if args.cold_start:
+    if args.cold_start and cut:
+        print("--deadline: the cold-start section did not run either", file=sys.stderr)
+    elif args.cold_start:
         meta["cold_start"] = cold_start(peer=PEER["on"])
         table = write()
     try:

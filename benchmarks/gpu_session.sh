@@ -6,7 +6,7 @@
 # examples/rmsnorm/kernel_specs --templates examples/rmsnorm/kernels --dist dist/examples)
 # with --no-deps, run the GPU tests, then the benchmarks.
 # Logs and results go under $OUT (the device tool's output folder) or ./gpu-out.
-# Usage: COMMIT=<sha> [BENCH=all|none|<sections>] [OVERHEAD=0] [OVERHEAD_BEFORE=<wheel dir>] [GVS=1] [TK_JIT=<tar.xz>] [COLD=1] [BASELINE=<results.json>] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
+# Usage: COMMIT=<sha> [BENCH=all|none|<sections>] [OVERHEAD=0] [OVERHEAD_BEFORE=<wheel dir>] [GVS=1] [TK_JIT=<tar.xz>] [COLD=1] [BASELINE=<results.json>] [BENCH_DEADLINE=<s>] [BENCH_INTO=<results.json>] [TK_SUITE_S=<seconds> [TK_SUITE_FILES="tests/quant/..."]] benchmarks/gpu_session.sh
 #        [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -31,6 +31,10 @@ if [ -n "${TK_JIT:-}" ]; then
 fi
 [ "${COLD:-0}" = 1 ] && bench_args+=(--cold-start)
 [ -n "${BASELINE:-}" ] && bench_args+=(--baseline "$BASELINE")
+# A run longer than one call, in parts: BENCH_DEADLINE=<s> starts no section after that many seconds and names the
+# sections left; the next call runs them with BENCH=<those> BENCH_INTO=<the first part's results.json>.
+[ -n "${BENCH_DEADLINE:-}" ] && bench_args+=(--deadline "$BENCH_DEADLINE")
+[ -n "${BENCH_INTO:-}" ] && bench_args+=(--into "$BENCH_INTO")
 # BENCH=none skips the benchmarks, BENCH=<sections> (bench.py --only) runs some of them.
 bench=0
 if [ "${BENCH:-all}" != none ]; then

@@ -178,3 +178,26 @@ def test_a_regression_is_an_op_slower_than_its_baseline_by_more_than_five_percen
     now = [row("a", 105.0), row("b", 105.1), row("c", 500.0), row("d", 1.0), row("a", None)]
     assert regressions(now, baseline) == {("b", "s"): "b (s): 105.1 µs vs 100.0 µs"}
     assert regressions(now, baseline, within={("a", "s")}) == {}
+
+
+def test_a_run_in_parts_keeps_the_other_sections_rows_and_refuses_another_commit() -> None:
+    from dataclasses import asdict, replace
+
+    from bench import Row, earlier_part
+
+    def row(op: str, section: str) -> dict[str, object]:
+        return asdict(Row(op, "s", 1.0, None, None, None, None, "", section=section)) | {"pct_mix": None}
+
+    meta = {"date": "d2", "gpu": "H200", "commit": "abc"}
+    earlier = {"meta": {"date": "d1", "gpu": "H200", "commit": "abc", "cold_start": [{"name": "x"}]},
+               "rows": [row("a", "quant"), row("b", "mhc"), row("c", "mhc")]}
+    kept, merged = earlier_part(earlier, meta, ["mhc"], ["quant", "mhc", "engram"])
+    assert kept == [Row("a", "s", 1.0, None, None, None, None, "", section="quant")]
+    assert merged["date"] == "d2" and merged["cold_start"] == [{"name": "x"}]
+    assert merged["parts"] == [{"date": "d1", "sections": ["quant"]}, {"date": "d2", "sections": ["mhc"]}]
+    with pytest.raises(SystemExit, match="--into: its commit is 'abc', this run's 'def'"):
+        earlier_part(earlier, {**meta, "commit": "def"}, ["mhc"], ["quant", "mhc"])
+    unnamed = {**earlier, "rows": [row("a", "")]}
+    with pytest.raises(SystemExit, match="names no section of this bench.py"):
+        earlier_part(unnamed, meta, ["mhc"], ["quant", "mhc"])
+    assert replace(kept[0], section="mhc").section == "mhc"

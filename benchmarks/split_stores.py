@@ -4,7 +4,7 @@ nvcc (13.0) emits some `*(uint4*)(p + offset)` stores of TileLang's vectorized l
 st.global.u32 when it cannot re-derive the address's 16-byte alignment from a long offset sum
 (benchmarks/tuning/README.md, sweep 42). In the SASS that is four STG.E (no width suffix) at
 +0, +4, +8 and +12 from one base register. Where a kernel's L2 is its limit, such a store costs
-four times the sector accesses of its bytes; ``kernels/quant/_store.j2`` stores one vector.
+four times the sector accesses of its bytes; ``store_v4`` in ``kernels/quant/common.py`` stores one vector.
 
     python benchmarks/split_stores.py build/pkg/tile_kernels_aot/sm90/tile_kernels_aot/cubins
 

@@ -1,5 +1,5 @@
-"""Code shared by the quant templates: NaN-keeping clamps, power-of-two scales, bf16 words, fragment layouts and
-16-byte stores.
+"""Code shared by the quant templates: NaN-keeping clamps, power-of-two scales, the e2m1 encode, bf16 words,
+fragment layouts and 16-byte stores.
 
 A template imports what it uses (``from tkc_templates.quant.common import clamp_min_max``); tkc maps
 ``tkc_templates`` onto the templates folder while it lowers, and keys every variant that imports this module on
@@ -41,6 +41,43 @@ def power_of_two_inverse(sf_bits):
     negated; +0 for an Inf sf (an Inf amax), as 448 / Inf is without round_sf, where the plain
     negation would give -Inf (and codes of the wrong sign)."""
     return T.reinterpret(T.uint32(0x7F000000) - T.min(sf_bits, T.uint32(0x7F000000)), "float32")
+
+
+def e2m1_nibble_bits(v, saturate=True, nan_to_zero=True):
+    """fp32 pattern of 2^23 + the 4-bit e2m1 code of ``v`` (round to nearest even, saturate at 6).
+
+    As a function of a = |v| the code is RNE(g(a)) capped at 7, where g = min(2a, a + 2, a / 2 + 4)
+    is the concave line through the code points (0.5 apart below 2, 1 apart up to 4, 2 apart above)
+    and RNE rounds to the nearest integer, ties to even: e2m1's ties are the half integers of g and
+    its even codes the even integers. RNE is monotone, so RNE(min(...)) is the min of the three
+    rounded lines, and each rounded line is one FFMA with the magic 2^23 (fp32 spacing 1 on
+    [2^23, 2^24)): a * 2 + 2^23 rounds once, to 2^23 + RNE(2a). The min with 2^23 + 7 saturates
+    (Inf included); max(|v|, 0) turns a NaN into 0 (max returns the other operand), so a NaN gives
+    code 0; the sign bit adds 8 (so -0.0 gives 0x8, KERNELS.md), exactly, below 2^24. The magnitude
+    is bit-identical to the comparison encode's for all 2^32 fp32 patterns
+    (benchmarks/tuning/e2m1_encode_check.c), with or without FMA contraction (2a and a / 2 are
+    exact). Float adds, multiplies and mins: most of it issues on the FMA pipes, where an integer
+    rounding would take the half-rate ALU pipe.
+
+    ``saturate=False``: the caller guarantees |v| < 7 or NaN, and the cap is left out.
+    ``nan_to_zero=False``: a unit holding a NaN's code is dropped whole by the caller, and the max is left out
+    too (|v| folds into the lines' operands).
+    """
+    a = T.max(T.abs(v), T.float32(0.0)) if nan_to_zero else T.abs(v)
+    third = a * T.float32(0.5) + T.float32(8388612.0)
+    if saturate:
+        third = T.min(third, T.float32(8388615.0))
+    # The three lines are positive floats, ordered as their patterns are: one 3-way integer min
+    # (VIMNMX3, sm_90) instead of two float ones.
+    lines = T.call_extern(
+        "int32", "__vimin3_s32",
+        T.reinterpret(a * T.float32(2.0) + T.float32(8388608.0), "int32"),
+        T.reinterpret(a + T.float32(8388610.0), "int32"),
+        T.reinterpret(third, "int32"),
+    )
+    # The sign bit of v adds 8 to the code (in the pattern's integer units, as 2^23's spacing is 1):
+    # -0.0 and negatives that round to zero give 0x8, as TileKernels' encode does.
+    return T.Cast("uint32", lines) + ((T.reinterpret(v, "uint32") >> T.uint32(28)) & T.uint32(8))
 
 
 def x_value(x_words, i, e):

@@ -221,3 +221,43 @@ def test_a_spec_file_whose_path_could_break_generated_code_is_refused(tmp_path: 
     with pytest.raises(SpecError, match="may not hold quotes, backslashes or control characters; rename") as info:
         load_specs([path], templates)
     assert info.value.exit_code == 2
+
+
+CONSTRAINT = "\"fmt != 'e2m1' or npc == 32\""
+
+
+@pytest.mark.parametrize(
+    ("constraint", "expected"),
+    [
+        ("npc ** 99999999999 > 0", "'npc ** 99999999999 > 0' fails for {"),
+        ("9 ** 9 ** 9 > 0", "9 ** 387420489 is an integer of more than 4096 bits"),
+        ("hidden * 2 ** 4000 * 2 ** 4000 > 0", "it computes an integer of more than 4096 bits"),
+        ("(1,) * 10 ** 10 == (1,)", "it repeats a tuple to more than 10000 items"),
+        ("'%0999999999d' % npc == fmt", "'%' formats a string; constraints compare values"),
+        ("-" * 1990 + "npc < 0", "nests 1994 levels deep; at most 100: split it into several constraints"),
+    ],
+    ids=["power", "tower", "product", "repetition", "format", "nesting"],
+)
+def test_what_a_constraint_may_compute_is_bounded(tmp_path: Path, templates: Path, constraint: str,
+                                                  expected: str) -> None:
+    """A constraint that would run for minutes, exhaust memory or overflow the compiler's stack is a SpecError
+    naming the file and the constraint, at once."""
+    import json
+    import time
+
+    start = time.perf_counter()
+    message = error_of(tmp_path, templates, GOOD.replace(CONSTRAINT, json.dumps(constraint)))
+    assert time.perf_counter() - start < 5
+    assert "spec.yaml:" in message and "kernels.per_token_cast.constraints" in message and expected in message
+
+
+def test_a_kernels_constraints_are_capped_in_all(tmp_path: Path, templates: Path) -> None:
+    # Each is evaluated at every grid point: 11 constraints of 1990 characters are too many.
+    long = " or ".join(["npc == 32"] * 150)[:1990].rsplit(" or ", 1)[0]
+    text = GOOD.replace(f"      - {CONSTRAINT}\n", "".join(f'      - "{long}"\n' for _ in range(11)))
+    message = error_of(tmp_path, templates, text)
+    assert "kernels.per_token_cast.constraints: constraints of" in message and "at most 20000 per kernel" in message
+    # The guarded operators still compute what small constraints ask.
+    fine = GOOD.replace(CONSTRAINT, "\"npc % 32 == 0 and npc ** 2 * 2 >= 2048 and (1, 2) * 2 == (1, 2, 1, 2)\"")
+    (kernel,) = load_specs([write(tmp_path, fine)], templates).kernels
+    assert {v.param_dict["npc"] for v in expand(kernel)} == {32, 128}

@@ -72,6 +72,13 @@ STRUCTURAL = {
     "constraint lambda": BASE.replace('["n > 0"]', '["(lambda: 1)() == 1"]'),
     "constraint comprehension": BASE.replace('["n > 0"]', '["[x for x in (1,)] == [1]"]'),
     "constraint walrus": BASE.replace('["n > 0"]', '["(y := 1) == 1"]'),
+    # Constraints whose evaluation would run for minutes, exhaust memory or overflow the compiler's stack.
+    "constraint power tower": BASE.replace('["n > 0"]', '["9 ** 9 ** 9 > n"]'),
+    "constraint repetition": BASE.replace('["n > 0"]', '["(1,) * 10 ** 10 == (n,)"]'),
+    "constraint formats a string": BASE.replace('["n > 0"]', '["\'%0999999999d\' % n == fmt"]'),
+    "constraint deep unary": BASE.replace('["n > 0"]', '["' + "-" * 1990 + 'n < 0"]'),
+    "constraints too long in all": BASE.replace('["n > 0"]', "[" + ", ".join(
+        ['"' + " or ".join(["n == 2"] * 199) + '"'] * 11) + "]"),
     "requires call": BASE.replace('constraints: ["n > 0"]', f'requires: ["{_payload(5)} == 0"]'),
     "grid key arch": BASE.replace("n: [1, 2]", "arch: [1, 2]"),
     "grid key variant_id": BASE.replace("n: [1, 2]", "variant_id: [1, 2]"),

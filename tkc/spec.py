@@ -203,6 +203,14 @@ def _string(entries: Mapping[str, tuple[yaml.Node, yaml.Node]], key: str, file: 
 RESERVED_GRID_KEYS = ("arch", "variant_id", "self")
 MAX_GRID_POINTS = 65536  # per kernel, before the constraints: beyond it a spec is a mistake, not a catalog
 MAX_CONSTRAINT_CHARS = 2000
+# What evaluating a kernel's constraints may cost: their characters in all (each is evaluated at every grid
+# point), how deeply one nests (Python's compiler recurses on it), and the size of any value one computes
+# (``9 ** 9 ** 9`` or ``(1,) * 10**10`` would run for minutes or exhaust memory). The catalog's kernels need
+# at most a few hundred characters, 7 levels and small integers.
+MAX_CONSTRAINTS_CHARS = 10 * MAX_CONSTRAINT_CHARS
+MAX_CONSTRAINT_DEPTH = 100
+MAX_CONSTRAINT_BITS = 4096  # of an integer a constraint computes
+MAX_CONSTRAINT_ITEMS = 10000  # of a string, tuple or list a constraint computes
 # Path parts and string grid values reach generated code and file names: words only.
 SAFE_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
 SAFE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -326,10 +334,19 @@ def _check_constraints(node: yaml.Node, file: str, where: str, keys: tuple[str, 
         except SyntaxError as exc:
             problems.add(file, item, where, f"{text!r} is not a Python expression: {exc.msg}")
             continue
+        except (RecursionError, MemoryError):
+            problems.add(file, item, where, f"{text[:60]!r}... nests too deeply; at most {MAX_CONSTRAINT_DEPTH} "
+                         "levels: split it into several constraints")
+            continue
         bad = [type(n).__name__ for n in ast.walk(tree) if not isinstance(n, _SAFE_NODES)]
         if bad:
             problems.add(file, item, where, f"{text!r} uses {bad[0]}; constraints may only compare grid keys "
                          "and literals (and, or, not, in, arithmetic)")
+            continue
+        depth = _depth(tree)
+        if depth > MAX_CONSTRAINT_DEPTH:
+            problems.add(file, item, where, f"{text[:60]!r}... nests {depth} levels deep; at most "
+                         f"{MAX_CONSTRAINT_DEPTH}: split it into several constraints")
             continue
         unknown = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in keys]
         if unknown:
@@ -337,7 +354,22 @@ def _check_constraints(node: yaml.Node, file: str, where: str, keys: tuple[str, 
                          f"{', '.join(keys)}{_did_you_mean(unknown[0], keys)}")
             continue
         out.append(text)
+    total = sum(map(len, out))
+    if total > MAX_CONSTRAINTS_CHARS:
+        problems.add(file, node, where, f"constraints of {total} characters in all; at most {MAX_CONSTRAINTS_CHARS} "
+                     "per kernel (each is evaluated at every grid point): simplify them or narrow the grid")
+        return ()
     return tuple(out)
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deeply ``tree`` nests (iteratively: a deep tree is what this guards against)."""
+    deepest, pending = 0, [(tree, 1)]
+    while pending:
+        node, depth = pending.pop()
+        deepest = max(deepest, depth)
+        pending += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
+    return deepest
 
 
 def _check_kernel(name: str, key_node: yaml.Node, node: yaml.Node, file: str, roots: dict[str, Path],
@@ -512,18 +544,71 @@ def load_specs(paths: Iterable[Path], templates: Path, ops: Path | None = None) 
     return SpecSet(package=package, kernels=tuple(kernels), files=tuple(map(str, files)), ops=ops)
 
 
+def _sized(value: object) -> object:
+    """``value``, unless it is larger than a constraint may compute (MAX_CONSTRAINT_BITS / _ITEMS)."""
+    if isinstance(value, int) and value.bit_length() > MAX_CONSTRAINT_BITS:
+        raise ValueError(f"it computes an integer of more than {MAX_CONSTRAINT_BITS} bits")
+    if isinstance(value, str | tuple | list) and len(value) > MAX_CONSTRAINT_ITEMS:
+        raise ValueError(f"it computes a {type(value).__name__} of more than {MAX_CONSTRAINT_ITEMS} items")
+    return value
+
+
+def _guarded_pow(a: object, b: object) -> object:
+    if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1 \
+            and b * math.log2(abs(a)) >= MAX_CONSTRAINT_BITS:
+        raise ValueError(f"{a} ** {b} is an integer of more than {MAX_CONSTRAINT_BITS} bits")
+    return _sized(a ** b)  # type: ignore[operator]
+
+
+def _guarded_mul(a: object, b: object) -> object:
+    if isinstance(a, int) and isinstance(b, int):
+        if a.bit_length() + b.bit_length() > MAX_CONSTRAINT_BITS + 1:
+            raise ValueError(f"it computes an integer of more than {MAX_CONSTRAINT_BITS} bits")
+    else:
+        sequence, count = (a, b) if isinstance(a, str | tuple | list) else (b, a)
+        if isinstance(sequence, str | tuple | list) and isinstance(count, int) \
+                and len(sequence) * count > MAX_CONSTRAINT_ITEMS:
+            raise ValueError(f"it repeats a {type(sequence).__name__} to more than {MAX_CONSTRAINT_ITEMS} items")
+    return _sized(a * b)  # type: ignore[operator]
+
+
+def _guarded_mod(a: object, b: object) -> object:
+    if isinstance(a, str):
+        raise ValueError("'%' formats a string; constraints compare values, they do not format them")
+    return a % b  # type: ignore[operator]
+
+
+# The operators that can make a value of any size from small ones; eval'd constraints call these instead.
+_GUARDS = {ast.Pow: "_guarded_pow", ast.Mult: "_guarded_mul", ast.Mod: "_guarded_mod"}
+_GUARD_GLOBALS = {"__builtins__": {}, "_guarded_pow": _guarded_pow, "_guarded_mul": _guarded_mul,
+                  "_guarded_mod": _guarded_mod}  # no grid key starts with '_': none can shadow them
+
+
+class _Guard(ast.NodeTransformer):
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        guard = _GUARDS.get(type(node.op))
+        if guard is None:
+            return node
+        return ast.copy_location(ast.Call(func=ast.Name(id=guard, ctx=ast.Load()), args=[node.left, node.right],
+                                          keywords=[]), node)
+
+
 @functools.lru_cache(maxsize=1024)
 def _compiled(text: str, source: str) -> CodeType:
-    """A constraint's code object, compiled once (a rebuild evaluates each for every grid point)."""
-    return compile(ast.parse(text, mode="eval"), f"<{source} constraint>", "eval")
+    """A constraint's code object, compiled once (a rebuild evaluates each for every grid point), with its
+    ``**``, ``*`` and ``%`` through the guards that bound what it may compute."""
+    tree = ast.fix_missing_locations(_Guard().visit(ast.parse(text, mode="eval")))
+    return compile(tree, f"<{source} constraint>", "eval")
 
 
 def _satisfies(spec: KernelSpec, params: dict[str, Value]) -> bool:
     for text in spec.constraints:
         code = _compiled(text, spec.source)
         try:
-            # Only whitelisted syntax over grid values reaches eval (checked in _check_constraints).
-            ok = eval(code, {"__builtins__": {}}, dict(params))
+            # Only whitelisted syntax over grid values reaches eval (checked in _check_constraints), and
+            # what it computes is bounded (the guards).
+            ok = eval(code, _GUARD_GLOBALS, dict(params))
         except Exception as exc:
             raise SpecError(f"{spec.source}:{spec.line}: kernels.{spec.name}.constraints: {text!r} fails for "
                             f"{params}: {exc}; fix the expression") from exc

@@ -55,6 +55,10 @@ def test_list_and_render() -> None:
     assert "for sm100 (sm_100a)" in rendered.output and "fmt=e2m1" in rendered.output
     missing = CliRunner().invoke(main, ["render", *args, "per_token_cast", "--set", "fmt=e5m6"])
     assert missing.exit_code == 2 and "no variant of per_token_cast" in missing.output
+    unpaired = CliRunner().invoke(main, ["render", *args, "per_token_cast", "--set", "fmt"])
+    assert unpaired.exit_code == 2 and isinstance(unpaired.exception, SystemExit), unpaired.output
+    assert "--set 'fmt': write it as KEY=VALUE" in unpaired.output and "grid keys of per_token_cast: in_dtype" in \
+        unpaired.output
 
 
 def test_build_progress_in_a_log_is_lines(small_build: tuple[Any, Any], tmp_path: Path) -> None:

@@ -121,3 +121,32 @@ def test_a_relative_import_in_a_helper_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TemplateError, match=r"lib/ops.py: relative import of 'consts'; import shared code as "
                                             r"`from tkc_templates.<folder>.<module> import ...`"):
         render(variant, ARCHS["sm90"], templates, tmp_path / "out")
+
+
+HOSTILE = ["0 or __import__('os').system('touch /tmp/tkc-render-marker') or 2", 'x"""; import os; """', "a\nb",
+           "'); import os; ('", "{{ 7 * 7 }}", float("nan")]
+
+
+def test_no_grid_value_becomes_code_in_any_shipped_template() -> None:
+    """Every shipped template, each of its grid values replaced by hostile ones (past tkc.spec, as a caller that
+    builds its own variants could): render refuses naming the key before the template sees the value, and
+    nothing runs; the variants the specs hold render as before."""
+    import dataclasses
+
+    from tests.conftest import REPO
+    from tkc.render import render_source
+
+    specs = load_specs([REPO / "kernel_specs"], TEMPLATES)
+    marker = Path("/tmp/tkc-render-marker")
+    marker.unlink(missing_ok=True)
+    for kernel in specs.kernels:
+        variant = expand(kernel)[0]
+        assert "prim_func" in render_source(variant, ARCHS["sm90"], TEMPLATES)
+        for key, _ in variant.params:
+            for hostile in HOSTILE:
+                bad = dataclasses.replace(variant, params=tuple((k, hostile if k == key else v)
+                                                                for k, v in variant.params))
+                with pytest.raises(TemplateError, match=rf"kernels\.{kernel.name}\.grid\.{key}: .* cannot be pasted "
+                                                        rf"into {kernel.template}"):
+                    render_source(bad, ARCHS["sm90"], TEMPLATES)
+    assert not marker.exists()

@@ -122,6 +122,10 @@ def render_cmd(spec_paths: tuple[Path, ...], templates: Path | None, kernel: str
 
     tdir = templates or _root_default("kernels")
     spec = _specs(spec_paths, tdir).kernel(kernel)
+    bad = [v for v in values if "=" not in v]
+    if bad:
+        raise UsageError(f"--set {bad[0]!r}: write it as KEY=VALUE, e.g. --set dtype=bfloat16; grid keys of "
+                         f"{kernel}: {', '.join(spec.grid_keys)}")
     wanted = dict(v.split("=", 1) for v in values)
     candidates = [v for v in expand(spec) if (variant_id is None or v.id == variant_id)
                   and all(str(dict(v.params).get(k)) == val for k, val in wanted.items())]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import tkc.build
 from tests.conftest import small_options
 from tkc.build import ArchSummary, BuildOptions, build, plan
+from tkc.errors import ToolchainError
 
 pytestmark = pytest.mark.slow
 
@@ -112,9 +114,9 @@ def _entries(options: BuildOptions) -> list[Path]:
 
 def test_damaged_cache_entries_are_rebuilt_with_a_warning(small_build: tuple[BuildOptions, list[ArchSummary]],
                                                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A truncated cubin, a flipped byte, another variant's cubin, a meta.json that is no JSON, and an entry
-    without its recorded sha256 whose cubin is garbage: each is named on stderr, removed and compiled again, and
-    the wheels come out byte-identical to the first build's."""
+    """A truncated cubin, a flipped byte, another variant's cubin, a meta.json that is no JSON, an entry
+    without its recorded sha256 whose cubin is garbage, and an entry folder without meta.json: each is named on
+    stderr, removed and compiled again, and the wheels come out byte-identical to the first build's."""
     import shutil
 
     options, first = small_build
@@ -122,7 +124,7 @@ def test_damaged_cache_entries_are_rebuilt_with_a_warning(small_build: tuple[Bui
     shutil.copytree(options.build_dir / "cache", copy.build_dir / "cache")
     entries = _entries(copy)
     assert len(entries) == 3 * len(options.archs)  # 3 variants per arch
-    a, b, c, d, e, *_ = entries
+    a, b, c, d, e, f, *_ = entries
     cubin = (a / "kernel.cubin").read_bytes()
     (a / "kernel.cubin").write_bytes(cubin[: len(cubin) // 2])
     flipped = bytearray((b / "kernel.cubin").read_bytes())
@@ -134,13 +136,103 @@ def test_damaged_cache_entries_are_rebuilt_with_a_warning(small_build: tuple[Bui
     del meta["cubin_sha256"]
     (e / "meta.json").write_text(json.dumps(meta))
     (e / "kernel.cubin").write_bytes(b"\x7fELF garbage")
+    (f / "meta.json").unlink()  # the folder stays: the new entry must still take its place
     capsys.readouterr()
     again = build(copy)
     warned = capsys.readouterr().err
-    for entry in (a, b, c, d, e):
+    for entry in (a, b, c, d, e, f):
         assert f"cache entry {entry}" in warned and "rebuilding it" in warned
-    assert sum(s.compiled for s in again) == 5
+    assert sum(s.compiled for s in again) == 6
     assert [s.wheel.read_bytes() for s in again] == [s.wheel.read_bytes() for s in first]
+
+
+def _damage(entry: Path, damage: str, other_arch: Path) -> None:
+    from tkc.build import meta_sha256
+
+    meta = json.loads((entry / "meta.json").read_text())
+    if damage == "edited contract":
+        launch = meta["contract"]["launches"][0]
+        launch["block"] = [launch["block"][0] // 2, *launch["block"][1:]]
+    elif damage == "edited resources":
+        for resources in meta["resources"].values():
+            resources["registers"] += 100
+    elif damage == "wrongly typed resources":
+        meta["resources"] = []
+    elif damage == "another arch's cubin, hashes made to match":
+        cubin = (other_arch / "kernel.cubin").read_bytes()
+        (entry / "kernel.cubin").write_bytes(cubin)
+        meta["cubin_sha256"] = hashlib.sha256(cubin).hexdigest()
+        meta["meta_sha256"] = meta_sha256(meta)
+    elif damage == "garbage cubin, hashes made to match":
+        garbage = b"\x7fELF\x02" + bytes(4000)
+        (entry / "kernel.cubin").write_bytes(garbage)
+        meta["cubin_sha256"] = hashlib.sha256(garbage).hexdigest()
+        meta["meta_sha256"] = meta_sha256(meta)
+    elif damage == "no meta.json":
+        (entry / "meta.json").unlink()
+        return
+    (entry / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+@pytest.mark.parametrize("damage", ["edited contract", "edited resources", "wrongly typed resources",
+                                    "another arch's cubin, hashes made to match", "garbage cubin, hashes made to match",
+                                    "no meta.json"])
+def test_a_cache_hit_verifies_every_part_of_its_entry(small_build: tuple[BuildOptions, list[ArchSummary]],
+                                                     tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     damage: str) -> None:
+    """meta.json records the sha256 of its own fields (contract, resources) beside the cubin's, and a hit checks
+    both and the cubin itself (an ELF of the arch with the contract's kernels): a damaged entry is named on
+    stderr and removed, so that the build compiles it again (no compile here)."""
+    import shutil
+
+    from tkc.arch import ARCHS
+    from tkc.build import _intact, read_entry
+
+    options, _ = small_build
+    by_arch = {}
+    for entry in _entries(options):
+        by_arch.setdefault(json.loads((entry / "meta.json").read_text())["arch"], entry)
+    entry = tmp_path / "cache" / by_arch["sm90"].parent.name / by_arch["sm90"].name
+    shutil.copytree(by_arch["sm90"], entry)
+    assert read_entry(entry, ARCHS["sm90"]) is not None
+    _damage(entry, damage, by_arch["sm100"])
+    capsys.readouterr()
+    assert not _intact(entry, ARCHS["sm90"])
+    warned = capsys.readouterr().err
+    assert f"tkc: cache entry {entry}: " in warned and warned.rstrip().endswith("rebuilding it")
+    assert not entry.exists()
+
+
+def test_an_entry_from_before_the_hashes_gets_them_once_its_cubin_passes(
+        small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path) -> None:
+    import shutil
+
+    from tkc.arch import ARCHS
+    from tkc.build import read_entry
+
+    options, _ = small_build
+    source = next(e for e in _entries(options) if json.loads((e / "meta.json").read_text())["arch"] == "sm90")
+    entry = tmp_path / source.name
+    shutil.copytree(source, entry)
+    written = json.loads((entry / "meta.json").read_text())
+    old = {k: v for k, v in written.items() if k not in ("cubin_sha256", "meta_sha256")}
+    (entry / "meta.json").write_text(json.dumps(old, indent=1))
+    with pytest.raises(ToolchainError, match="no recorded sha256"):
+        read_entry(entry)  # without the arch there is nothing to check the cubin against
+    assert read_entry(entry, ARCHS["sm90"]) is not None
+    assert json.loads((entry / "meta.json").read_text()) == written  # what the build writes today
+
+
+def test_an_unwritable_build_folder_is_a_package_error_not_a_traceback(tmp_path: Path) -> None:
+    from tkc.errors import PackageError
+
+    blocked = tmp_path / "build"
+    blocked.write_text("a file where the build folder should be")
+    options = dataclasses.replace(small_options(tmp_path, jobs=1), build_dir=blocked / "inner")
+    with pytest.raises(PackageError, match=rf"^{blocked}/inner\S*: Not a directory; the build could not write its "
+                                           r"files: free space, or pick writable --build-dir and --dist") as info:
+        build(options)
+    assert info.value.exit_code == 5 and not options.dist_dir.exists()
 
 
 def test_nvcc_output_is_checked(small_build: tuple[BuildOptions, list[ArchSummary]]) -> None:

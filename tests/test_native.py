@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+import pytest
 
 from tkc import pack
 from tkc.native import SOURCES, protocol_header
@@ -35,3 +38,27 @@ def test_packed_words_carry_the_protocol_versions() -> None:
     assert pack.contract((("x", "complex64", (4,), None),)) is None  # no DLPack code: check() could never accept
     table = pack.pack_table([words, None, b""])
     assert _protocol.unpack_table(table) == [words, None, b""]
+
+
+def test_a_damaged_cached_launch_module_is_rebuilt(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The compiled module is cached with its sha256; a hit checks it, so a damaged module is named on stderr and
+    compiled again (one cached before its hash was recorded is compiled again quietly), never packaged."""
+    import hashlib
+
+    from tkc.native import build_launch_module
+
+    first = build_launch_module(tmp_path)
+    if first.data is None:
+        pytest.skip(first.reason)
+    (cached,) = (tmp_path / "launch").glob("*.so")
+    digest = cached.with_name(cached.name + ".sha256")
+    assert digest.read_text().strip() == hashlib.sha256(first.data).hexdigest()
+    assert build_launch_module(tmp_path).data == first.data  # a hit
+    cached.write_bytes(b"\x7fELF" + bytes(2000))
+    capsys.readouterr()
+    assert build_launch_module(tmp_path).data == first.data == cached.read_bytes()
+    warned = capsys.readouterr().err
+    assert f"tkc: cache entry {cached}: not the launch module the build wrote" in warned and "rebuilding it" in warned
+    digest.unlink()
+    cached.write_bytes(b"junk")
+    assert build_launch_module(tmp_path).data == first.data and capsys.readouterr().err == ""

@@ -34,7 +34,7 @@ import tkc.compile
 import tkc.lower
 from tkc.arch import Arch
 from tkc.compile import Resources, Toolchain, compile_cubin, cubin_target, find_toolchain
-from tkc.errors import ToolchainError, UsageError
+from tkc.errors import PackageError, ToolchainError, UsageError
 from tkc.fsutil import sha256_bytes, write_atomic
 from tkc.lower import (
     KernelArg,
@@ -148,30 +148,46 @@ def check_cubin(cubin: bytes, arch: Arch, contract: LaunchContract) -> str | Non
     return f"no kernel {missing[0]} in it" if missing else None
 
 
+def meta_sha256(data: dict) -> str:
+    """The sha256 a cache entry's meta.json records of its own other fields (contract, resources, the cubin's
+    sha256), over their canonical JSON: an edit of any of them shows."""
+    return sha256_bytes(json.dumps({k: v for k, v in data.items() if k != "meta_sha256"}, sort_keys=True).encode())
+
+
 def read_entry(entry: Path, arch: Arch | None = None) -> tuple[bytes, LaunchContract, dict[str, Resources]] | None:
     """A complete, intact cache entry, or None (no entry); ToolchainError for a damaged one.
 
-    Intact: meta.json parses, and the cubin has the sha256 meta.json records for it (entries written before
-    the hash was recorded get it here, once their cubin passes ``check_cubin`` for ``arch``).
+    Intact: meta.json parses and has the sha256 it records of its fields (contract, resources), the cubin
+    has the sha256 meta.json records for it, and (given ``arch``) the cubin passes ``check_cubin``: an ELF of
+    the arch with the contract's kernels. Entries written before the hashes were recorded get them here,
+    once their cubin passes ``check_cubin`` for ``arch``. A folder without meta.json is a damaged entry too
+    (entries are renamed into place whole, so none is ever seen half-written).
     """
     meta = entry / "meta.json"
     if not meta.is_file():
+        if entry.exists():
+            raise ToolchainError(f"cache entry {entry}: no meta.json")
         return None
     try:
         data = json.loads(meta.read_text())
         contract = _contract_from_json(data["contract"])
         resources = {k: Resources(**v) for k, v in data["resources"].items()}
         cubin = (entry / "kernel.cubin").read_bytes()
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ToolchainError(f"cache entry {entry}: unreadable ({type(exc).__name__}: {exc})") from None
-    recorded = data.get("cubin_sha256")
+    recorded, recorded_meta = data.get("cubin_sha256"), data.get("meta_sha256")
     if recorded is not None and sha256_bytes(cubin) != recorded:
         raise ToolchainError(f"cache entry {entry}: kernel.cubin does not have the sha256 its meta.json records")
-    if recorded is None:
-        problem = check_cubin(cubin, arch, contract) if arch is not None else "no recorded sha256"
-        if problem is not None:
-            raise ToolchainError(f"cache entry {entry}: {problem}")
-        write_atomic(meta, json.dumps({**data, "cubin_sha256": sha256_bytes(cubin)}, indent=1, sort_keys=True))
+    if recorded_meta is not None and meta_sha256(data) != recorded_meta:
+        raise ToolchainError(f"cache entry {entry}: meta.json (its contract or resources) does not have the sha256 "
+                             "it records; it was edited")
+    problem = check_cubin(cubin, arch, contract) if arch is not None else \
+        None if recorded is not None and recorded_meta is not None else "no recorded sha256"
+    if problem is not None:
+        raise ToolchainError(f"cache entry {entry}: {problem}")
+    if recorded is None or recorded_meta is None:
+        data = {**data, "cubin_sha256": sha256_bytes(cubin)}
+        write_atomic(meta, json.dumps({**data, "meta_sha256": meta_sha256(data)}, indent=1, sort_keys=True))
     return cubin, contract, resources
 
 
@@ -205,11 +221,15 @@ def run_job(job: Job) -> float:
         (tmp / "kernel.cu").write_text(lowered.cuda_source)
         (tmp / "kernel.cubin").write_bytes(compiled.cubin)
         (tmp / "ptxas.log").write_text(compiled.log)
-        (tmp / "meta.json").write_text(json.dumps({
+        meta = {
             "variant": job.rendered.variant.id, "arch": job.rendered.arch.name,
             "contract": dataclasses.asdict(lowered.contract), "cubin_sha256": sha256_bytes(compiled.cubin),
             "resources": {k: dataclasses.asdict(v) for k, v in compiled.resources.items()},
-        }, indent=1, sort_keys=True))
+        }
+        # Through JSON first: the hash is of what a reader parses (tuples become lists).
+        meta = json.loads(json.dumps(meta))
+        (tmp / "meta.json").write_text(json.dumps({**meta, "meta_sha256": meta_sha256(meta)}, indent=1,
+                                                  sort_keys=True))
         try:
             os.replace(tmp, job.entry)
         except OSError:
@@ -310,6 +330,19 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
     return _Compiled(entries=entries, hits=hits, seconds=seconds)
 
 
+@contextmanager
+def _file_errors(options: BuildOptions) -> Iterator[None]:
+    """An OSError of the build's own files (a full or read-only build folder, a file where a folder goes) as a
+    PackageError naming the file and the fix, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or options.build_dir
+        raise PackageError(f"{where}: {exc.strerror or exc}; the build could not write its files: free space, or "
+                           f"pick writable --build-dir and --dist folders (now {options.build_dir} and "
+                           f"{options.dist_dir})") from exc  # (--debug shows where)
+
+
 def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
           cached_only: bool = False) -> list[ArchSummary]:
     """Build every variant for every arch and one wheel per arch; ``progress(n)`` after each n variants.
@@ -317,6 +350,11 @@ def build(options: BuildOptions, progress: Callable[[int], None] | None = None,
     ``cached_only`` (used by ``merge``) refuses to lower or compile anything: every
     variant must already be in the cache.
     """
+    with _file_errors(options):
+        return _build(options, progress, cached_only)
+
+
+def _build(options: BuildOptions, progress: Callable[[int], None] | None, cached_only: bool) -> list[ArchSummary]:
     toolchain = find_toolchain(options.nvcc, line_info=options.line_info)
     work = plan(options)
     compiled = _compile(options, work, toolchain, progress, cached_only=cached_only)
@@ -354,6 +392,12 @@ def build_shard(options: BuildOptions, index: int, count: int, out: Path,
     ``out`` holds ``cache/<key[:2]>/<key>/`` entries and ``shard.json``; ``merge``
     takes the folders of all shards and packages byte-identical wheels.
     """
+    with _file_errors(options):
+        return _build_shard(options, index, count, out, progress)
+
+
+def _build_shard(options: BuildOptions, index: int, count: int, out: Path,
+                 progress: Callable[[int], None] | None) -> int:
     toolchain = find_toolchain(options.nvcc, line_info=options.line_info)
     work = shard_of(plan(options), index, count)
     compiled = _compile(options, work, toolchain, progress)
@@ -373,16 +417,27 @@ def build_shard(options: BuildOptions, index: int, count: int, out: Path,
 def merge(options: BuildOptions, shard_dirs: list[Path],
           progress: Callable[[int], None] | None = None) -> list[ArchSummary]:
     """Import the cache entries of shard folders, then package every arch without compiling anything."""
+    with _file_errors(options):
+        _import_shards(options, shard_dirs)
+    return build(options, progress, cached_only=True)
+
+
+def _import_shards(options: BuildOptions, shard_dirs: list[Path]) -> None:
     counts = set()
     for shard in shard_dirs:
         meta = shard / "shard.json"
         if not meta.is_file():
             raise UsageError(f"{shard}: not a shard folder (no shard.json); pass the --out folders of "
                              "tkc build --shard")
-        counts.add(json.loads(meta.read_text())["count"])
+        try:
+            counts.add(int(json.loads(meta.read_text())["count"]))
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{meta}: not a tkc shard listing (no count); build the shard again with tkc build "
+                             "--shard") from None
         for entry in sorted((shard / "cache").glob("*/*")):
             target = options.build_dir / "cache" / entry.parent.name / entry.name
             if not (target / "meta.json").is_file():
+                shutil.rmtree(target, ignore_errors=True)  # a damaged entry (no meta.json) of an earlier build
                 target.parent.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{entry.name}."))
                 shutil.rmtree(tmp)
@@ -391,7 +446,6 @@ def merge(options: BuildOptions, shard_dirs: list[Path],
     if len(counts) > 1:
         raise UsageError(f"the shard folders come from different splits (N = {sorted(counts)}); merge the "
                          "shards of one split")
-    return build(options, progress, cached_only=True)
 
 
 __all__ = ["ArchSummary", "BuildOptions", "build", "build_shard", "merge", "plan", "shard_of"]

@@ -17,6 +17,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import sysconfig
 import tempfile
 from dataclasses import dataclass
@@ -89,8 +90,15 @@ def build_launch_module(cache: Path) -> LaunchModule:
     key = hashlib.sha256(b"\0".join([*parts, header, compiler.encode(), str(include).encode(),
                                      " ".join(CFLAGS).encode()]))
     cached = cache / "launch" / f"{key.hexdigest()[:32]}.so"
+    digest = cached.with_name(cached.name + ".sha256")  # what the build wrote, checked on every hit
     if cached.is_file():
-        return LaunchModule(data=cached.read_bytes(), compiler=compiler)
+        data = cached.read_bytes()
+        recorded = digest.read_text().strip() if digest.is_file() else None
+        if recorded is not None and recorded == hashlib.sha256(data).hexdigest() and data[:4] == b"\x7fELF":
+            return LaunchModule(data=data, compiler=compiler)
+        if recorded is not None:  # (a module cached before its hash was recorded is rebuilt quietly)
+            print(f"tkc: cache entry {cached}: not the launch module the build wrote (its sha256 differs from "
+                  f"{digest.name}); rebuilding it", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="tkc-launch-") as tmp:
         # Compiled in a scratch folder under fixed names, so nothing path-dependent ends up in the binary.
         for part in SOURCES:
@@ -103,4 +111,5 @@ def build_launch_module(cache: Path) -> LaunchModule:
                 f"{cc} could not compile {', '.join(p.name for p in SOURCES)}:\n{(proc.stdout + proc.stderr)[-2000:]}"))
         data = (Path(tmp) / FILENAME).read_bytes()
     write_atomic(cached, data)
+    write_atomic(digest, hashlib.sha256(data).hexdigest() + "\n")
     return LaunchModule(data=data, compiler=compiler)

@@ -61,6 +61,25 @@ def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[BuildOptions,
     return options, build(options)
 
 
+@pytest.fixture(scope="session")
+def small_multi_build(small_build: tuple[BuildOptions, list[ArchSummary]]
+                      ) -> tuple[BuildOptions, list[ArchSummary]]:
+    """The small build's variants packaged as one multi-arch wheel (every arch; all cache hits), in a dist
+    folder of its own."""
+    import dataclasses
+
+    from tkc.build import build
+
+    options, _ = small_build
+    multi = dataclasses.replace(options, multi_arch=True, dist_dir=options.dist_dir.parent / "dist-multi")
+    return multi, build(multi)
+
+
+def multi_arch_root(options: BuildOptions) -> Path:
+    """The generated project of a multi-arch build (build/pkg/<package>/<arch>-<arch>...)."""
+    return options.build_dir / "pkg" / options.specs.package.name / "-".join(a.name for a in options.archs)
+
+
 @pytest.fixture(scope="module")
 def small_package(small_build: tuple[BuildOptions, list[ArchSummary]]) -> Iterator[ModuleType]:
     """The small build's sm90 package (tkc_small_kernels) imported from build/pkg, dropped afterwards."""

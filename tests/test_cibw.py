@@ -34,7 +34,7 @@ def _write_project(root: Path, arch: str) -> Path:
     return root
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", [*sorted(ARCHS), "sm90,sm100"])  # a per-arch project, and a multi-arch one
 def test_config_parses_and_names_the_arch(arch: str) -> None:
     config = tomllib.loads(cibuildwheel_config(arch))["tool"]["cibuildwheel"]
     assert config["build"] == list(BUILD_IDENTIFIERS)
@@ -111,3 +111,13 @@ def test_test_command_imports_the_package_and_checks_its_arch(tmp_path: Path) ->
     wrong = command.replace(" sm90", " sm100").format(package=project)
     bad = subprocess.run(["sh", "-c", wrong], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert bad.returncode != 0 and "AssertionError" in bad.stderr
+
+
+def test_test_command_checks_a_multi_arch_packages_archs(tmp_path: Path) -> None:
+    # A multi-arch package's ARCH names all its archs (tkc.package); the config of its project checks them all.
+    project = _write_project(tmp_path / "pkg", "sm90,sm100")
+    command = tomllib.loads(cibuildwheel_config("sm90,sm100"))["tool"]["cibuildwheel"]["test-command"]
+    command = command.replace("python ", f"{sys.executable} ", 1)
+    ok = subprocess.run(["sh", "-c", command.format(package=project)], cwd=tmp_path, capture_output=True, text=True,
+                        env=dict(os.environ, PYTHONPATH=str(project)))
+    assert ok.returncode == 0, ok.stdout + ok.stderr

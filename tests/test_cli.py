@@ -92,3 +92,20 @@ def test_build_one_kernel(small_build: tuple[Any, Any], tmp_path: Path) -> None:
     missing = CliRunner().invoke(main, [*args, "--kernel", "per_token_cst"])
     assert missing.exit_code == 2 and "no kernel 'per_token_cst'" in missing.output
     assert "per_token_cast" in missing.output
+
+
+def test_build_multi_arch(small_build: tuple[Any, Any], tmp_path: Path) -> None:
+    """--multi-arch: one wheel of the plain version for every --arch (from the cache), a summary row per arch."""
+    options, _ = small_build
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "cache").symlink_to(options.build_dir / "cache")
+    result = CliRunner().invoke(main, ["build", "--specs", str(SMALL_SPEC), "--templates", str(TEMPLATES),
+                                       "--build-dir", str(tmp_path / "build"), "--arch", "sm90,sm100",
+                                       "--multi-arch", "--dist", str(tmp_path / "dist")])
+    assert result.exit_code == 0, result.output
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert wheel.name == "tkc_small_kernels-0.0.1-cp310-abi3-linux_x86_64.whl"
+    rows = [line.split() for line in result.output.splitlines() if line.startswith("sm")]
+    assert [(row[0], row[5]) for row in rows] == [("sm90", wheel.name), ("sm100", wheel.name)]
+    assert (tmp_path / "build" / "pkg" / "tkc_small_kernels" / "sm90-sm100").is_dir()
+    assert "--multi-arch" in CliRunner().invoke(main, ["build", "--help"]).output

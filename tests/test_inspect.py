@@ -129,3 +129,33 @@ def test_a_malformed_manifest_is_a_package_error_not_a_traceback(
         result = CliRunner().invoke(main, ["inspect", str(bad)])
         assert result.exit_code == 5 and isinstance(result.exception, SystemExit), result.output
         assert f"{manifest} is malformed" in result.output and "rebuild it with tkc build" in result.output
+
+
+def test_inspect_checks_every_arch_of_a_multi_arch_wheel(small_multi_build: tuple[BuildOptions, list[ArchSummary]],
+                                                         tmp_path: Path) -> None:
+    """Every arch's cubins against its own manifest (manifests/<arch>.json), and its launchers; a tampered
+    cubin of one arch, or an arch's missing manifest, fails naming the file."""
+    _, summaries = small_multi_build
+    original = summaries[0].wheel
+    report = inspect_wheel(original)
+    assert report.ok, report.problems
+    assert report.version == "0.0.1" and report.arch == "sm90,sm100,sm103"
+    assert len(report.cubins) == sum(s.variants for s in summaries)
+    targets = {s.arch.name: s.arch.target for s in summaries}
+    for c in report.cubins:
+        arch = c.path.split("/")[2]  # tkc_small_kernels/cubins/<arch>/<variant>.cubin
+        assert c.target == targets[arch] and c.sha256_ok and c.occupancy
+    with zipfile.ZipFile(original) as wheel:
+        victim = next(n for n in wheel.namelist() if n.startswith("tkc_small_kernels/cubins/sm100/"))
+        data = wheel.read(victim)
+    tampered = _rewritten(original, tmp_path / "a.whl", {victim: data[:-1] + bytes([data[-1] ^ 0xFF])})
+    out = CliRunner().invoke(main, ["inspect", str(tampered)])
+    assert out.exit_code == 1 and f"problem: {victim}: sha256" in out.output
+    with zipfile.ZipFile(original) as src, zipfile.ZipFile(tmp_path / "b.whl", "w") as dst:
+        for info in src.infolist():
+            if info.filename != "tkc_small_kernels/manifests/sm90.json":
+                dst.writestr(info, src.read(info))
+    problems = inspect_wheel(tmp_path / "b.whl").problems
+    assert any("manifests/sm90.json: the manifest of sm90, listed in manifest.json, is missing" in p
+               for p in problems)
+    assert any(p.startswith("tkc_small_kernels/cubins/sm90/") and "does not list" in p for p in problems)

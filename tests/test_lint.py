@@ -17,7 +17,8 @@ from tests.conftest import REPO
 from tkc.spec import load_specs
 
 BUILD_INFO = ("PACKAGE = 'lint_pkg'\nVERSION = '0'\nARCH = 'sm90'\nTARGET = 'sm_90a'\nMAJOR = 9\nMINOR = 0\n"
-              "GPUS = 'H100/H200'\nALIGNMENT = 16\nKERNELS: tuple[str, ...] = ()\nCUDA = (13, 0)\n")
+              "GPUS = 'H100/H200'\nALIGNMENT = 16\nKERNELS: tuple[str, ...] = ()\nCUDA = (13, 0)\n"
+              "MULTI_ARCH = False\nARCHS = {'sm90': (9, 0, 'sm_90a', 'H100/H200', 16)}\n")
 
 
 def _tree(root: Path) -> Path:

@@ -368,3 +368,52 @@ def test_the_wheel_states_the_driver_its_cubins_need(tmp_path: Path) -> None:
     unknown = package_files(specs, ARCHS["sm90"], [built], {})
     assert b"needs an NVIDIA driver" not in unknown["pyproject.toml"]
     assert b"\nCUDA = (0, 0)\n" in unknown["p/_build_info.py"]
+
+
+def test_the_multi_arch_wheel_holds_every_archs_cubins_under_a_plain_version(
+        small_build: tuple[BuildOptions, list[ArchSummary]],
+        small_multi_build: tuple[BuildOptions, list[ArchSummary]]) -> None:
+    _, per_arch = small_build
+    options, summaries = small_multi_build
+    (wheel_path,) = {s.wheel for s in summaries}  # one wheel, a summary row per arch
+    assert [s.arch.name for s in summaries] == ["sm90", "sm100", "sm103"]
+    # The plain version (a package index accepts it) and the per-arch wheels' tags.
+    assert wheel_path.name == "tkc_small_kernels-0.0.1-cp310-abi3-linux_x86_64.whl"
+    assert wheel_path.name.split("-")[2:] == _wheel(per_arch, "sm90").name.split("-")[2:]
+    with zipfile.ZipFile(wheel_path) as wheel:
+        names = set(wheel.namelist())
+        metadata = wheel.read("tkc_small_kernels-0.0.1.dist-info/METADATA").decode()
+        assert "Version: 0.0.1\n" in metadata and "+sm" not in metadata
+        assert "H100/H200 (sm_90a), B200/GB200 (sm_100a), B300/GB300 (sm_103a)" in metadata
+        root = json.loads(wheel.read("tkc_small_kernels/manifest.json"))
+        assert root["version"] == "0.0.1" and root["archs"] == {a: f"manifests/{a}.json"
+                                                                 for a in ("sm90", "sm100", "sm103")}
+        info = wheel.read("tkc_small_kernels/_build_info.py").decode()
+        assert "ARCH = 'sm90,sm100,sm103'" in info and "MULTI_ARCH = True" in info and "ALIGNMENT = 32" in info
+        for s in per_arch:  # each arch's variants as its per-arch wheel has them, in folders of the arch
+            arch, target = s.arch.name, s.arch.target
+            manifest = json.loads(wheel.read(f"tkc_small_kernels/manifests/{arch}.json"))
+            assert manifest["arch"] == arch and manifest["target"] == target and manifest["version"] == "0.0.1"
+            with zipfile.ZipFile(s.wheel) as single:
+                alone = json.loads(single.read("tkc_small_kernels/manifest.json"))
+                for kernel, entry in manifest["kernels"].items():
+                    assert f"tkc_small_kernels/_kernels/{kernel}/{arch}/__init__.py" in names
+                    assert f"tkc_small_kernels/_kernels/{kernel}/{arch}.bin" in names
+                    theirs = {v["id"]: v for v in alone["kernels"][kernel]["variants"]}
+                    for v in entry["variants"]:
+                        assert v["cubin"] == f"cubins/{arch}/{v['id']}.cubin"
+                        cubin = wheel.read(f"tkc_small_kernels/{v['cubin']}")
+                        assert cubin == single.read(f"tkc_small_kernels/cubins/{v['id']}.cubin")
+                        assert sha256_bytes(cubin) == v["sha256"] and cubin_target(cubin) == target
+                        assert v["contract"] == theirs[v["id"]]["contract"]
+                        launcher = wheel.read(f"tkc_small_kernels/_kernels/{kernel}/{arch}/{v['id']}.py").decode()
+                        assert f'Cubin("{arch}/{v["id"]}.cubin", "{v["sha256"]}", "{arch}")' in launcher
+                        assert "from ...._runtime import" in launcher and f'table("{kernel}/{arch}")' in launcher
+        for kernel in ("per_token_cast", "batched_transpose"):
+            index = wheel.read(f"tkc_small_kernels/_kernels/{kernel}/__init__.py").decode()
+            assert "archs=('sm90', 'sm100', 'sm103')" in index
+        # One copy of everything that is the same for every arch.
+        assert len([n for n in names if n.endswith("_launch.abi3.so")]) == 1
+        assert not [n for n in names if n.startswith("tkc_small_kernels/cubins/") and n.count("/") == 2]
+    project = options.build_dir / "pkg" / "tkc_small_kernels" / "sm90-sm100-sm103"
+    assert 'version = "0.0.1"' in (project / "pyproject.toml").read_text()

@@ -4,11 +4,14 @@ slots, checks that run before any driver call."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -700,3 +703,111 @@ def test_an_older_driver_is_refused_naming_both_versions(package: ModuleType, mo
     driver.check_driver_version(_FakeDriver(0, result=1))  # the query failing is left to the first load
     monkeypatch.setattr(info, "CUDA", (0, 0))  # a build whose nvcc version was unknown checks nothing
     driver.check_driver_version(_FakeDriver(11000))
+
+
+@pytest.fixture
+def multi_package(small_multi_build: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The small multi-arch package (sm90, sm100, sm103) imported fresh from its build folder, in place of the
+    sm90 package of the other tests (restored afterwards)."""
+    from tests.conftest import multi_arch_root
+
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules) if name.startswith("tkc_small_kernels")}
+    monkeypatch.syspath_prepend(str(multi_arch_root(small_multi_build[0])))
+    try:
+        yield importlib.import_module("tkc_small_kernels")
+    finally:
+        for name in [m for m in sys.modules if m.startswith("tkc_small_kernels")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def _fake_devices(monkeypatch: pytest.MonkeyPatch, capabilities: list[tuple[int, int]]) -> None:
+    """torch sees one device of each compute capability (no GPU needed: only the arch choice reads them)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(capabilities))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capabilities[index])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"fake GPU {index}")
+
+
+def test_a_multi_arch_package_imports_no_arch_until_a_variant_is_used(multi_package: ModuleType) -> None:
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    kernel = runtime.get_kernel("per_token_cast")
+    assert type(kernel).__name__ == "ArchKernels" and kernel.archs == ("sm90", "sm100", "sm103")
+    assert not [m for m in sys.modules if m.startswith("tkc_small_kernels._kernels.per_token_cast.")]
+    assert len(kernel.variants) == 2  # the keys, from the arch indexes: no launcher module yet
+    assert not [m for m in sys.modules if m.count(".") == 4 and ".per_token_cast.sm" in m]
+
+
+def test_one_arch_of_devices_takes_that_archs_launchers_themselves(multi_package: ModuleType,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every device an sm_100 (a B200 machine): the launchers are the sm100 ones, as in the per-arch wheel."""
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    _fake_devices(monkeypatch, [(10, 0), (10, 0)])
+    kernel = runtime.get_kernel("per_token_cast")
+    key = next(iter(kernel.modules))
+    launcher = kernel.variant(*key)
+    assert launcher.__module__ == f"tkc_small_kernels._kernels.per_token_cast.sm100.{kernel.modules[key]}"
+    cubin = sys.modules[launcher.__module__]._CUBIN
+    assert cubin.filename.startswith("sm100/") and cubin.arch == "sm100"
+    assert hashlib.sha256(cubin.data()).hexdigest() == cubin.sha256  # read from cubins/sm100/, checked
+    assert kernel.variant(*key) is launcher is kernel.find(*key) is kernel.variants[key]
+    assert not [m for m in sys.modules if ".per_token_cast.sm90." in m]  # the other archs stay unimported
+
+
+def test_devices_of_two_archs_in_one_process_select_their_own_cubins(multi_package: ModuleType,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H100 (cuda:0) beside a B200 (cuda:1): each call runs the launcher of its tensors' device's arch."""
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    driver = importlib.import_module("tkc_small_kernels._driver")
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    _fake_devices(monkeypatch, [(9, 0), (10, 0)])
+    kernel = runtime.get_kernel("per_token_cast")
+    key = next(iter(kernel.modules))
+    per_device = kernel.variant(*key)
+    assert type(per_device).__name__ == "_PerDevice" and kernel.variant(*key) is per_device
+    for device, arch in ((0, "sm90"), (1, "sm100")):
+        launcher = per_device.launcher(device)
+        assert launcher.__module__ == f"tkc_small_kernels._kernels.per_token_cast.{arch}.{kernel.modules[key]}"
+        cubin = sys.modules[launcher.__module__]._CUBIN
+        assert cubin.filename == f"{arch}/{kernel.modules[key]}.cubin" and cubin.arch == arch
+        assert hashlib.sha256(cubin.data()).hexdigest() == cubin.sha256
+    # A launcher never launches on another arch's device (its cubins check the device before the driver).
+    with pytest.raises(errors.ArchMismatchError, match="the sm_100a cubins were asked to run on cuda:0"):
+        driver.check_device(0, "sm100")
+    driver.check_device(1, "sm100")
+    # Each call goes by the device of its first CUDA tensor (faked here: the launchers record their calls).
+    calls: list[tuple[str, tuple[object, ...]]] = []
+    fresh = runtime.ArchKernels(kernel.name, kernel.spec, kernel.keys, kernel.archs)
+    for arch in ("sm90", "sm100"):
+        def record(*arguments: object, arch: str = arch) -> None:
+            calls.append((arch, arguments))
+        record.planned = (arch,)  # type: ignore[attr-defined]
+        fresh.of(arch)._launchers[key] = record
+    assert runtime._device_of((3, torch.zeros(1))) == -1  # no CUDA tensor: the first arch's checks name it
+    monkeypatch.setattr(runtime, "_device_of", lambda arguments: arguments[0])
+    launcher = fresh.variant(*key)
+    launcher(1, "x")
+    assert launcher.planned == ("sm100",)  # what dispatch() remembers: the plan of the launcher that ran
+    launcher(0, "y")
+    launcher(1, "z")
+    assert calls == [("sm100", (1, "x")), ("sm90", (0, "y")), ("sm100", (1, "z"))]
+    assert launcher.planned == ("sm100",)
+
+
+@pytest.mark.parametrize("capabilities", [[(8, 0)], [(9, 0), (8, 0)]])
+def test_a_device_no_built_arch_serves_is_refused_naming_both(multi_package: ModuleType,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capabilities: list[tuple[int, int]]) -> None:
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    _fake_devices(monkeypatch, capabilities)
+    kernel = runtime.get_kernel("batched_transpose")
+    launcher = kernel.variant(*next(iter(kernel.modules)))
+    device = len(capabilities) - 1
+    with pytest.raises(errors.ArchMismatchError) as info:
+        launcher.launcher(device)
+    assert str(info.value) == (
+        f"tkc_small_kernels 0.0.1 holds sm_90a, sm_100a, sm_103a cubins (for H100/H200, B200/GB200, B300/GB300), "
+        f"but cuda:{device} (fake GPU {device}) is sm_80; build a multi-arch wheel that includes it (tkc build "
+        "--arch sm90,sm100,sm103,sm80 --multi-arch)")
+    if device:
+        assert launcher.launcher(0).__module__.startswith("tkc_small_kernels._kernels.batched_transpose.sm90.")

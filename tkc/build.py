@@ -47,7 +47,7 @@ from tkc.lower import (
     lower,
 )
 from tkc.native import build_launch_module
-from tkc.package import BuiltVariant, PackageResult, write_package
+from tkc.package import BuiltVariant, PackageResult, write_multi_arch_package, write_package
 from tkc.render import RenderedKernel, render
 from tkc.spec import SpecSet, Variant, expand
 
@@ -67,6 +67,7 @@ class BuildOptions:
     nvcc: str | None = None  # None: nvcc from PyPI; "system": CUDA_HOME / PATH; else a path
     line_info: bool = False  # nvcc -lineinfo (profiling builds; their cubins name this machine's folders)
     kernels: tuple[str, ...] = ()  # only these spec kernels (tkc build --kernel); empty: all of them
+    multi_arch: bool = False  # one wheel holding every arch's cubins (tkc build --multi-arch), not one per arch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,9 +364,9 @@ def _build(options: BuildOptions, progress: Callable[[int], None] | None, cached
     launch_module = build_launch_module(options.build_dir / "cache")
     if launch_module.data is not None:
         toolchain_info["host_cc"] = launch_module.compiler
-    summaries = []
+    by_arch: dict[Arch, list[BuiltVariant]] = {}
     for arch in options.archs:
-        built = []
+        built = by_arch.setdefault(arch, [])
         for variant, a in work:
             if a != arch:
                 continue
@@ -374,9 +375,16 @@ def _build(options: BuildOptions, progress: Callable[[int], None] | None, cached
             cubin, contract, resources = found
             built.append(BuiltVariant(variant=variant, arch=arch, cubin=cubin, contract=contract,
                                       resources=resources, cached=compiled.hits[(variant.id, arch.name)]))
-        project = options.build_dir / "pkg" / options.specs.package.name / arch.name
-        result: PackageResult = write_package(options.specs, arch, built, project,
-                                              options.dist_dir, toolchain_info, launch_module)
+    packages = options.build_dir / "pkg" / options.specs.package.name
+    multi: PackageResult | None = None
+    if options.multi_arch:  # one project and wheel for all archs; the summary still has a row per arch
+        multi = write_multi_arch_package(options.specs, options.archs, [b for a in options.archs for b in by_arch[a]],
+                                         packages / "-".join(a.name for a in options.archs), options.dist_dir,
+                                         toolchain_info, launch_module)
+    summaries = []
+    for arch, built in by_arch.items():
+        result: PackageResult = multi or write_package(options.specs, arch, built, packages / arch.name,
+                                                       options.dist_dir, toolchain_info, launch_module)
         summaries.append(ArchSummary(
             arch=arch, variants=len(built), compiled=sum(not b.cached for b in built),
             cached=sum(b.cached for b in built), seconds=compiled.seconds[arch.name],

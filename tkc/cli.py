@@ -146,14 +146,14 @@ def _format_bytes(n: int) -> str:
 
 def _build_options(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
                    build_dir: Path | None, dist_dir: Path | None, nvcc: str | None,
-                   line_info: bool = False, kernels: tuple[str, ...] = ()) -> BuildOptions:
+                   line_info: bool = False, kernels: tuple[str, ...] = (), multi_arch: bool = False) -> BuildOptions:
     from tkc.build import BuildOptions
 
     tdir = templates or _root_default("kernels")
     return BuildOptions(
         specs=_specs(spec_paths, tdir), templates=tdir, build_dir=build_dir or _root_default("build"),
         dist_dir=dist_dir or _root_default("dist"), archs=parse_arch_list(arch_list), jobs=jobs, nvcc=nvcc,
-        line_info=line_info, kernels=kernels,
+        line_info=line_info, kernels=kernels, multi_arch=multi_arch,
     )
 
 
@@ -174,6 +174,10 @@ def _build_flags(fn: F) -> F:
                      help="Compile with nvcc -lineinfo (source lines for ncu and compute-sanitizer). Such cubins "
                           "record this machine's build and venv folders, so their wheels are not reproducible "
                           "elsewhere; they are cached apart from the default build's."),
+        click.option("--multi-arch", "multi_arch", is_flag=True, default=False,
+                     help="One wheel holding every --arch's cubins, under the plain version (0.1.0: a package index "
+                          "accepts it); its loader picks each device's arch. Default: one wheel per arch "
+                          "(0.1.0+sm90), the smallest download."),
     ]):
         fn = option(fn)
     return fn
@@ -253,12 +257,14 @@ def _progress(total: int, label: str) -> Any:
               help="Folder for the shard's output. Default: ./build/shards/shard-I-of-N")
 @_handle_errors
 def build_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
-              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, line_info: bool,
+              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, line_info: bool, multi_arch: bool,
               kernels: tuple[str, ...], shard: str | None, shard_out: Path | None) -> None:
-    """Build every spec for every arch: cubins, packages, and one wheel per arch in dist/."""
+    """Build every spec for every arch: cubins, packages, and one wheel per arch in dist/ (--multi-arch: one
+    wheel for all)."""
     from tkc.build import build, build_shard, plan, shard_of
 
-    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc, line_info, kernels)
+    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc, line_info, kernels,
+                             multi_arch)
     start = time.perf_counter()
     bar: Any
     if shard is not None:
@@ -279,12 +285,14 @@ def build_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: s
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
 @_handle_errors
 def merge_cmd(spec_paths: tuple[Path, ...], templates: Path | None, arch_list: str, jobs: int,
-              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, line_info: bool,
+              build_dir: Path | None, dist_dir: Path | None, nvcc: str | None, line_info: bool, multi_arch: bool,
               shards: tuple[Path, ...]) -> None:
-    """Assemble the outputs of tkc build --shard I/N into the per-arch wheels (nothing is compiled)."""
+    """Assemble the outputs of tkc build --shard I/N into the per-arch wheels, or with --multi-arch the one wheel
+    (nothing is compiled)."""
     from tkc.build import merge
 
-    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc, line_info)
+    options = _build_options(spec_paths, templates, arch_list, jobs, build_dir, dist_dir, nvcc, line_info,
+                             multi_arch=multi_arch)
     start = time.perf_counter()
     summaries = merge(options, list(shards))
     _print_summary(summaries, time.perf_counter() - start, options.dist_dir)

@@ -7,6 +7,10 @@ per SM those resources allow (and which one bounds them); and every sha256
 is checked against the manifest. For the wheel: whether it carries the compiled
 launch module (``_launch.abi3.so``, its CPU) and whether its tag says so. Any
 mismatch makes the result not ``ok``.
+
+A multi-arch wheel (``tkc build --multi-arch``) is checked arch by arch: its ``manifest.json`` names each
+arch's manifest (``manifests/<arch>.json``), whose cubins (``cubins/<arch>/``) and launchers
+(``_kernels/<kernel>/<arch>/``) are checked as a per-arch wheel's are; its version must carry no local label.
 """
 
 from __future__ import annotations
@@ -145,8 +149,48 @@ def inspect_wheel(path: Path) -> WheelReport:
 def _report(path: Path, wheel: zipfile.ZipFile, root: str, manifest: dict) -> WheelReport:
     """The report of a tkc wheel whose manifest parsed (a key it lacks raises KeyError)."""
     problems: list[str] = []
+    listed: set[str] = set()
+    reports: list[CubinReport] = []
+    if "archs" in manifest:  # a multi-arch wheel: each arch's manifest, cubins and launchers
+        if "+" in manifest["version"]:
+            problems.append(f"{root}/manifest.json: a multi-arch wheel's version {manifest['version']} has a local "
+                            "label, which package indexes refuse; rebuild with tkc build --multi-arch")
+        kernels: set[str] = set()
+        for arch_name, member in sorted(manifest["archs"].items()):
+            try:
+                sub = json.loads(wheel.read(f"{root}/{member}"))
+            except KeyError:
+                problems.append(f"{root}/{member}: the manifest of {arch_name}, listed in manifest.json, is missing")
+                continue
+            if sub["arch"] != arch_name or sub["version"] != manifest["version"]:
+                problems.append(f"{root}/{member}: is the manifest of {sub['arch']} {sub['version']}, not of "
+                                f"{arch_name} {manifest['version']}; rebuild with tkc build --multi-arch")
+            reports += _cubins(wheel, root, sub, problems, listed)
+            _check_launchers(wheel, root, sub, problems, arch_dir=True)
+            kernels |= set(sub["kernels"])
+        names = set(wheel.namelist())
+        for kernel in sorted(kernels):
+            index = f"{root}/_kernels/{kernel}/__init__.py"
+            if index not in names or "ArchKernels(" not in wheel.read(index).decode():
+                problems.append(f"{index}: missing or not a multi-arch kernel index; rebuild with tkc build "
+                                "--multi-arch")
+    else:
+        reports = _cubins(wheel, root, manifest, problems, listed)
+        _check_launchers(wheel, root, manifest, problems)
+    for name in wheel.namelist():
+        if name.endswith(".cubin") and name not in listed:
+            problems.append(f"{name}: a cubin the manifest does not list")
+    _check_record(wheel, problems)
+    launch_module = _launch_module(wheel, root, problems)
+    return WheelReport(wheel=str(path), package=manifest["package"], version=manifest["version"],
+                       arch=manifest["arch"], target=manifest["target"], cubins=tuple(reports),
+                       launch_module=launch_module, problems=tuple(problems))
+
+
+def _cubins(wheel: zipfile.ZipFile, root: str, manifest: dict, problems: list[str],
+            listed: set[str]) -> list[CubinReport]:
+    """The reports of the cubins one arch's manifest lists (their members added to ``listed``)."""
     arch = ARCHS.get(manifest["arch"])  # None: an arch this tkc does not know (no occupancy then)
-    listed = set()
     reports = []
     for kernel, entry in sorted(manifest["kernels"].items()):
         for v in entry["variants"]:
@@ -185,15 +229,7 @@ def _report(path: Path, wheel: zipfile.ZipFile, root: str, manifest: dict) -> Wh
                 spill_bytes={s: r["spill_stores"] + r["spill_loads"] for s, r in v["resources"].items()},
                 occupancy=occupancy, sha256_ok=sha_ok,
             ))
-    for name in wheel.namelist():
-        if name.endswith(".cubin") and name not in listed:
-            problems.append(f"{name}: a cubin the manifest does not list")
-    _check_record(wheel, problems)
-    _check_launchers(wheel, root, manifest, problems)
-    launch_module = _launch_module(wheel, root, problems)
-    return WheelReport(wheel=str(path), package=manifest["package"], version=manifest["version"],
-                       arch=manifest["arch"], target=manifest["target"], cubins=tuple(reports),
-                       launch_module=launch_module, problems=tuple(problems))
+    return reports
 
 
 def _check_record(wheel: zipfile.ZipFile, problems: list[str]) -> None:
@@ -219,32 +255,36 @@ def _check_record(wheel: zipfile.ZipFile, problems: list[str]) -> None:
         problems.append(f"{name}: in the RECORD but missing from the wheel")
 
 
-_CUBIN_LINE = re.compile(r'^_\w+ = Cubin\("([^"]+)", "([0-9a-f]*)"\)$', re.MULTILINE)
+_CUBIN_LINE = re.compile(r'^_\w+ = Cubin\("([^"]+)", "([0-9a-f]*)"(?:, "\w+")?\)$', re.MULTILINE)
 _INDEX_ENTRY = re.compile(r'^        \(.*\): "(\w+)",$', re.MULTILINE)  # a kernel index's key: "module" lines
 
 
-def _check_launchers(wheel: zipfile.ZipFile, root: str, manifest: dict, problems: list[str]) -> None:
+def _check_launchers(wheel: zipfile.ZipFile, root: str, manifest: dict, problems: list[str],
+                     arch_dir: bool = False) -> None:
     """Each kernel's index names the variants the manifest lists, and each variant's launcher module loads
-    the cubin the manifest lists and checks the hash it records."""
+    the cubin the manifest lists and checks the hash it records (``arch_dir``: one arch of a multi-arch
+    wheel, whose launchers are in ``_kernels/<kernel>/<arch>/`` and cubins in ``cubins/<arch>/``)."""
     names = set(wheel.namelist())
+    arch = manifest["arch"]
     for kernel, entry in sorted(manifest["kernels"].items()):
-        index = f"{root}/_kernels/{kernel}/__init__.py"
+        folder = f"{root}/_kernels/{kernel}/{arch}" if arch_dir else f"{root}/_kernels/{kernel}"
+        index = f"{folder}/__init__.py"
         if index not in names:
             problems.append(f"{index}: missing: the manifest lists kernel {kernel}")
             continue
         expected = {Path(v["cubin"]).stem: v["sha256"] for v in entry["variants"]}
         indexed = set(_INDEX_ENTRY.findall(wheel.read(index).decode()))
-        modules = {Path(n).stem for n in names if n.startswith(f"{root}/_kernels/{kernel}/")} - {"__init__"}
+        modules = {Path(n).stem for n in names if n.rpartition("/")[0] == folder} - {"__init__"}
         for what, found in (("its index names", indexed), ("its launcher modules are", modules)):
             if found != set(expected):
                 odd = sorted(found ^ set(expected))[0]
                 problems.append(f"{index}: {what} not the manifest's variants (e.g. {odd}); rebuild with tkc build")
         for variant, sha256 in sorted(expected.items()):
-            member = f"{root}/_kernels/{kernel}/{variant}.py"
+            member = f"{folder}/{variant}.py"
             if member not in names:
                 continue  # reported above
             loaded = dict(_CUBIN_LINE.findall(wheel.read(member).decode()))
-            if loaded != {f"{variant}.cubin": sha256}:
+            if loaded != {f"{arch}/{variant}.cubin" if arch_dir else f"{variant}.cubin": sha256}:
                 problems.append(f"{member}: its cubin or hash differs from the manifest's; rebuild with tkc build")
 
 

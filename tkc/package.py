@@ -1,10 +1,17 @@
-"""Stage 5: compiled variants of one arch -> a Python package and its wheel.
+"""Stage 5: compiled variants of one arch (or of several) -> a Python package and its wheel.
 
 The package holds the cubins, ``manifest.json`` (contract, resources and sha256
 of every cubin), the ctypes loader, a generated package per kernel (its index,
 and a launcher module per variant) and the op modules users import. Its wheel is built by a standard PEP 517 backend
 (hatchling) on the generated project, with fixed timestamps so that the same
 inputs give byte-identical wheels.
+
+A multi-arch package (``tkc build --multi-arch``) holds every arch's variants under a plain version: each
+arch's launchers, tables and cubins in a folder of the arch's name (``_kernels/<kernel>/<arch>/``,
+``cubins/<arch>/``), each arch's manifest in ``manifests/<arch>.json`` (listed by the root ``manifest.json``),
+and a kernel index per kernel (``_kernels/<kernel>/__init__.py``, an ``ArchKernels``) that picks, per device,
+the arch whose cubins it runs on (``_runtime.ArchKernels``). The op modules, the loader and the compiled
+launch module are shared: they are the same for every arch.
 """
 
 from __future__ import annotations
@@ -106,7 +113,7 @@ class BuiltVariant:
 
 @dataclass(frozen=True, kw_only=True)
 class PackageResult:
-    arch: Arch
+    arch: Arch  # the first arch of a multi-arch package
     project: Path
     wheel: Path
     rebuilt: bool
@@ -180,16 +187,40 @@ _LAUNCHER_IMPORTS = ("Cubin", "Function", "check", "check_disjoint", "check_stri
                      "current_stream", "launch", "launch_cooperative", "run", "table", "tensor_map")
 
 
-def _launcher_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, arch: Arch,
-                     launcher: LauncherSource) -> str:
+@dataclass(frozen=True, kw_only=True)
+class _Layout:
+    """Where one arch's generated files go: the package root (per-arch package) or the arch's own folders
+    (multi-arch package, ``arch_dir``), and how its modules reach the loader from there."""
+
+    arch: Arch
+    arch_dir: bool = False
+
+    @property
+    def up(self) -> str:
+        """The relative import of the package root from a launcher module or a kernel's arch index."""
+        return "...." if self.arch_dir else "..."
+
+    def kernel_dir(self, kernel: str) -> str:
+        return f"{kernel}/{self.arch.name}" if self.arch_dir else kernel
+
+    def cubin(self, variant_id: str) -> str:
+        """A cubin's path under ``cubins/``."""
+        return f"{self.arch.name}/{variant_id}.cubin" if self.arch_dir else f"{variant_id}.cubin"
+
+
+def _launcher_module(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, layout: _Layout,
+                     launcher: LauncherSource, version: str) -> str:
     """The module of one variant's launcher (``_kernels/<kernel>/<variant>.py``), importing what it uses."""
     code = "\n".join([*launcher.body, *(function for _, function in launcher.functions)])
     used = {"Cubin", *(("table",) if launcher.table else ())}
     used |= {name for name in _LAUNCHER_IMPORTS if re.search(rf"\b{name}\(", code)}
+    names = [name for name in _LAUNCHER_IMPORTS if name in used]
     return env.get_template("variant_module.py.j2").render(
-        tkc_version=tkc.__version__, package=specs.package.name, version=specs.package.version, arch=arch,
-        kernel=kernel, v=launcher, imports=_import_list([name for name in _LAUNCHER_IMPORTS if name in used]),
+        tkc_version=tkc.__version__, package=specs.package.name, version=version, arch=layout.arch,
+        kernel=kernel, v=launcher, imports=_import_list(names, len(f"from {layout.up}_runtime import ")),
         uses_torch=re.search(r"\btorch\.", code) is not None, uses_errors="KernelArgumentError" in code,
+        up=layout.up, table=layout.kernel_dir(kernel.name),
+        cubin_arch=f', "{layout.arch.name}"' if layout.arch_dir else "",
     )
 
 
@@ -206,10 +237,12 @@ def _import_list(names: list[str], indent: int = len("from ..._runtime import ")
     return "(\n" + "\n".join([*lines, line]) + "\n)"
 
 
-def _kernel_modules(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, arch: Arch,
-                    built: list[BuiltVariant]) -> dict[str, str | bytes]:
+def _kernel_modules(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec, layout: _Layout,
+                    built: list[BuiltVariant], version: str) -> dict[str, str | bytes]:
     """The kernel's package under ``_kernels/``: its index (``<kernel>/__init__.py``), one launcher module per
-    variant, and its table (``<kernel>.bin``: each variant's packed contract and plan, in order)."""
+    variant, and its table (``<kernel>.bin``: each variant's packed contract and plan, in order); in a
+    multi-arch package the same under ``<kernel>/<arch>/`` (``<kernel>/<arch>.bin``)."""
+    arch = layout.arch
     launchers: list[LauncherSource] = []
     entries: list[bytes | None] = []
     for b in built:
@@ -217,7 +250,7 @@ def _kernel_modules(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec,
         doc = f"{kernel.name} for {arch.target}: {v.describe()}."
         try:
             requires = pack.bind(kernel.requires, dict(v.params), [s.name for s in b.contract.sizes])
-            source = launcher_source(func=v.id, doc=doc, cubin=f"{v.id}.cubin",
+            source = launcher_source(func=v.id, doc=doc, cubin=layout.cubin(v.id),
                                      key=repr(tuple(val for _, val in v.params)), contract=b.contract,
                                      alignment=arch.alignment, requires=requires)
         except ValueError as exc:
@@ -227,22 +260,43 @@ def _kernel_modules(env: jinja2.Environment, specs: SpecSet, kernel: KernelSpec,
         indices = tuple((var, len(entries) + i) for i, (var, _) in enumerate(source.contract))
         entries += [words for _, words in source.contract]
         launchers.append(dataclasses.replace(source, table=indices, cubin_sha256=sha256_bytes(b.cubin)))
-    files: dict[str, str | bytes] = {f"{kernel.name}/__init__.py": env.get_template("kernel_index.py.j2").render(
-        tkc_version=tkc.__version__, package=specs.package.name, version=specs.package.version, arch=arch,
-        kernel=kernel, variants=launchers, keys=repr(kernel.grid_keys))}
+    where = layout.kernel_dir(kernel.name)
+    files: dict[str, str | bytes] = {f"{where}/__init__.py": env.get_template("kernel_index.py.j2").render(
+        tkc_version=tkc.__version__, package=specs.package.name, version=version, arch=arch,
+        kernel=kernel, variants=launchers, keys=repr(kernel.grid_keys), up=layout.up,
+        arch_name=arch.name if layout.arch_dir else "")}
     for launcher in launchers:
-        files[f"{kernel.name}/{launcher.func}.py"] = _launcher_module(env, specs, kernel, arch, launcher)
-    files[f"{kernel.name}.bin"] = pack.pack_table(entries)
+        files[f"{where}/{launcher.func}.py"] = _launcher_module(env, specs, kernel, layout, launcher, version)
+    files[f"{where}.bin"] = pack.pack_table(entries)
     return files
 
 
-def _manifest(specs: SpecSet, arch: Arch, built: list[BuiltVariant], toolchain: dict[str, str]) -> str:
+ARCH_INDEX = '''{header}"""The prebuilt variants of ``{kernel}`` for each arch of this multi-arch package: each arch's
+variants, launchers and table are in the folder of its name (``{kernel}/<arch>/``). The loader picks the arch
+of each device on first use (``_runtime.ArchKernels``), importing only that arch's index."""
+
+from __future__ import annotations
+
+from ..._runtime import ArchKernels
+
+KERNEL = ArchKernels(name={name!r}, spec={spec}, keys={keys}, archs={archs!r})
+'''
+
+
+def _manifest_head(specs: SpecSet, arch: Arch, version: str, toolchain: dict[str, str]) -> dict[str, object]:
+    return {"package": specs.package.name, "version": version, "arch": arch.name, "target": arch.target,
+            "compute_capability": [arch.major, arch.minor], "toolchain": toolchain}
+
+
+def _manifest(specs: SpecSet, arch: Arch, built: list[BuiltVariant], toolchain: dict[str, str],
+              version: str | None = None, layout: _Layout | None = None) -> str:
     """manifest.json: one line per variant (its keys sorted).
 
     json's ``indent`` takes its pure-Python encoder, which with ``dataclasses.asdict`` was a
     quarter of a no-change rebuild of the catalog; the C encoder writes each variant on its own
     line instead (dataclasses through ``vars``, tuples as lists), so the file still diffs per variant.
     """
+    layout = layout or _Layout(arch=arch)
     kernels: list[str] = []
     for kernel in specs.kernels:
         mine = [b for b in built if b.variant.kernel == kernel]
@@ -251,7 +305,7 @@ def _manifest(specs: SpecSet, arch: Arch, built: list[BuiltVariant], toolchain: 
         variants = ",\n".join("   " + json.dumps({
             "id": b.variant.id,
             "params": dict(b.variant.params),
-            "cubin": f"cubins/{b.variant.id}.cubin",
+            "cubin": f"cubins/{layout.cubin(b.variant.id)}",
             "sha256": sha256_bytes(b.cubin),
             "bytes": len(b.cubin),
             "contract": b.contract,
@@ -260,12 +314,19 @@ def _manifest(specs: SpecSet, arch: Arch, built: list[BuiltVariant], toolchain: 
         head = json.dumps({"module": kernel.module, "spec": kernel.source, "template": kernel.template,
                            "op": kernel.op, "keys": list(kernel.grid_keys)})
         kernels.append(f"  {json.dumps(kernel.name)}: {head[:-1]}, \"variants\": [\n{variants}\n  ]}}")
-    fields = {"package": specs.package.name, "version": local_version(specs.package.version, arch),
-              "arch": arch.name, "target": arch.target, "compute_capability": [arch.major, arch.minor],
-              "toolchain": toolchain}
+    fields = _manifest_head(specs, arch, version or local_version(specs.package.version, arch), toolchain)
     lines = [f" {json.dumps(key)}: {json.dumps(value, sort_keys=True)}" for key, value in fields.items()]
     lines.append(' "kernels": {\n' + ",\n".join(kernels) + "\n }")
     return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def _multi_manifest(specs: SpecSet, archs: tuple[Arch, ...], version: str, toolchain: dict[str, str]) -> str:
+    """A multi-arch package's manifest.json: its archs, each with the manifest of its variants."""
+    return json.dumps({
+        "package": specs.package.name, "version": version, "arch": ",".join(a.name for a in archs),
+        "target": ", ".join(a.target for a in archs), "toolchain": toolchain,
+        "archs": {a.name: f"manifests/{a.name}.json" for a in archs},
+    }, indent=1, sort_keys=True) + "\n"
 
 
 def cuda_version(nvcc_version: str) -> tuple[int, int]:
@@ -285,28 +346,54 @@ def driver_note(toolchain: dict[str, str]) -> str:
 
 def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
                   toolchain: dict[str, str], launch_module: LaunchModule | None = None) -> dict[str, bytes]:
-    """Every file of the generated project, by path relative to the project root.
+    """Every file of the generated project of one arch, by path relative to the project root.
 
     ``launch_module``: the compiled ``_launch`` (tkc.native); without one the loader launches
     through ctypes.
     """
+    return _package_files(specs, (arch,), built, toolchain, launch_module, multi_arch=False)
+
+
+def multi_arch_files(specs: SpecSet, archs: tuple[Arch, ...], built: list[BuiltVariant],
+                     toolchain: dict[str, str], launch_module: LaunchModule | None = None) -> dict[str, bytes]:
+    """Every file of the generated multi-arch project: the variants of all ``archs`` (``built`` holds each
+    arch's), each arch's in folders of its name, under the plain package version (no local label: a package
+    index such as PyPI refuses those)."""
+    if len({a.name for a in archs}) != len(archs) or not archs:
+        raise PackageError(f"a multi-arch package needs distinct archs, got {', '.join(a.name for a in archs)}")
+    return _package_files(specs, archs, built, toolchain, launch_module, multi_arch=True)
+
+
+def _archs_info(archs: tuple[Arch, ...]) -> str:
+    """_build_info's ARCHS: what the loader needs of each arch to pick and check a device's cubins."""
+    lines = "".join(f"    {a.name!r}: ({a.major}, {a.minor}, {a.target!r}, {a.gpus!r}, {a.alignment}),\n"
+                    for a in archs)
+    return ("# arch -> (major, minor, target, GPUs, alignment): the devices each arch's cubins run on\n"
+            f"ARCHS = {{\n{lines}}}\n")
+
+
+def _package_files(specs: SpecSet, archs: tuple[Arch, ...], built: list[BuiltVariant], toolchain: dict[str, str],
+                   launch_module: LaunchModule | None, *, multi_arch: bool) -> dict[str, bytes]:
     name = specs.package.name
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(RUNTIME_DIR)), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     files: dict[str, str | bytes] = {}
     kernels = [k for k in specs.kernels if any(b.variant.kernel == k for b in built)]
-    version = local_version(specs.package.version, arch)
+    arch = archs[0]
+    version = specs.package.version if multi_arch else local_version(specs.package.version, arch)
+    # For messages and the description: "H100/H200 (sm_90a), B200/GB200 (sm_100a)".
+    gpus = ", ".join(f"{a.gpus} ({a.target})" for a in archs)
     native = launch_module is not None and launch_module.data is not None
     files["pyproject.toml"] = (
         f"# Generated by tkc {tkc.__version__}; do not edit.\n"
         '[build-system]\nrequires = ["hatchling>=1.21"]\nbuild-backend = "hatchling.build"\n\n'
         f'[project]\nname = "{name}"\nversion = "{version}"\n'
-        f'description = "Prebuilt TileLang kernels for {arch.gpus} ({arch.target}), built by tkc'
+        f'description = "Prebuilt TileLang kernels for {gpus}, built by tkc'
         f'{driver_note(toolchain)}"\n'
         f'requires-python = "{">=3.10" if native else ">=3.9"}"\ndependencies = ["torch>=2.4"]\n\n'
         f'[tool.hatch.build.targets.wheel]\npackages = ["{name}"]\n\n'
         "[tool.hatch.build.targets.wheel.hooks.custom]\n\n"
-        + cibuildwheel_config(arch.name)
+        + cibuildwheel_config(",".join(a.name for a in archs))
     )
     files["hatch_build.py"] = HATCH_BUILD_HOOK.format(native=f"{name}/{FILENAME}", abi=ABI_TAG)
     if native:
@@ -315,10 +402,17 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
         for part in SOURCES:  # shipped for whoever debugs a launch
             files[f"{name}/{part.name}"] = part.read_text()
         files[f"{name}/{HEADER}"] = protocol_header()
+    if multi_arch:
+        # ARCH / TARGET / GPUS name every arch; ALIGNMENT (what op modules size stride rules with) is the
+        # widest, which every arch's kernels accept. Each launcher checks its own arch's alignment.
+        about = (f"ARCH = {','.join(a.name for a in archs)!r}\nTARGET = {', '.join(a.target for a in archs)!r}\n"
+                 f"GPUS = {', '.join(a.gpus for a in archs)!r}\nALIGNMENT = {max(a.alignment for a in archs)}\n")
+    else:
+        about = (f"ARCH = {arch.name!r}\nTARGET = {arch.target!r}\nMAJOR = {arch.major}\nMINOR = {arch.minor}\n"
+                 f"GPUS = {arch.gpus!r}\nALIGNMENT = {arch.alignment}\n")
     files[f"{name}/_build_info.py"] = (
         _header("the spec set", ", ".join(specs.files)) + '"""What this build of the package is for."""\n\n'
-        f"PACKAGE = {name!r}\nVERSION = {version!r}\nARCH = {arch.name!r}\nTARGET = {arch.target!r}\n"
-        f"MAJOR = {arch.major}\nMINOR = {arch.minor}\nGPUS = {arch.gpus!r}\nALIGNMENT = {arch.alignment}\n"
+        f"PACKAGE = {name!r}\nVERSION = {version!r}\n{about}MULTI_ARCH = {multi_arch!r}\n{_archs_info(archs)}"
         f"KERNELS = {tuple(k.name for k in kernels)!r}\n"
         # The CUDA version of the nvcc that made the cubins: a driver must support it to load them.
         f"CUDA = {cuda_version(toolchain.get('nvcc', ''))!r}\n"
@@ -332,10 +426,18 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
     helpers: dict[str, tuple[Path, str]] = {}
     for kernel in kernels:
         mine = [b for b in built if b.variant.kernel == kernel]
-        for member, content in _kernel_modules(env, specs, kernel, arch, mine).items():
-            files[f"{name}/_kernels/{member}"] = content
-        for b in mine:
-            files[f"{name}/cubins/{b.variant.id}.cubin"] = b.cubin
+        served = tuple(a for a in archs if any(b.arch == a for b in mine))
+        for a in served:
+            layout = _Layout(arch=a, arch_dir=multi_arch)
+            of_arch = [b for b in mine if b.arch == a]
+            for member, content in _kernel_modules(env, specs, kernel, layout, of_arch, version).items():
+                files[f"{name}/_kernels/{member}"] = content
+            for b in of_arch:
+                files[f"{name}/cubins/{layout.cubin(b.variant.id)}"] = b.cubin
+        if multi_arch:
+            files[f"{name}/_kernels/{kernel.name}/__init__.py"] = ARCH_INDEX.format(
+                header=_header(f"kernel {kernel.name}", kernel.source), kernel=kernel.name, name=kernel.name,
+                spec=json.dumps(kernel.source), keys=repr(kernel.grid_keys), archs=tuple(a.name for a in served))
         op_path = specs.ops / kernel.op
         stem = f"_{Path(kernel.op).name.removesuffix('.py')}"
         target = f"{name}/{kernel.module}/{stem}.py"
@@ -425,13 +527,19 @@ def package_files(specs: SpecSet, arch: Arch, built: list[BuiltVariant],
     lazy_imports, _, body = lazy.partition("\n\n")  # the lazy part's own imports go first
     files[f"{name}/__init__.py"] = (
         _header("the kernel specs", ", ".join(specs.files))
-        + f'"""Prebuilt TileLang kernels for {arch.gpus} ({arch.target}). Needs only torch at run time."""\n\n'
+        + f'"""Prebuilt TileLang kernels for {gpus}. Needs only torch at run time."""\n\n'
         + (f"{lazy_imports}\n\n" if root_exports else "")
         + "".join(f"from . import {m}\n" for m in sorted(modules))
         + "from ._build_info import ARCH, TARGET, VERSION\n\n__version__ = VERSION\n"
         + (f"\n{body}" if root_exports else f"__all__ = {root_names!r}\n")
     )
-    files[f"{name}/manifest.json"] = _manifest(specs, arch, built, toolchain)
+    if multi_arch:
+        for a in archs:
+            files[f"{name}/manifests/{a.name}.json"] = _manifest(
+                specs, a, [b for b in built if b.arch == a], toolchain, version, _Layout(arch=a, arch_dir=True))
+        files[f"{name}/manifest.json"] = _multi_manifest(specs, archs, version, toolchain)
+    else:
+        files[f"{name}/manifest.json"] = _manifest(specs, arch, built, toolchain)
     return {path: data.encode() if isinstance(data, str) else data for path, data in sorted(files.items())}
 
 
@@ -491,7 +599,18 @@ def write_package(specs: SpecSet, arch: Arch, built: list[BuiltVariant], project
     wheel in ``dist`` is reused only if it is byte for byte the one built from these files. (Builds
     that share a build folder but not a dist folder, or a wheel replaced by hand, leave a file of the
     right name and the wrong contents.)"""
-    files = package_files(specs, arch, built, toolchain, launch_module)
+    return _write_project(package_files(specs, arch, built, toolchain, launch_module), arch, project, dist)
+
+
+def write_multi_arch_package(specs: SpecSet, archs: tuple[Arch, ...], built: list[BuiltVariant], project: Path,
+                             dist: Path, toolchain: dict[str, str],
+                             launch_module: LaunchModule | None = None) -> PackageResult:
+    """Write the multi-arch project of ``archs`` and build its one wheel, unless neither would change
+    (as ``write_package``)."""
+    return _write_project(multi_arch_files(specs, archs, built, toolchain, launch_module), archs[0], project, dist)
+
+
+def _write_project(files: dict[str, bytes], arch: Arch, project: Path, dist: Path) -> PackageResult:
     changed = sync_tree(project, files)
     stamp = project / ".tkc-wheel"
     previous = stamp.read_text().split() if stamp.is_file() else []

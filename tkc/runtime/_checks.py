@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from . import _build_info as info  # type: ignore[attr-defined]  # generated into each package
+from ._driver import device_arch
 from .errors import KernelArgumentError, NoGpuError
 
 _TORCH_TO_NAME = {
@@ -65,9 +66,12 @@ def check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Sequence[int | No
             expected = tuple("*" if s is None else s for s in shape)
             raise KernelArgumentError(f"{name}: expected shape {expected}, got {tuple(t.shape)} "
                                       f"(dimension {dim} must be {want})")
-    if t.data_ptr() % info.ALIGNMENT:
-        raise KernelArgumentError(f"{name}: data pointer {t.data_ptr():#x} is not {info.ALIGNMENT}-byte aligned; "
-                                  f"the {info.TARGET} kernels use vector accesses that need it (pass a fresh or "
+    # A multi-arch package's launchers each run on their own arch's devices: its alignment is the device's.
+    _, _, target, _, alignment = info.ARCHS[device_arch(index)] if info.MULTI_ARCH else (0, 0, info.TARGET, "",
+                                                                                        info.ALIGNMENT)
+    if t.data_ptr() % alignment:
+        raise KernelArgumentError(f"{name}: data pointer {t.data_ptr():#x} is not {alignment}-byte aligned; "
+                                  f"the {target} kernels use vector accesses that need it (pass a fresh or "
                                   ".clone()d tensor)")
     return index
 

@@ -88,21 +88,46 @@ def driver() -> _Driver:
     return _driver_instance
 
 
-_checked_devices: set[int] = set()
+_device_archs: dict[int, str] = {}  # device index -> the built arch whose cubins run there
 
 
-def check_device(index: int) -> None:
-    """Refuse a device whose arch the cubins were not built for, naming both archs."""
-    if index in _checked_devices:
-        return
-    major, minor = torch.cuda.get_device_capability(index)
-    if (major, minor) != (info.MAJOR, info.MINOR):
-        raise ArchMismatchError(
-            f"{info.PACKAGE} {info.VERSION} holds {info.TARGET} cubins (for {info.GPUS}), but cuda:{index} "
-            f"({torch.cuda.get_device_name(index)}) is sm_{major}{minor}; install the wheel built for "
-            f"sm{major}{minor} (tkc build --arch sm{major}{minor})"
-        )
-    _checked_devices.add(index)
+def device_arch(index: int) -> str:
+    """The arch of the package (a key of ``_build_info.ARCHS``) whose cubins run on cuda:``index``, read from
+    the device's compute capability once; ArchMismatchError naming the device and the built archs where
+    none does."""
+    arch = _device_archs.get(index)
+    if arch is None:
+        major, minor = torch.cuda.get_device_capability(index)
+        arch = next((name for name, (a, b, *_) in info.ARCHS.items() if (a, b) == (major, minor)), None)
+        if arch is None:
+            wanted = f"sm{major}{minor}"
+            fix = (f"build a multi-arch wheel that includes it (tkc build --arch {info.ARCH},{wanted} --multi-arch)"
+                   if info.MULTI_ARCH else f"install the wheel built for {wanted} (tkc build --arch {wanted})")
+            raise ArchMismatchError(
+                f"{info.PACKAGE} {info.VERSION} holds {info.TARGET} cubins (for {info.GPUS}), but cuda:{index} "
+                f"({torch.cuda.get_device_name(index)}) is sm_{major}{minor}; {fix}")
+        _device_archs[index] = arch
+    return arch
+
+
+def check_device(index: int, arch: str = "") -> None:
+    """Refuse a device that the cubins of ``arch`` (default: the package's one arch) do not run on, naming the
+    device's arch and the built ones."""
+    found = device_arch(index)
+    if arch and found != arch:  # a multi-arch package's loader picked another arch's launcher: a tkc bug
+        raise ArchMismatchError(f"{info.PACKAGE} {info.VERSION}: the {info.ARCHS[arch][2]} cubins were asked to run "
+                                f"on cuda:{index}, which takes the {info.ARCHS[found][2]} ones; report this to tkc")
+
+
+def process_arch() -> str | None:
+    """The one built arch that serves every device torch sees, or None where the devices need different archs
+    (or one no built arch serves, or there is none): a multi-arch package then picks per device and call."""
+    try:
+        count = torch.cuda.device_count()
+        archs = {device_arch(i) for i in range(count)}
+    except ArchMismatchError:
+        return None
+    return archs.pop() if len(archs) == 1 else None
 
 
 _sm_counts: dict[int, int] = {}

@@ -9,8 +9,9 @@ Copied verbatim by tkc into every generated package with the rest of the loader;
 - ``Function`` holds one kernel's launch configuration, its handle per device, and the rare paths
   (first launch, another device's context, launch attributes, errors);
 - ``Kernel`` maps compile-time parameters to a variant's launcher, whose module it imports on the variant's
-  first use; ``get_kernel`` imports a kernel's index on first use; ``table`` reads its packed contracts and
-  plans (data tkc wrote);
+  first use; in a multi-arch package ``ArchKernels`` holds a ``Kernel`` per arch and picks the one of each
+  device's arch (by its compute capability, on first use); ``get_kernel`` imports a kernel's index on first
+  use; ``table`` reads its packed contracts and plans (data tkc wrote);
 - ``launch_op`` defines the torch op an op traces into under ``torch.compile`` (see ``_op.py``).
 
 What launchers call on every launch lives by responsibility and is re-exported here (``__all__``):
@@ -64,9 +65,11 @@ from ._driver import (
     _current_stream,
     check_device,
     current_stream,
+    device_arch,
     driver,
     get_device_num_sms,
     get_num_sms,
+    process_arch,
     set_num_sms,
     sm_count,
 )
@@ -74,8 +77,8 @@ from ._tma import tensor_map
 from .errors import CorruptPackageError, KernelArgumentError, VariantNotFoundError
 
 __all__ = [  # what the generated launchers and the op modules import from here
-    "NATIVE_CHECK", "NATIVE_DISPATCH", "NATIVE_LAUNCH", "NATIVE_RUN", "Cubin", "Function", "Kernel", "check",
-    "check_disjoint", "check_strides", "check_tensor", "current_stream", "dispatch", "dtype_name", "fast_path",
+    "NATIVE_CHECK", "NATIVE_DISPATCH", "NATIVE_LAUNCH", "NATIVE_RUN", "ArchKernels", "Cubin", "Function", "Kernel",
+    "check", "check_disjoint", "check_strides", "check_tensor", "current_stream", "dispatch", "dtype_name", "fast_path",
     "from_input", "from_out", "get_device_num_sms", "get_kernel", "get_num_sms", "launch", "launch_cooperative",
     "launch_op", "output", "remember", "run", "same_size", "set_num_sms", "size_is", "size_multiple", "size_of",
     "sm_count", "stride_bytes_multiple", "table", "tensor_map", "use_exchange",
@@ -111,9 +114,10 @@ class Cubin:
     """One cubin of the package, loaded lazily as a context-independent library, after its bytes are checked
     against the sha256 the build recorded (``sha256``; once, before the driver sees them)."""
 
-    def __init__(self, filename: str, sha256: str = "") -> None:
+    def __init__(self, filename: str, sha256: str = "", arch: str = "") -> None:
         self.filename = filename
         self.sha256 = sha256
+        self.arch = arch  # in a multi-arch package: the arch whose devices it runs on
         self._lock = threading.Lock()
         self._library: ctypes.c_void_p | None = None
         self._kernels: dict[str, ctypes.c_void_p] = {}
@@ -144,7 +148,7 @@ class Cubin:
     def kernel(self, symbol: str, device: int, smem: int) -> int:
         """The ``CUkernel`` handle of ``symbol``, ready to launch on ``device`` with ``smem`` bytes of dynamic
         shared memory (arch checked, the opt-in above 48 KiB set)."""
-        check_device(device)
+        check_device(device, self.arch)
         drv = driver()
         if symbol not in self._kernels:
             handle = ctypes.c_void_p()
@@ -243,10 +247,12 @@ class Kernel:
     only its index. ``variants`` maps the same keys to the launchers.
     """
 
-    def __init__(self, name: str, spec: str, keys: tuple[str, ...], variants: dict[tuple[Any, ...], str]) -> None:
+    def __init__(self, name: str, spec: str, keys: tuple[str, ...], variants: dict[tuple[Any, ...], str],
+                 arch: str = "") -> None:
         self.name = name
         self.spec = spec
         self.keys = keys
+        self.arch = arch  # in a multi-arch package: the arch whose variants these are (_kernels/<name>/<arch>/)
         self.modules = variants
         self.variants: Mapping[tuple[Any, ...], Callable[..., None]] = _Launchers(self)
         self._launchers: dict[tuple[Any, ...], Callable[..., None]] = {}
@@ -270,10 +276,7 @@ class Kernel:
 
     def select(self, **values: Any) -> Callable[..., None]:
         """The launcher of the variant built for ``values`` (every grid key, by name)."""
-        try:
-            key = tuple(values[k] for k in self.keys)
-        except KeyError as exc:
-            raise TypeError(f"{self.name}.select() needs every grid key: {', '.join(self.keys)}") from exc
+        key = _grid_key(self.name, self.keys, values)
         launcher = self._launchers.get(key)
         if launcher is not None:
             return launcher
@@ -281,8 +284,9 @@ class Kernel:
             have = "\n  ".join(", ".join(f"{k}={v}" for k, v in zip(self.keys, variant))
                                for variant in self.modules)
             asked = ", ".join(f"{k}={values[k]!r}" for k in self.keys)
+            where = f" for {info.ARCHS[self.arch][2]}" if self.arch else ""
             raise VariantNotFoundError(
-                f"{self.name}: no prebuilt variant for {asked} in {info.PACKAGE} {info.VERSION}; add the values "
+                f"{self.name}: no prebuilt variant{where} for {asked} in {info.PACKAGE} {info.VERSION}; add the values "
                 f"to the grid of kernel {self.name} in {self.spec} and rebuild (tkc build). Built variants:\n  {have}"
             )
         return self._load(key)
@@ -290,16 +294,143 @@ class Kernel:
     def _load(self, key: tuple[Any, ...]) -> Callable[..., None]:
         """Import the launcher module of the variant built for ``key`` (once; importing is thread-safe)."""
         module_name = self.modules[key]
-        module = importlib.import_module(f"{__package__}._kernels.{self.name}.{module_name}")
+        folder = f"{self.name}.{self.arch}" if self.arch else self.name
+        module = importlib.import_module(f"{__package__}._kernels.{folder}.{module_name}")
         launcher: Callable[..., None] = getattr(module, module_name)
         self._launchers[key] = launcher
         return launcher
 
 
+def _grid_key(name: str, keys: tuple[str, ...], values: Mapping[str, Any]) -> tuple[Any, ...]:
+    """``values`` (every grid key, by name) in grid order; a TypeError naming the keys where one is missing."""
+    try:
+        return tuple(values[k] for k in keys)
+    except KeyError as exc:
+        raise TypeError(f"{name}.select() needs every grid key: {', '.join(keys)}") from exc
+
+
+class ArchKernels:
+    """A kernel of a multi-arch package: a ``Kernel`` per built arch (``_kernels/<name>/<arch>/``, imported on
+    first use), with the same surface as ``Kernel``.
+
+    Which arch's launcher runs is decided per device: where every device torch sees takes one arch (a
+    machine of one kind of GPU, the usual case), ``variant`` hands out that arch's launchers themselves, so
+    the hot path is a per-arch package's; where the devices differ (an H100 and a B200 in one process), a
+    ``_PerDevice`` launcher picks by the device of the call's first CUDA tensor (one dict lookup more).
+    A device that no built arch serves gets the ArchMismatchError of a per-arch package, naming both.
+    """
+
+    def __init__(self, name: str, spec: str, keys: tuple[str, ...], archs: tuple[str, ...]) -> None:
+        self.name = name
+        self.spec = spec
+        self.keys = keys
+        self.archs = archs
+        self.variants: Mapping[tuple[Any, ...], Callable[..., None]] = _Launchers(self)
+        self._kernels: dict[str, Kernel] = {}
+        self._launchers: dict[tuple[Any, ...], Callable[..., None]] = {}
+        self._modules: dict[tuple[Any, ...], str] | None = None
+
+    def of(self, arch: str) -> Kernel:
+        """The ``Kernel`` of ``arch``'s variants; VariantNotFoundError where the build made none for it."""
+        kernel = self._kernels.get(arch)
+        if kernel is None:
+            if arch not in self.archs:
+                raise VariantNotFoundError(
+                    f"{self.name}: {info.PACKAGE} {info.VERSION} has no variant for {info.ARCHS[arch][2]} (built "
+                    f"for {', '.join(self.archs)}); add {arch} to the archs of kernel {self.name} in {self.spec} "
+                    "and rebuild (tkc build)")
+            module = importlib.import_module(f"{__package__}._kernels.{self.name}.{arch}")
+            kernel = self._kernels[arch] = module.KERNEL
+        return kernel
+
+    @property
+    def modules(self) -> dict[tuple[Any, ...], str]:
+        """Every key some arch has a variant for (the first arch's module name where several have)."""
+        if self._modules is None:
+            modules: dict[tuple[Any, ...], str] = {}
+            for arch in self.archs:
+                for key, module in self.of(arch).modules.items():
+                    modules.setdefault(key, module)
+            self._modules = modules
+        return self._modules
+
+    def variant(self, *values: Any) -> Callable[..., None]:
+        """The launcher of the variant built for ``values`` (grid order); see ``Kernel.variant``."""
+        launcher = self._launchers.get(values)
+        return launcher if launcher is not None else self.select(**dict(zip(self.keys, values)))
+
+    def find(self, *values: Any) -> Callable[..., None] | None:
+        """The launcher of the variant built for ``values`` (grid order) on some arch, or None."""
+        launcher = self._launchers.get(values)
+        if launcher is None and values in self.modules:
+            launcher = self.select(**dict(zip(self.keys, values)))
+        return launcher
+
+    def select(self, **values: Any) -> Callable[..., None]:
+        """The launcher of the variant built for ``values`` (every grid key, by name): the arch's own where one
+        arch serves the process, else one that picks per device."""
+        key = _grid_key(self.name, self.keys, values)
+        launcher = self._launchers.get(key)
+        if launcher is not None:
+            return launcher
+        arch = process_arch()
+        if arch is not None:
+            launcher = self.of(arch).select(**values)
+        elif key not in self.modules:
+            return self.of(self.archs[0]).select(**values)  # names the key and lists the built variants
+        else:
+            launcher = _PerDevice(self, key)
+        self._launchers[key] = launcher
+        return launcher
+
+
+def _device_of(arguments: tuple[Any, ...]) -> int:
+    """The device index of the first CUDA tensor among ``arguments``; -1 where there is none."""
+    for argument in arguments:
+        if isinstance(argument, torch.Tensor) and argument.is_cuda:
+            return argument.get_device()
+    return -1
+
+
+class _PerDevice:
+    """One variant of a multi-arch kernel in a process whose devices need different archs: each call runs the
+    launcher of the arch of its first CUDA tensor's device (the launcher then checks every tensor is there)."""
+
+    def __init__(self, kernel: ArchKernels, key: tuple[Any, ...]) -> None:
+        self.kernel = kernel
+        self.key = key
+        self.__name__ = kernel.modules[key]
+        self._by_device: dict[int, Callable[..., None]] = {}
+        self._last: Callable[..., None] | None = None
+
+    def launcher(self, device: int) -> Callable[..., None]:
+        """The launcher of the variant for cuda:``device``'s arch (-1: no CUDA tensor; the first arch's, whose
+        checks then name the argument); ArchMismatchError or VariantNotFoundError naming what is missing."""
+        launcher = self._by_device.get(device)
+        if launcher is None:
+            arch = device_arch(device) if device >= 0 else self.kernel.archs[0]
+            kernel = self.kernel.of(arch)
+            launcher = kernel.select(**dict(zip(kernel.keys, self.key)))
+            self._by_device[device] = launcher
+        return launcher
+
+    def __call__(self, *arguments: Any) -> None:
+        launcher = self._by_device.get(_device_of(arguments)) or self.launcher(_device_of(arguments))
+        self._last = launcher
+        launcher(*arguments)
+
+    @property
+    def planned(self) -> Any:
+        """What dispatch() remembers (``_dispatch.remember``): the plan of the launcher that just ran. A plan of
+        one arch's variant holds its kernel handles, which only ever hold devices of that arch, so a call on
+        another device is declined by the compiled run and comes back here."""
+        return getattr(self._last, "planned", None)
+
+
 class _Launchers(Mapping[tuple[Any, ...], Callable[..., None]]):
     """A kernel's variants as a mapping of keys to launchers, each imported when it is first read."""
 
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(self, kernel: Kernel | ArchKernels) -> None:
         self._kernel = kernel
 
     def __getitem__(self, key: tuple[Any, ...]) -> Callable[..., None]:
@@ -347,7 +478,7 @@ def launch_op(name: str, run: Callable[..., Any], fake: Callable[..., Any], muta
     return getattr(getattr(torch.ops, info.PACKAGE), name).default
 
 
-def get_kernel(name: str) -> Kernel:
+def get_kernel(name: str) -> Kernel | ArchKernels:
     """The ``Kernel`` of spec kernel ``name`` (its generated module is imported on first use)."""
     try:
         module = importlib.import_module(f"{__package__}._kernels.{name}")

@@ -753,6 +753,21 @@ def test_one_arch_of_devices_takes_that_archs_launchers_themselves(multi_package
     assert not [m for m in sys.modules if ".per_token_cast.sm90." in m]  # the other archs stay unimported
 
 
+
+def test_find_in_a_multi_arch_package_is_none_for_an_unbuilt_key(multi_package: ModuleType,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops fall back from a specialized variant to a generic one through find(): a key the device's arch has
+    no variant for gives None there (not an error), and select() names the key and the built variants."""
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    kernel = runtime.get_kernel("per_token_cast")
+    missing = tuple(-1 for _ in kernel.keys)
+    for capabilities in ([(9, 0)], [(9, 0), (10, 0)]):
+        _fake_devices(monkeypatch, capabilities)
+        assert kernel.find(*missing) is None
+        with pytest.raises(errors.VariantNotFoundError, match="no prebuilt variant"):
+            kernel.select(**dict(zip(kernel.keys, missing)))
+
 def test_devices_of_two_archs_in_one_process_select_their_own_cubins(multi_package: ModuleType,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """An H100 (cuda:0) beside a B200 (cuda:1): each call runs the launcher of its tensors' device's arch."""

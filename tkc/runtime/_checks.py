@@ -67,9 +67,9 @@ def check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Sequence[int | No
             raise KernelArgumentError(f"{name}: expected shape {expected}, got {tuple(t.shape)} "
                                       f"(dimension {dim} must be {want})")
     # A multi-arch package's launchers each run on their own arch's devices: its alignment is the device's.
-    _, _, target, _, alignment = info.ARCHS[device_arch(index)] if info.MULTI_ARCH else (0, 0, info.TARGET, "",
-                                                                                        info.ALIGNMENT)
+    alignment = info.ARCHS[device_arch(index)][4] if info.MULTI_ARCH else info.ALIGNMENT
     if t.data_ptr() % alignment:
+        target = info.ARCHS[device_arch(index)][2] if info.MULTI_ARCH else info.TARGET
         raise KernelArgumentError(f"{name}: data pointer {t.data_ptr():#x} is not {alignment}-byte aligned; "
                                   f"the {target} kernels use vector accesses that need it (pass a fresh or "
                                   ".clone()d tensor)")

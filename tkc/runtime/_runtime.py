@@ -360,28 +360,27 @@ class ArchKernels:
         return launcher if launcher is not None else self.select(**dict(zip(self.keys, values)))
 
     def find(self, *values: Any) -> Callable[..., None] | None:
-        """The launcher of the variant built for ``values`` (grid order) on some arch, or None."""
+        """The launcher of the variant built for ``values`` (grid order), or None: where one arch serves the
+        process, that arch's (so an op's fallback to a generic variant works as in a per-arch package); where
+        the devices differ, one that picks per device if any arch has the variant."""
         launcher = self._launchers.get(values)
-        if launcher is None and values in self.modules:
-            launcher = self.select(**dict(zip(self.keys, values)))
-        return launcher
-
-    def select(self, **values: Any) -> Callable[..., None]:
-        """The launcher of the variant built for ``values`` (every grid key, by name): the arch's own where one
-        arch serves the process, else one that picks per device."""
-        key = _grid_key(self.name, self.keys, values)
-        launcher = self._launchers.get(key)
         if launcher is not None:
             return launcher
         arch = process_arch()
         if arch is not None:
-            launcher = self.of(arch).select(**values)
-        elif key not in self.modules:
-            return self.of(self.archs[0]).select(**values)  # names the key and lists the built variants
-        else:
-            launcher = _PerDevice(self, key)
-        self._launchers[key] = launcher
+            launcher = self.of(arch).find(*values) if arch in self.archs else None
+        elif values in self.modules:
+            launcher = _PerDevice(self, values)
+        if launcher is not None:
+            self._launchers[values] = launcher
         return launcher
+
+    def select(self, **values: Any) -> Callable[..., None]:
+        """The launcher of the variant built for ``values`` (every grid key, by name), as ``find``; where there is
+        none, the VariantNotFoundError of the process's arch (or the first built one), naming the key and the
+        built variants."""
+        launcher = self.find(*_grid_key(self.name, self.keys, values))
+        return launcher if launcher is not None else self.of(process_arch() or self.archs[0]).select(**values)
 
 
 def _device_of(arguments: tuple[Any, ...]) -> int:

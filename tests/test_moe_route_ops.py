@@ -231,18 +231,16 @@ def test_reduce_launches_every_form_with_placeholders_the_call_carries(ops: tupl
     fp8 = XE.to(torch.float8_e4m3fn)
     x_sf, sf = torch.ones(4), torch.ones(1)
     w0, w1, scales = ("same_size", 2, 0, 3, 0, 1), ("same_size", 2, 1, 3, 1, 1), ("same_size", 1, 0, 0, 0, 1)
-    cases = [  # call, grid values, (x, x_sf, weights, sf) launched (None: a placeholder), options, rules
-        (lambda: reduce(XE, W, POS), ("bfloat16", "bfloat16", True), (XE, None, W, None), ("", False, True, False),
-         [w0, w1]),
-        (lambda: reduce(XE, None, POS), ("bfloat16", "bfloat16", False), (XE, None, None, None),
-         ("", False, False, False), []),
+    cases = [  # call, grid values, (x, x_sf, weights, sf) launched (None: a placeholder), rules
+        (lambda: reduce(XE, W, POS), ("bfloat16", "bfloat16", True), (XE, None, W, None), "", [w0, w1]),
+        (lambda: reduce(XE, None, POS), ("bfloat16", "bfloat16", False), (XE, None, None, None), "", []),
         (lambda: reduce((fp8, x_sf), W, POS, "e4m3", sf), ("float8_e4m3fn", "float8_e4m3fn", True),
-         (fp8, x_sf, W, sf), ("e4m3", True, True, True), [scales, ("size_is", 5, 0, 1), w0, w1]),
-        (lambda: reduce([fp8, x_sf], W, POS), ("float8_e4m3fn", "bfloat16", True), (fp8, x_sf, W, None),
-         ("", True, True, False), [scales, w0, w1]),
+         (fp8, x_sf, W, sf), "e4m3", [scales, ("size_is", 5, 0, 1), w0, w1]),
+        (lambda: reduce([fp8, x_sf], W, POS), ("float8_e4m3fn", "bfloat16", True), (fp8, x_sf, W, None), "",
+         [scales, w0, w1]),
     ]
     seen: dict[int, torch.Tensor] = {}
-    for call, (in_dtype, out_dtype, weighted), tensors, options, rules in cases:
+    for call, (in_dtype, out_dtype, weighted), tensors, fp8_format, rules in cases:
         got = call()
         name, values, args = _launch(runtime)
         assert (name, values) == ("moe_reduce", dict(hidden=2048, in_dtype=in_dtype, out_dtype=out_dtype,
@@ -251,17 +249,21 @@ def test_reduce_launches_every_form_with_placeholders_the_call_carries(ops: tupl
         assert args[3] is POS
         for arg, given, shape in zip((args[0], args[1], args[2], args[5]), tensors, ((), (0,), (0, 0), (0,))):
             assert arg is given if given is not None else _placeholder(arg, shape)
-        # The very tensors launched are the remembered call's inputs: a replay passes the same placeholders.
-        (fast, _, arguments, remembered_rules, remembered, outputs), = runtime.REMEMBERED
-        runtime.REMEMBERED.clear()
-        assert fast[0] == (((1,), (), (), (), ()), 1)  # hidden: every other size is the contract's or a rule's
-        assert _same(remembered[:6], (args[0], args[1], args[2], args[3], args[5], None))
-        assert remembered[6:] == options and list(remembered_rules) == rules
-        assert [(a.kind, a.index) for a in arguments] == [("input", i) for i in range(4)] + [("out", 0), ("input", 4)]
-        assert [o.dims for o in outputs] == [((3, 0, 1, 0, 1), 2048)]  # token_topk_to_pos's rows
         for slot, given in zip((1, 2, 5), tensors[1:]):
             if given is None:  # one placeholder per parameter and device, never one per call
                 assert seen.setdefault(slot, args[slot]) is args[slot]
+        # The call's own tensors are the remembered inputs (None where it left one out, which the key
+        # tells apart); the placeholders launched in their place are the recipe's constants.
+        (fast, _, arguments, remembered_rules, remembered, outputs), = runtime.REMEMBERED
+        runtime.REMEMBERED.clear()
+        assert fast[0] == (((1,), (), (), (), ()), 1)  # hidden: every other size is the contract's or a rule's
+        assert _same(remembered[:6], (*tensors[:3], POS, tensors[3], None))
+        assert remembered[6:] == (fp8_format,) and list(remembered_rules) == rules
+        sources = [(a.kind, a.index) if isinstance(a, runtime.Source) else a for a in arguments]
+        assert sources[0] == ("input", 0) and sources[3:5] == [("input", 3), ("out", 0)]
+        for at, index, given in ((1, 1, tensors[1]), (2, 2, tensors[2]), (5, 4, tensors[3])):
+            assert sources[at] == ("input", index) if given is not None else sources[at] is args[at]
+        assert [o.dims for o in outputs] == [((3, 0, 1, 0, 1), 2048)]  # token_topk_to_pos's rows
     assert len({id(t) for t in seen.values()}) == 3  # distinct: a replay takes its inputs by position
     assert len(runtime.DISPATCHED) == len(cases)
 

@@ -46,11 +46,11 @@ from __future__ import annotations
 import torch
 
 from .._args import matrix, positive_int
-from .._op import Plan, empty, launch, multiple, op, out, result, size, size_is
+from .._op import Plan, empty, launch, multiple, op, out, pair, result, size, size_is
 from .._runtime import LAUNCHES
 
 __all__ = ["scale_rows", "row_sums", "negate_in_place", "accumulate_into", "scaled_or_nothing", "shifted",
-           "scale_streams", "accumulate_each"]
+           "scale_streams", "accumulate_each", "dequantized"]
 
 
 class _Kernel:
@@ -127,6 +127,28 @@ def shifted(x: torch.Tensor, bias: torch.Tensor | None = None) -> Plan:
             bias = _PLACEHOLDERS[x.device] = torch.empty(0, device=x.device)
         made.append(bias)
     return launch(_shift, x, bias, out(0), outputs=(empty(x.dtype, size(x, 0), x.shape[1]),), constants=made)
+
+
+def _dequantize(x, scales, y):
+    LAUNCHES.append(("dequantize", {}, (x, scales, y)))
+    y.copy_(x * scales[:, None] if scales.numel() else x)
+
+
+@op(outputs=("y",), inputs={"x": pair((1,), (0,))})
+def dequantized(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> Plan:
+    """y = data * scales[:, None] for a (data, scales) pair, y = x for a plain tensor (an empty placeholder
+    for the scales)."""
+    scales, made = None, []
+    if isinstance(x, (tuple, list)):
+        x, scales = x
+    x = matrix("x", x, "(rows, width)")
+    if scales is None:
+        scales = _PLACEHOLDERS.get(x.device)
+        if scales is None:
+            scales = _PLACEHOLDERS[x.device] = torch.empty(0, device=x.device)
+        made.append(scales)
+    return launch(_dequantize, x, scales, out(0), outputs=(empty(x.dtype, size(x, 0), x.shape[1]),),
+                  constants=made)
 
 
 def _rows(t):
@@ -306,6 +328,33 @@ def test_placeholders_the_plan_declares_are_remembered_as_constants(toy: tuple[M
     assert torch.equal(ops.shifted(x, bias), x + bias)
     ((_, _, arguments, _, _, _),) = rt.REMEMBERED
     assert (arguments[1].kind, arguments[1].index) == ("input", 1)  # the caller's bias, not a constant
+
+
+def test_a_pair_input_is_two_inputs_of_dispatch(toy: tuple[ModuleType, ModuleType]) -> None:
+    ops, rt = toy
+    data, scales = torch.randn(3, 4), torch.rand(3) + 1
+    assert torch.equal(ops.dequantized((data, scales)), data * scales[:, None])
+    ((fast, call),) = rt.DISPATCHED
+    assert fast[0] == (((1,), (0,)), 1)  # a mask per half of the pair
+    assert call[0] is data and call[1] is scales and call[2] is None
+    ((_, _, arguments, _, remembered, _),) = rt.REMEMBERED
+    assert remembered[0] is data and remembered[1] is scales  # the replay's inputs are the pair's halves
+    assert [(a.kind, a.index) for a in arguments] == [("input", 0), ("input", 1), ("out", 0)]
+    rt.DISPATCHED.clear(), rt.REMEMBERED.clear()
+    ops.dequantized([data, scales])  # a list as a tuple
+    assert rt.DISPATCHED[0][1][:2] == (data, scales) and rt.REMEMBERED[0][4][:2] == (data, scales)
+    rt.DISPATCHED.clear(), rt.REMEMBERED.clear()
+    # A plain tensor: its scales None, which the key tells apart from a pair's; the placeholder is a constant.
+    assert torch.equal(ops.dequantized(data), data)
+    ((_, call),) = rt.DISPATCHED
+    assert call[0] is data and call[1] is None
+    ((_, _, arguments, _, remembered, _),) = rt.REMEMBERED
+    assert remembered[:2] == (data, None) and isinstance(arguments[1], torch.Tensor)
+    rt.DISPATCHED.clear(), rt.REMEMBERED.clear()
+    # (data, None) is not split: dispatch sees the tuple (never a plain tensor's replay) and the plan decides.
+    assert torch.equal(ops.dequantized((data, None)), data)
+    ((_, call),) = rt.DISPATCHED
+    assert isinstance(call[0], tuple) and call[1] is None and rt.REMEMBERED == []
 
 
 def test_in_place_ops_write_their_input(toy: tuple[ModuleType, ModuleType]) -> None:

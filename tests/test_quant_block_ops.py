@@ -332,7 +332,7 @@ def test_cast_back_traces_whole_with_column_major_scales(back: ModuleType, stub:
     library.define("per_token_cast_back(Tensor[] tensors, int template) -> Tensor[]")
     library.impl("per_token_cast_back", op_module._run_template, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{PACKAGE}_traced::per_token_cast_back", op_module._fake_template, lib=library)
-    monkeypatch.setattr(back._per_token_cast_back.op, "_custom",
+    monkeypatch.setattr(back.per_token_cast_back.op, "_custom",
                         getattr(torch.ops, f"{PACKAGE}_traced").per_token_cast_back.default)
     q, storage = _q("e4m3"), torch.rand(16, 8)
     back.per_token_cast_back((q, storage.t()[:5]), "bf16", 128)  # the variant, looked up eagerly first

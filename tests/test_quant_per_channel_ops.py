@@ -241,22 +241,22 @@ def _gather(length: int = 144) -> torch.Tensor:
 
 # (name, module, call(op module, *tensors, out=None), fresh tensors, the inputs dispatch() keys in
 # order (by position in the tensors, None: absent), the options it keys, (rule's tensor, multiple)):
-# the fused form unpacks a (q, sf) pair into its own inputs, so that a pair call is replayed too.
+# the fused form declares x a pair input, which dispatch() keys as q and x_sf, so a pair call is replayed too.
 REMEMBERED_CALLS: list[tuple[str, str, Callable[..., Any], Callable[[], tuple[torch.Tensor, ...]],
                              tuple[int | None, ...], tuple[object, ...], tuple[int, int]]] = [
     ("cast", "per_channel_cast", lambda m, x, out=None: m.per_channel_cast(x, "e4m3", 128, True, out=out),
      lambda: (bf16(256, 256),), (0,), ("e4m3", 128, True), (0, 128)),
     ("fused plain", "per_channel_cast", lambda m, x, out=None: m.per_channel_cast_fused(x, "e4m3", 128, out=out),
-     lambda: (torch.ones(128, 256),), (0, None, None), ("e4m3", 128, False, None, False), (0, 128)),
+     lambda: (torch.ones(128, 256),), (0, None, None), ("e4m3", 128, False, None), (0, 128)),
     ("fused gather", "per_channel_cast",
      lambda m, x, pos, out=None: m.per_channel_cast_fused(x, "e4m3", 128, pos_to_token=pos, out=out),
-     lambda: (bf16(10, 256), _gather()), (0, None, 1), ("e4m3", 128, False, None, False), (1, 16)),
+     lambda: (bf16(10, 256), _gather()), (0, None, 1), ("e4m3", 128, False, None), (1, 16)),
     ("fused pair", "per_channel_cast",
      lambda m, x, x_sf, out=None: m.per_channel_cast_fused((x, x_sf), "e4m3", 128, False, 128, out=out),
-     lambda: fp8_pair(128, 256), (0, 1, None), ("e4m3", 128, False, 128, True), (0, 128)),
+     lambda: fp8_pair(128, 256), (0, 1, None), ("e4m3", 128, False, 128), (0, 128)),
     ("fused pair gather", "per_channel_cast",
      lambda m, x, x_sf, pos, out=None: m.per_channel_cast_fused((x, x_sf), "e4m3", 128, True, 128, pos, out=out),
-     lambda: (*fp8_pair(10, 256), _gather()), (0, 1, 2), ("e4m3", 128, True, 128, True), (2, 16)),
+     lambda: (*fp8_pair(10, 256), _gather()), (0, 1, 2), ("e4m3", 128, True, 128), (2, 16)),
     ("transpose", "per_channel_cast_and_transpose",
      lambda m, x, out=None: m.per_channel_cast_and_transpose(x, "e4m3", 32, out=out),
      lambda: (bf16(256, 128),), (0,), ("e4m3", 32, False), (0, 128)),
@@ -372,7 +372,7 @@ def test_a_size_the_rule_refuses_is_not_replayed_and_the_op_names_it(
 
 def test_the_plain_and_the_pair_forms_are_signatures_of_their_own(
         ops: dict[str, ModuleType], stub: tuple[dict[str, ModuleType], ModuleType]) -> None:
-    # A pair call never keys as a plain call of its q (pair is an option, x_sf an input), nor
+    # A pair call never keys as a plain call of its q (x_sf is an input, absent in a plain call), nor
     # per_channel_cast as the fused op's plain form (each op has its own table).
     fused, runtime = ops["per_channel_cast"].per_channel_cast_fused, stub[1]
     x, x_sf = fp8_pair(128, 256)
@@ -380,6 +380,6 @@ def test_the_plain_and_the_pair_forms_are_signatures_of_their_own(
     ops["per_channel_cast"].per_channel_cast(bf16(128, 256), "e4m3", 128)
     pair, plain = runtime.REMEMBERED
     assert pair[0] is not plain[0]
-    assert _replay(pair, (x, None, None, None, "e4m3", 128, False, 128, False)) is None
-    assert _replay(pair, (x, x_sf, None, None, "e4m3", 128, False, 128.0, True)) is None  # 128.0 == 128, not a hit
-    assert _replay(pair, (x, x_sf, None, None, "e4m3", 128, False, 128, True)) is not None
+    assert _replay(pair, (x, None, None, None, "e4m3", 128, False, 128)) is None
+    assert _replay(pair, (x, x_sf, None, None, "e4m3", 128, False, 128.0)) is None  # 128.0 == 128, not a hit
+    assert _replay(pair, (x, x_sf, None, None, "e4m3", 128, False, 128)) is not None

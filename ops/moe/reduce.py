@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .._args import matrix, one_of
-from .._op import Plan, empty, launch, op, out, same_size, size, size_is
+from .._op import Plan, empty, launch, op, out, pair, same_size, size, size_is
 from .._runtime import dtype_name, get_kernel
 from ._expand import expand_to_fused
 
@@ -38,9 +38,9 @@ FP8 = torch.float8_e4m3fn
 # extension, sum into bf16).
 OUT_DTYPES = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, FP8: torch.bfloat16}
 # device index -> float32 tensors of no elements, for x_sf (0,), topk_weights (0, 0) and sf (0,),
-# passed for the parameters a variant does not read. They have no memory to write or read, so
-# one set per device serves every call (no allocation per call; they also live across CUDA graph
-# captures, which never touch them). Three distinct tensors: dispatch replays inputs by position.
+# passed for the parameters a call leaves out. They have no memory to write or read, so one set per
+# device serves every call (the plan's constants: no allocation per call, and they live across CUDA
+# graph captures, which never touch them).
 _nothing: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
@@ -53,66 +53,6 @@ def _vector(name: str, t: object, length: int, what: str) -> torch.Tensor:
     return t
 
 
-# The launch itself, with every launcher tensor an input (the device's placeholders where the call
-# has none) so that dispatch replays it; has_* say which were given (keyed with the options, as
-# x's dtype and hidden are). The rules state the sizes the contract leaves free: x_sf's length
-# that of x's rows, topk_weights' shape that of token_topk_to_pos, sf's length 1.
-@op(outputs=("out",), name="moe_reduce_fused",
-    inputs={"x": (1,), "x_sf": (), "topk_weights": (), "token_topk_to_pos": (), "sf": ()})
-def _reduce(x: torch.Tensor, x_sf: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor,
-            sf: torch.Tensor, fp8_format: str, has_x_sf: bool, has_weights: bool, has_sf: bool) -> Plan:
-    pos = matrix("token_topk_to_pos", token_topk_to_pos, "(num_tokens, num_topk)").contiguous()
-    one_of("fp8_format", fp8_format, ("", "e4m3"))
-    hidden = int(x.shape[1])
-    if hidden % HIDDEN_MULTIPLE:
-        raise ValueError(f"x: hidden ({hidden}) must be a multiple of {HIDDEN_MULTIPLE}")
-    if x.dtype not in OUT_DTYPES:
-        raise TypeError(f"x: expected bfloat16, float32 or float8_e4m3fn rows, got {x.dtype}")
-    rules = []
-    if has_x_sf:
-        x_sf = _vector("x_sf", x_sf, int(x.shape[0]), "(num_expanded_tokens,)")
-        rules.append(same_size("x_sf", x_sf, 0, x, 0))
-    elif x.dtype == FP8:
-        raise ValueError("x: float8_e4m3fn data needs its per-row scales: pass x as (data, x_sf)")
-    if has_sf:
-        if fp8_format != "e4m3":
-            raise ValueError("sf: an output scale needs fp8_format='e4m3'")
-        sf = _vector("sf", sf, 1, "(a scalar in a 1-element tensor)")
-        if sf is x_sf:  # one tensor as both: a replay, which takes inputs by position, could not tell them apart
-            sf = sf.view(1)  # (not the caller's: not remembered)
-        rules.append(size_is("sf", sf, 0, 1))
-    elif fp8_format == "e4m3":
-        sf = x.new_ones((1,), dtype=torch.float32)  # made here: such a call is not remembered
-    if has_weights:
-        topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
-        if tuple(topk_weights.shape) != tuple(pos.shape):
-            raise ValueError(f"topk_weights: expected shape {tuple(pos.shape)} (that of token_topk_to_pos), got "
-                             f"{tuple(topk_weights.shape)}")
-        topk_weights = topk_weights.contiguous()
-        rules += [same_size("topk_weights", topk_weights, d, pos, d) for d in (0, 1)]
-    out_dtype = FP8 if fp8_format == "e4m3" else OUT_DTYPES[x.dtype]
-    # Neither built: the error names the variant asked for and lists what the build has.
-    kernel = (find_variant(hidden, x.dtype, out_dtype, has_weights)
-              or _kernel.variant(hidden, dtype_name(x.dtype), dtype_name(out_dtype), has_weights))
-    return launch(kernel, x, x_sf, topk_weights, pos, out(0), sf, outputs=(empty(out_dtype, size(pos, 0), hidden),),
-                  rules=rules)
-
-
-def find_variant(hidden: int, x_dtype: torch.dtype, out_dtype: torch.dtype,
-                 weighted: bool) -> Callable[..., None] | None:
-    """The moe_reduce variant for a call, or None where none is built: the one built for this hidden where
-    there is one, else the one for any hidden (grid value 0); for an unweighted call the unweighted variant
-    first, else the weighted one (its weights a placeholder). Grid order: hidden, in_dtype, out_dtype,
-    with_weights."""
-    names = (dtype_name(x_dtype), dtype_name(out_dtype))
-    for size_key in (hidden, 0):
-        for form in dict.fromkeys((weighted, True)):
-            found = _kernel.find(size_key, *names, form)
-            if found is not None:
-                return found
-    return None
-
-
 def _placeholders(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     nothing = _nothing.get(x.get_device())
     if nothing is None:  # also for CPU tensors (-1), which the launcher then refuses by name
@@ -122,14 +62,18 @@ def _placeholders(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return nothing
 
 
+# Keyed: x's hidden, with x_sf, topk_weights and sf each keyed by whether it is given (dispatch keys an
+# absent input apart). The rules state the sizes the contract leaves free: x_sf's length that of x's rows,
+# topk_weights' shape that of token_topk_to_pos, sf's length 1.
+@op(outputs=("out",), positional_out=True,
+    inputs={"x": pair((1,), ()), "topk_weights": (), "token_topk_to_pos": (), "sf": ()})
 def reduce_fused(
     x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     topk_weights: torch.Tensor | None,
     token_topk_to_pos: torch.Tensor,
     fp8_format: str = "",
     sf: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+) -> Plan:
     """Sum the fused rows of each token, weighted: out[t] = sum_k w[t, k] * x[token_topk_to_pos[t, k]].
 
     Args:
@@ -152,12 +96,59 @@ def reduce_fused(
             raise TypeError(f"x: expected a tensor or a (data, x_sf) pair, got a sequence of {len(x)}")
         x, x_sf = x
     x = matrix("x", x, "(num_expanded_tokens, hidden)")
-    no_x_sf, no_weights, no_sf = _placeholders(x)
-    # _reduce's dispatch takes the placeholders as inputs: one C call for a signature seen before.
-    return _reduce(x, no_x_sf if x_sf is None else x_sf,  # type: ignore[no-any-return]
-                   no_weights if topk_weights is None else topk_weights, token_topk_to_pos,
-                   no_sf if sf is None else sf, fp8_format, x_sf is not None, topk_weights is not None,
-                   sf is not None, out=out)
+    pos = matrix("token_topk_to_pos", token_topk_to_pos, "(num_tokens, num_topk)").contiguous()
+    one_of("fp8_format", fp8_format, ("", "e4m3"))
+    hidden = int(x.shape[1])
+    if hidden % HIDDEN_MULTIPLE:
+        raise ValueError(f"x: hidden ({hidden}) must be a multiple of {HIDDEN_MULTIPLE}")
+    if x.dtype not in OUT_DTYPES:
+        raise TypeError(f"x: expected bfloat16, float32 or float8_e4m3fn rows, got {x.dtype}")
+    no_x_sf, no_weights, no_sf = nothing = _placeholders(x)
+    rules = []
+    if x_sf is not None:
+        x_sf = _vector("x_sf", x_sf, int(x.shape[0]), "(num_expanded_tokens,)")
+        rules.append(same_size("x_sf", x_sf, 0, x, 0))
+    elif x.dtype == FP8:
+        raise ValueError("x: float8_e4m3fn data needs its per-row scales: pass x as (data, x_sf)")
+    if sf is not None:
+        if fp8_format != "e4m3":
+            raise ValueError("sf: an output scale needs fp8_format='e4m3'")
+        sf = _vector("sf", sf, 1, "(a scalar in a 1-element tensor)")
+        if sf is x_sf:  # one tensor as both: a replay, which takes inputs by position, could not tell them apart
+            sf = sf.view(1)  # (not the caller's: not remembered)
+        rules.append(size_is("sf", sf, 0, 1))
+    elif fp8_format == "e4m3":
+        sf = x.new_ones((1,), dtype=torch.float32)  # made here: such a call is not remembered
+    weighted = topk_weights is not None
+    if topk_weights is not None:
+        topk_weights = matrix("topk_weights", topk_weights, "(num_tokens, num_topk)")
+        if tuple(topk_weights.shape) != tuple(pos.shape):
+            raise ValueError(f"topk_weights: expected shape {tuple(pos.shape)} (that of token_topk_to_pos), got "
+                             f"{tuple(topk_weights.shape)}")
+        topk_weights = topk_weights.contiguous()
+        rules += [same_size("topk_weights", topk_weights, d, pos, d) for d in (0, 1)]
+    out_dtype = FP8 if fp8_format == "e4m3" else OUT_DTYPES[x.dtype]
+    # Neither built: the error names the variant asked for and lists what the build has.
+    kernel = (find_variant(hidden, x.dtype, out_dtype, weighted)
+              or _kernel.variant(hidden, dtype_name(x.dtype), dtype_name(out_dtype), weighted))
+    return launch(kernel, x, no_x_sf if x_sf is None else x_sf, no_weights if topk_weights is None else topk_weights,
+                  pos, out(0), no_sf if sf is None else sf, outputs=(empty(out_dtype, size(pos, 0), hidden),),
+                  rules=rules, constants=nothing)
+
+
+def find_variant(hidden: int, x_dtype: torch.dtype, out_dtype: torch.dtype,
+                 weighted: bool) -> Callable[..., None] | None:
+    """The moe_reduce variant for a call, or None where none is built: the one built for this hidden where
+    there is one, else the one for any hidden (grid value 0); for an unweighted call the unweighted variant
+    first, else the weighted one (its weights a placeholder). Grid order: hidden, in_dtype, out_dtype,
+    with_weights."""
+    names = (dtype_name(x_dtype), dtype_name(out_dtype))
+    for size_key in (hidden, 0):
+        for form in dict.fromkeys((weighted, True)):
+            found = _kernel.find(size_key, *names, form)
+            if found is not None:
+                return found
+    return None
 
 
 class ExpandToFused(torch.autograd.Function):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .._args import matrix, one_of, positive_int
-from .._op import Plan, empty, launch, multiple, op, out, size
+from .._op import Plan, empty, launch, multiple, op, out, pair, size
 from .._runtime import dtype_name, get_kernel
 
 __all__ = ["per_channel_cast", "per_channel_cast_fused"]
@@ -85,33 +85,8 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     return _cast(x, None, None, round_sf)
 
 
-@op(outputs=("q", "sf"), inputs={"x": (1,), "x_sf": (), "pos_to_token": ()}, name="per_channel_cast_fused")
-def _fused(x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor | None, fmt: str,
-           num_per_tokens: int, round_sf: bool, num_per_channels: int | None, pair: bool) -> Plan:
-    """per_channel_cast_fused with x a plain tensor (pair False) or a (q, sf) pair's q and sf (pair True)."""
-    if pair:
-        x, x_sf = matrix("x", x), matrix("x_sf", x_sf, "(num_tokens, hidden / 128)")
-        if x.dtype != torch.float8_e4m3fn:
-            raise TypeError(f"x: the data of a (q, sf) pair must be float8_e4m3fn, got {x.dtype}")
-        if num_per_channels is None or positive_int("num_per_channels", num_per_channels) != IN_SF_BLOCK:
-            raise ValueError(f"num_per_channels: a (q, sf) input needs {IN_SF_BLOCK} channels per scale, "
-                             f"got {num_per_channels!r}")
-    else:
-        x = _plain("x", x)
-        if num_per_channels is not None:
-            raise ValueError("num_per_channels: only a (q, sf) input has input scales; pass None for a plain x")
-    _check_common(fmt, num_per_tokens)
-    if pos_to_token is None:
-        _tokens_multiple_of_128("x", int(x.shape[0]))
-    else:
-        if not isinstance(pos_to_token, torch.Tensor) or pos_to_token.dim() != 1:
-            raise ValueError("pos_to_token: expected a 1-D int32 tensor (num_tokens_out,)")
-        if pos_to_token.shape[0] % GATHER_MULTIPLE != 0:
-            raise ValueError(f"pos_to_token: its length ({pos_to_token.shape[0]}) must be a multiple of "
-                             f"{GATHER_MULTIPLE}")
-    return _cast(x, x_sf, pos_to_token, round_sf)
-
-
+# dispatch() keys a (q, sf) pair as its two tensors, q by hidden, with pos_to_token by whether it is given.
+@op(outputs=("q", "sf"), inputs={"x": pair((1,), ()), "pos_to_token": ()})
 def per_channel_cast_fused(
     x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     fmt: str,
@@ -119,9 +94,7 @@ def per_channel_cast_fused(
     round_sf: bool = False,
     num_per_channels: int | None = None,
     pos_to_token: torch.Tensor | None = None,
-    *,
-    out: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Plan:
     """Per-channel cast with an optional row gather and an optional FP8 input.
 
     Args:
@@ -144,11 +117,33 @@ def per_channel_cast_fused(
         (ceil(num_tokens_out / 128), hidden). Without pos_to_token num_tokens_out = num_tokens,
         which must then be a multiple of 128.
     """
-    # A pair is unpacked here, so that dispatch() keys (and replays) its q and sf as tensors.
-    pair = isinstance(x, tuple)
-    if pair and len(x) != 2:
-        raise ValueError(f"x: expected a (q, sf) pair, got a tuple of {len(x)}")
-    data, x_sf = x if pair else (x, None)
-    result: tuple[torch.Tensor, torch.Tensor] = _fused(data, x_sf, pos_to_token, fmt, num_per_tokens, round_sf,
-                                                       num_per_channels, pair, out=out)
-    return result
+    x_sf = None
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(f"x: expected a (q, sf) pair, got a sequence of {len(x)}")
+        x, x_sf = x
+        if x_sf is None:
+            raise TypeError("x_sf: a (q, sf) pair needs its float32 scales, got None (a plain x is a tensor)")
+    if x_sf is not None:
+        x, x_sf = matrix("x", x), matrix("x_sf", x_sf, "(num_tokens, hidden / 128)")
+        if x.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"x: the data of a (q, sf) pair must be float8_e4m3fn, got {x.dtype}")
+        if num_per_channels is None or positive_int("num_per_channels", num_per_channels) != IN_SF_BLOCK:
+            raise ValueError(f"num_per_channels: a (q, sf) input needs {IN_SF_BLOCK} channels per scale, "
+                             f"got {num_per_channels!r}")
+    else:
+        x = _plain("x", x)
+        if num_per_channels is not None:
+            raise ValueError("num_per_channels: only a (q, sf) input has input scales; pass None for a plain x")
+    _check_common(fmt, num_per_tokens)
+    if pos_to_token is None:
+        _tokens_multiple_of_128("x", int(x.shape[0]))
+    else:
+        if not isinstance(pos_to_token, torch.Tensor) or pos_to_token.dim() != 1:
+            raise ValueError("pos_to_token: expected a 1-D int32 tensor (num_tokens_out,)")
+        if pos_to_token.shape[0] % GATHER_MULTIPLE != 0:
+            raise ValueError(f"pos_to_token: its length ({pos_to_token.shape[0]}) must be a multiple of "
+                             f"{GATHER_MULTIPLE}")
+    return _cast(x, x_sf, pos_to_token, round_sf)
+
+

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from .._args import column_storage, matrix, not_built, output_dtype, positive_int
-from .._op import Plan, Result, empty, launch, op, result, size
+from .._op import Plan, Result, empty, launch, op, pair, result, size
 from .._op import out as output
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
@@ -88,20 +88,47 @@ def _from_storage(launcher: Callable[..., None], q: torch.Tensor, sf: torch.Tens
     launcher(q, storage, out)
 
 
-# The op on the unpacked pair: dispatch() keys the call by q's dtype and width and sf's dtype and
-# rank and the options as given; the launcher's contract ties sf's shape to q's rows and the
-# variant's groups, and its row-major strides refuse every sf that _sf_layout calls column-major.
-@op(outputs=("out",), inputs={"q": (1,), "sf": ()}, name="per_token_cast_back")
-def _per_token_cast_back(q: torch.Tensor, sf: torch.Tensor, fmt: str | torch.dtype, num_per_channels: int,
-                         x_special_fmt: str | None = None, *, out: torch.Tensor | None = None) -> Plan | Result:
+# dispatch() keys the call by the pair's halves: q's dtype and width, sf's dtype and rank, and the
+# options as given; the launcher's contract ties sf's shape to q's rows and the variant's groups, and
+# its row-major strides refuse every sf that _sf_layout calls column-major.
+@op(outputs=("out",), inputs={"x": pair((1,), ())})
+def per_token_cast_back(
+    x: tuple[torch.Tensor, torch.Tensor],
+    fmt: str | torch.dtype,
+    num_per_channels: int,
+    x_special_fmt: str | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> Plan | Result:
+    """Dequantize (q, sf) with one scale per token and npc channels: out = decode(q) * sf.
+
+    Args:
+        x: ``(q, sf)``: q float8_e4m3fn (num_tokens, hidden) or int8 (num_tokens, hidden / 2)
+            packed FP4 e2m1 (element 2i in the low nibble); sf as ``per_token_cast`` returns
+            it: float32 (num_tokens, G), G = hidden / num_per_channels, row-major or
+            column-major (strides (1, P), P >= num_tokens), or int32 (num_tokens, ceil(G / 4))
+            packed UE8M0 exponents (byte g % 4 of word g / 4 is group g's biased exponent).
+        fmt: output format, ``'bf16'`` or ``'fp32'`` (or the torch dtype).
+        num_per_channels: channels sharing one scale factor (npc).
+        x_special_fmt: None, or ``'e5m6'`` for E5M6 codes (routed to ``cast_back_e5m6``, which
+            needs a package built with the E5M6 kernels: NotImplementedError naming it otherwise).
+        out: a contiguous (num_tokens, hidden) tensor of the output dtype to write into instead
+            of allocating (not overlapping q or sf), returned as given (for E5M6 codes too).
+
+    Returns:
+        out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
+        nearest even when the output is bf16.
+    """
+    if not (isinstance(x, (tuple, list)) and len(x) == 2):
+        raise TypeError(f"x: expected a (q, sf) pair of tensors, got {type(x).__name__}")
     out_dtype = output_dtype(fmt)
     out_fmt = "bf16" if out_dtype == torch.bfloat16 else "fp32"
     if x_special_fmt == "e5m6":
-        return result(_e5m6((q, sf), out_fmt, (1, num_per_channels), out))  # type: ignore[arg-type]
+        return result(_e5m6((x[0], x[1]), out_fmt, (1, num_per_channels), out))
     if x_special_fmt is not None:
         raise ValueError(f"x_special_fmt: expected None or 'e5m6', got {x_special_fmt!r}")
     npc = positive_int("num_per_channels", num_per_channels)
-    q, sf = _pair((q, sf))
+    q, sf = _pair(x)
     hidden = int(q.shape[1]) * (2 if q.dtype == torch.int8 else 1)
     if hidden % npc != 0:
         raise ValueError(f"num_per_channels: hidden ({hidden}) must be a multiple of num_per_channels ({npc})")
@@ -124,37 +151,6 @@ def _per_token_cast_back(q: torch.Tensor, sf: torch.Tensor, fmt: str | torch.dty
         return launch(launcher, q, sf, output(0), outputs=outputs)
     return launch(_from_storage, launcher, q, sf, output(0), outputs=outputs)
 
-
-def per_token_cast_back(
-    x: tuple[torch.Tensor, torch.Tensor],
-    fmt: str | torch.dtype,
-    num_per_channels: int,
-    x_special_fmt: str | None = None,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Dequantize (q, sf) with one scale per token and npc channels: out = decode(q) * sf.
-
-    Args:
-        x: ``(q, sf)``: q float8_e4m3fn (num_tokens, hidden) or int8 (num_tokens, hidden / 2)
-            packed FP4 e2m1 (element 2i in the low nibble); sf as ``per_token_cast`` returns
-            it: float32 (num_tokens, G), G = hidden / num_per_channels, row-major or
-            column-major (strides (1, P), P >= num_tokens), or int32 (num_tokens, ceil(G / 4))
-            packed UE8M0 exponents (byte g % 4 of word g / 4 is group g's biased exponent).
-        fmt: output format, ``'bf16'`` or ``'fp32'`` (or the torch dtype).
-        num_per_channels: channels sharing one scale factor (npc).
-        x_special_fmt: None, or ``'e5m6'`` for E5M6 codes (routed to ``cast_back_e5m6``, which
-            needs a package built with the E5M6 kernels: NotImplementedError naming it otherwise).
-        out: a contiguous (num_tokens, hidden) tensor of the output dtype to write into instead
-            of allocating (not overlapping q or sf), returned as given (for E5M6 codes too).
-
-    Returns:
-        out (num_tokens, hidden) in bf16 or fp32: the fp32 product decode(q) * sf, rounded to
-        nearest even when the output is bf16.
-    """
-    if not (isinstance(x, (tuple, list)) and len(x) == 2):
-        raise TypeError(f"x: expected a (q, sf) pair of tensors, got {type(x).__name__}")
-    return _per_token_cast_back(x[0], x[1], fmt, num_per_channels, x_special_fmt, out=out)  # type: ignore[no-any-return]
 
 
 _BLOCK_SIDES = (32, 128)  # per-block scales: (32 | 128) x (32 | 128) blocks, as per_block_cast makes them

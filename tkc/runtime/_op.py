@@ -38,6 +38,7 @@ from ._args import out_tensors
 from ._plan import (
     Empty,
     Out,
+    Pair,
     Plan,
     Result,
     Rule,
@@ -46,16 +47,19 @@ from ._plan import (
     launch,
     multiple,
     out,
+    pair,
     result,
     same_size,
     size,
     size_is,
+    split_pair,
     stride_multiple,
 )
 
 # What op modules import from here: op() and the plan vocabulary of _plan.
-__all__ = ["Empty", "Plan", "Result", "Rule", "Size", "empty", "launch", "multiple", "op", "out", "result", "same_size",
-           "size", "size_is", "stride_multiple"]
+__all__ = ["Empty", "Pair", "Plan", "Result", "Rule", "Size", "empty", "launch", "multiple", "op", "out", "pair",
+           "result", "same_size", "size", "size_is", "stride_multiple"]
+
 
 
 def _tensors(plans: Sequence[Plan]) -> list[torch.Tensor]:
@@ -194,18 +198,22 @@ class Op:
     """One declared op: its plan function, outputs, keyed dimensions, and what is derived from them."""
 
     def __init__(self, plan: Callable[..., Plan | Sequence[Plan]], name: str, outputs: tuple[str, ...],
-                 keyed: dict[str, Sequence[int]], takes_out: bool, mutates: bool | Sequence[str]) -> None:
+                 keyed: dict[str, Sequence[int] | Pair], takes_out: bool, mutates: bool | Sequence[str]) -> None:
         self.plan, self.name, self.outputs = plan, name, outputs
         # The parameters an in-place op writes (True: every tensor it launches with); None: it writes none.
         self.mutated: tuple[str, ...] | bool | None = (
             None if mutates is False else True if mutates is True else tuple(mutates))
         self.signature = inspect.signature(plan)
         self.inputs = tuple(keyed)  # the tensor parameters, in dispatch order
+        self.pairs = frozenset(name for name, dims in keyed.items() if isinstance(dims, Pair))
+        masks: list[Sequence[int]] = []
+        for dims in keyed.values():
+            masks += (dims.data, dims.scales) if isinstance(dims, Pair) else (dims,)
         names = list(self.signature.parameters)
         self._keywords = tuple(n for n, p in self.signature.parameters.items() if p.kind is p.KEYWORD_ONLY)
         self._positional = len(names) - len(self._keywords)
         # The C fast path: for an op with out= (the key needs it), outputs and keyed inputs; None: no dispatch.
-        self.fast = rt.fast_path(tuple(keyed.values()), len(outputs)) if takes_out and outputs and keyed else None
+        self.fast = rt.fast_path(tuple(masks), len(outputs)) if takes_out and outputs and keyed else None
         # Registered now, not on first use: torch.compile cannot trace a registration. An in-place
         # op returns nothing (torch cannot functionalize outputs beside a mutated tensor list).
         if self.mutated is not None:
@@ -274,7 +282,9 @@ class Op:
     def _remember(self, plan: Plan, args: tuple[Any, ...], given: Any, outputs: list[torch.Tensor]) -> None:
         """Let dispatch() take later calls of this signature straight to the launch."""
         bound = dict(zip(self.signature.parameters, args))
-        inputs = [bound[name] for name in self.inputs]
+        inputs: list[Any] = []
+        for name in self.inputs:
+            inputs += split_pair(bound[name]) if name in self.pairs else (bound[name],)
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
         if any(_index(tensors, t) != i for i, t in enumerate(tensors)):
             return  # one tensor passed twice: a replay with two tensors would launch only one of them
@@ -328,7 +338,7 @@ _FAST_SOURCE = '''\
 def make(FAST, call, _defaults):
     def public({parameters}):
         if not is_compiling():
-            done = dispatch(FAST, {inputs}out, {options})
+{split}            done = dispatch(FAST, {inputs}out, {options})
             if done is not None:
                 return done
         return call(({arguments}), out)
@@ -343,8 +353,8 @@ def make(FAST, call, _defaults):
 _PUBLIC: dict[str, Any] = {"dispatch": rt.dispatch, "is_compiling": torch.compiler.is_compiling}
 
 
-def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None = None, name: str | None = None,
-       out: bool = True, positional_out: bool = False,
+def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int] | Pair] | None = None,
+       name: str | None = None, out: bool = True, positional_out: bool = False,
        mutates: bool | Sequence[str] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Make a plan function the public op.
 
@@ -352,7 +362,8 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
     order and errors name them). ``inputs``: the plan's tensor parameters, each with the
     dimensions whose sizes choose the variant (the others vary at run time: the contract reads
     them); a call whose inputs match a remembered one in dtype, rank and those sizes, and
-    whose other arguments have the same exact types and values, is replayed by dispatch.
+    whose other arguments have the same exact types and values, is replayed by dispatch. A
+    parameter that takes a tensor or a ``(data, scales)`` tuple declares ``pair(data_dims, scales_dims)``.
     ``out``: whether the op takes ``out=``; ``positional_out``: also as the last positional parameter, where the
     op's TileKernels counterpart takes it so (``f(a, b, None)``; the plan then has no keyword-only parameters).
     ``mutates``: the op writes its input tensors (an
@@ -381,8 +392,13 @@ def op(*, outputs: Sequence[str] = (), inputs: dict[str, Sequence[int]] | None =
             spelled.extend([] if seen_keyword or positional_out else ["*"])
             spelled.append("out=None")
         names = [p.name for p in parameters]
+        # A pair input is two of dispatch's inputs, split as split_pair() does.
+        test = "({n}.__class__ is tuple or {n}.__class__ is list) and len({n}) == 2 and {n}[1] is not None"
+        split = "".join(f"            {n}__data, {n}__scales = {n} if {test.format(n=n)} else ({n}, None)\n"
+                        for n in declared.inputs if n in declared.pairs)
         source = (_FAST_SOURCE if declared.fast is not None else _SOURCE).format(
-            parameters=", ".join(spelled), inputs="".join(f"{n}, " for n in declared.inputs),
+            parameters=", ".join(spelled), split=split,
+            inputs="".join(f"{n}__data, {n}__scales, " if n in declared.pairs else f"{n}, " for n in declared.inputs),
             options=", ".join(n for n in names if n not in declared.inputs and n != "out"),
             arguments="".join(f"{n}, " for n in names), given="out" if out else "None")
         exec(compile(source, f"<op {declared.name}>", "exec"), _PUBLIC)

@@ -1,6 +1,7 @@
 """What an op module's plan function is written in: its outputs (``out``, ``empty``, ``size``), the rules it
 relies on beyond the launcher's contract (``multiple``, ``stride_multiple``, ``size_is``, ``same_size``), and the
-plan itself (``launch``) or a value returned as is (``result``). ``_op`` turns plans into ops."""
+plan itself (``launch``) or a value returned as is (``result``); ``pair`` declares an input that may be a
+(data, scales) tuple. ``_op`` turns plans into ops."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import torch
 from . import _runtime as rt
 from .errors import KernelArgumentError
 
-__all__ = ["Alloc", "Empty", "Out", "Plan", "Result", "Rule", "Size", "empty", "launch", "multiple", "out", "result",
-           "same_size", "size", "size_is", "stride_multiple"]
+__all__ = ["Alloc", "Empty", "Out", "Pair", "Plan", "Result", "Rule", "Size", "empty", "launch", "multiple", "out",
+           "pair", "result", "same_size", "size", "size_is", "split_pair", "stride_multiple"]
 
 
 class Out:
@@ -208,3 +209,28 @@ class Result:
 def result(value: Any) -> Result:
     """Return ``value`` from the op as it is: the plan launched nothing itself (e.g. it called another op)."""
     return Result(value)
+
+
+class Pair:
+    """An input that is a tensor or a ``(data, scales)`` pair of them, a tuple or a list (a quantized tensor
+    with its scales, as TileKernels passes one): dispatch keys it as two inputs, ``data`` and ``scales`` (None
+    for a plain tensor), with the dimensions each selects the variant by. A pair whose scales are None is not
+    split (the plan sees it and says what is wrong), so that it never replays a plain tensor's call."""
+
+    __slots__ = ("data", "scales")
+
+    def __init__(self, data: Sequence[int], scales: Sequence[int]) -> None:
+        self.data, self.scales = tuple(data), tuple(scales)
+
+
+def pair(data: Sequence[int] = (), scales: Sequence[int] = ()) -> Pair:
+    """The ``inputs=`` entry of a parameter that takes a tensor or a ``(data, scales)`` tuple."""
+    return Pair(data, scales)
+
+
+def split_pair(value: Any) -> tuple[Any, Any]:
+    """A pair input as dispatch takes it: ``(data, scales)`` for a 2-tuple or 2-list with scales, else ``(value, None)``
+    (the generated public function spells the same test inline)."""
+    if (value.__class__ is tuple or value.__class__ is list) and len(value) == 2 and value[1] is not None:
+        return value[0], value[1]
+    return value, None

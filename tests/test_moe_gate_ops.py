@@ -77,10 +77,19 @@ BAD: dict[str, tuple[str, Callable[[Any], Any], type[Exception], str]] = {
                       "num_ep_ranks"),
     "gate too many ep ranks": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(num_ep_ranks=512)),
                                ValueError, "num_ep_ranks"),
-    "gate fix_routing_mask": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(fix_routing_mask=f32(4))),
-                              NotImplementedError, "fix_routing_mask"),
-    "gate unmapped": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(unmapped_topk_idx=f32(4, 8))),
-                      NotImplementedError, "unmapped_topk_idx"),
+    "gate fix_routing_mask alone": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(
+        fix_routing_mask=torch.ones(4, dtype=torch.bool))), ValueError, "fix_routing_mask"),
+    "gate fix_routing_mask dtype": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(
+        fix_routing_mask=f32(4), unmapped_topk_idx=torch.zeros(4, 8, dtype=torch.int64))), ValueError,
+        "fix_routing_mask"),
+    "gate unmapped dtype": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(unmapped_topk_idx=f32(4, 8))),
+                            ValueError, "unmapped_topk_idx"),
+    "gate unmapped width": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(
+        unmapped_topk_idx=torch.zeros(4, 9, dtype=torch.int64))), ValueError, "unmapped_topk_idx"),
+    "gate experts not a multiple of 4": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(
+        logits=f32(4, 18), bias=f32(18), num_topk=2, num_groups=0, num_topk_groups=0)), ValueError, "logits"),
+    "gate too many experts": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(
+        logits=f32(4, 260), bias=f32(260), num_groups=0, num_topk_groups=0)), ValueError, "logits"),
     "normalize 3-D": ("normalize_weight", lambda m: m.normalize_weight(f32(2, 2, 2)), ValueError, "topk_weights"),
     "normalize out one tensor": ("normalize_weight", lambda m: m.normalize_weight(f32(2, 2), out=f32(2)), TypeError,
                                  "out"),
@@ -96,7 +105,9 @@ BAD: dict[str, tuple[str, Callable[[Any], Any], type[Exception], str]] = {
     "group not tensor": ("topk_group", lambda m: m.topk_sum_and_topk_group_idx([[0.0]], 2, 4), TypeError, "scores"),
     "group strided": ("topk_group", lambda m: m.topk_sum_and_topk_group_idx(f32(4, 32, 8).transpose(1, 2), 2, 4),
                       ValueError, "scores"),
-    "gate mask": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(mask=f32(4))), NotImplementedError, "mask"),
+    "gate mask": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(mask=f32(4))), ValueError, "mask"),
+    "gate mask length": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(mask=torch.ones(5, dtype=torch.bool))),
+                         ValueError, "mask"),
     "gate 1-D logits": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(logits=f32(256))), ValueError,
                         "logits"),
     "gate k float": ("top2_sum_gate", lambda m: m.top2_sum_gate(**gate_args(num_topk=8.0)), TypeError, "num_topk"),
@@ -143,6 +154,34 @@ def test_gate_selects_the_ungrouped_variant_when_every_group_is_kept(ops: tuple[
     # logits, bias, topk_idx, topk_weights, then the scalars: scale, ep_rank, experts per rank, tp_rank, tp ranks.
     assert args[2].shape == (4, 8) and args[2].dtype == torch.int64 and args[3].dtype == torch.float32
     assert args[4:] == (1.0, 0, 256, 0, 1)
+
+
+def test_gate_with_masks_runs_the_masked_kernel_into_unmapped_topk_idx(
+        ops: tuple[dict[str, ModuleType], Any]) -> None:
+    modules, runtime = ops
+    gate = modules["top2_sum_gate"]
+    mask = torch.tensor([True, False, True, True])
+    runtime.LAUNCHES.clear()
+    idx, weights = gate.top2_sum_gate(**gate_args(mask=mask))
+    ((name, values, args),) = runtime.LAUNCHES
+    assert name == "top2_sum_gate_masked" and values["masks"] is True and values["physical_map"] is False
+    # logits, bias, map / count / fix / unmapped placeholders, mask; topk_idx, topk_weights, no unmapped rows
+    assert args[4] is mask and [tuple(args[i].shape) for i in (2, 3, 5, 6)] == [(0, 1), (0,), (0,), (0, 8)]
+    assert args[7] is idx and args[8] is weights and tuple(args[9].shape) == (0, 8)
+    assert args[10:] == (1.0, 0, 256, 0, 1)
+    # Fixed routing: the kernel reads a copy of unmapped_topk_idx and writes the caller's tensor.
+    unmapped = torch.randint(0, 256, (4, 8))
+    fixed = torch.tensor([False, True, False, True])
+    runtime.LAUNCHES.clear()
+    out = (torch.empty(4, 8, dtype=torch.int64), torch.empty(4, 8))
+    got = gate.top2_sum_gate(**gate_args(fix_routing_mask=fixed, unmapped_topk_idx=unmapped), out=out)
+    ((_, _, args),) = runtime.LAUNCHES
+    assert got[0] is out[0] and got[1] is out[1] and args[9] is unmapped and args[5] is fixed
+    assert args[6] is not unmapped and torch.equal(args[6], unmapped)
+    runtime.LAUNCHES.clear()
+    gate.top2_sum_gate(**gate_args(unmapped_topk_idx=unmapped))  # written only: no copy to read
+    ((_, _, args),) = runtime.LAUNCHES
+    assert args[9] is unmapped and tuple(args[6].shape) == (0, 8)
 
 
 def test_gate_with_map_and_shared_experts(ops: tuple[dict[str, ModuleType], Any]) -> None:

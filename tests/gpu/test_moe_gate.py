@@ -120,7 +120,17 @@ def test_topk_group_poisoned_output(v: dict[str, Any]) -> None:
 
 # --- top2_sum_gate --------------------------------------------------------------------------
 
-GATE = built("top2_sum_gate")
+# E without a variant of their own (TileKernels' tests use them): the variant built for any E (grid value 0) runs
+# them. Each case carries the E it runs at ("experts") beside its variant's grid values.
+GENERIC_EXPERTS = (16, 36, 144, 252)
+GATE = [{**v, "experts": e} for v in built("top2_sum_gate")
+        for e in (GENERIC_EXPERTS if v["num_experts"] == 0 else (v["num_experts"],))
+        if v["num_topk"] <= e]
+
+
+def grid(v: dict[str, Any]) -> dict[str, Any]:
+    """A case's grid values (what select() takes)."""
+    return {key: value for key, value in v.items() if key != "experts"}
 
 
 def shared_count(num_experts: int, num_topk: int) -> int:
@@ -133,7 +143,7 @@ def shared_count(num_experts: int, num_topk: int) -> int:
 
 def gate_inputs(v: dict[str, Any], num_tokens: int) -> dict[str, Any]:
     """Tie inputs and, for physical_map variants, a random map with 1..3 copies per expert."""
-    e, k = v["num_experts"], v["num_topk"]
+    e, k = v.get("experts", v["num_experts"]), v["num_topk"]
     group_size = e // v["num_groups"] if v["num_groups"] else 1
     logits, bias = tie_inputs(num_tokens, e, group_size)
     args: dict[str, Any] = dict(logits=logits, bias=bias, num_topk=k, num_topk_groups=v["num_topk_groups"],
@@ -170,7 +180,7 @@ def test_top2_sum_gate(v: dict[str, Any], num_tokens: int) -> None:
     assert_gate_matches(args, *moe.top2_sum_gate(**args))
 
 
-@pytest.mark.parametrize("v", [v for v in GATE if v["num_experts"] in (72, 256) and v["num_topk"] in (6, 8)], ids=vid)
+@pytest.mark.parametrize("v", [v for v in GATE if v["experts"] in (72, 144, 256) and v["num_topk"] in (6, 8)], ids=vid)
 @pytest.mark.parametrize("ranks", [(5, 8, 1, 2), (2, 4, 3, 4)], ids=["ep8-tp2-rank1", "ep4-tp4-rank3"])
 def test_top2_sum_gate_ep_tp_masking(v: dict[str, Any], ranks: tuple[int, int, int, int]) -> None:
     args = gate_inputs(v, 4001)
@@ -186,12 +196,12 @@ def test_top2_sum_gate_poisoned_outputs(v: dict[str, Any]) -> None:
     ref_idx, ref_weights = gate_ref(args)
     idx = torch.full_like(ref_idx, POISON_ID)
     weights = torch.full_like(ref_weights, float("nan"))
-    e = v["num_experts"]
+    e = v["experts"]
     per_rank = (e + (args["to_physical_map"].shape[1] - 1 if v["physical_map"] else 0)) // args["num_ep_ranks"]
     tensors = [args["logits"], args["bias"]]
     if v["physical_map"]:
         tensors += [args["to_physical_map"], args["logical_count"]]
-    launch = runtime.get_kernel("top2_sum_gate").select(**v)
+    launch = runtime.get_kernel("top2_sum_gate").select(**grid(v))
     launch(*tensors, idx, weights, args["routed_scaling_factor"], args["ep_rank"], per_rank, 0, 1)
     assert not torch.isnan(weights).any(), "some weights were never written"
     assert_same_ids(idx, ref_idx)
@@ -240,6 +250,118 @@ def test_top2_sum_gate_gaussian_logits(scoring: str) -> None:
     assert torch.allclose(got, want, rtol=0, atol=1e-6), "rows differ by more than a near-tie of keys"
     same = ~rows
     torch.testing.assert_close(weights[same], ref_weights[same], rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL)
+
+
+# --- top2_sum_gate with mask, fix_routing_mask and unmapped_topk_idx ---------------------------
+
+MASKED = [{**v, "experts": e} for v in built("top2_sum_gate_masked")
+          for e in ((16, 36, 72, 256) if v["num_experts"] == 0 else (v["num_experts"],)) if v["num_topk"] <= e]
+
+
+def masked_inputs(v: dict[str, Any], num_tokens: int, generator: torch.Generator) -> dict[str, Any]:
+    args = gate_inputs(v, num_tokens)
+    e, k = v["experts"], v["num_topk"]
+    args["mask"] = torch.rand(num_tokens, device="cuda", generator=generator) < 0.8
+    args["fix_routing_mask"] = torch.rand(num_tokens, device="cuda", generator=generator) < 0.3
+    # Fixed ids: distinct experts per row (a row of the reference's own selection would hide a bug).
+    args["unmapped_topk_idx"] = torch.rand(num_tokens, e, device="cuda", generator=generator).argsort(1)[:, :k]
+    return args
+
+
+def masked_ref(args: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    unmapped = args["unmapped_topk_idx"].clone()
+    shared = args["num_shared_experts"] if args["use_shared_as_routed"] else 0
+    idx, weights = top2_sum_gate_ref(args["logits"], args["bias"], args["num_topk"], args["num_topk_groups"],
+                                     args["num_groups"], shared, args["routed_scaling_factor"], args["ep_rank"],
+                                     args["num_ep_ranks"], args["tp_rank"], args["num_tp_ranks"],
+                                     args["scoring_func"], args.get("to_physical_map"), args.get("logical_count"),
+                                     args.get("mask"), args.get("fix_routing_mask"), unmapped)
+    return idx, weights, unmapped
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 13, 4001])
+@pytest.mark.parametrize("v", MASKED, ids=vid)
+def test_top2_sum_gate_masks(v: dict[str, Any], num_tokens: int) -> None:
+    args = masked_inputs(v, num_tokens, torch.Generator(device="cuda").manual_seed(num_tokens + v["experts"]))
+    ref_idx, ref_weights, ref_unmapped = masked_ref(args)
+    idx, weights = moe.top2_sum_gate(**args)
+    assert_same_ids(idx, ref_idx)
+    assert_same_ids(args["unmapped_topk_idx"], ref_unmapped)
+    torch.testing.assert_close(weights, ref_weights, rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL)
+
+
+@pytest.mark.parametrize("which", ["mask", "fix_routing_mask", "unmapped_topk_idx"])
+def test_top2_sum_gate_each_optional_tensor_alone(which: str) -> None:
+    v = dict(scoring="softmax", num_experts=0, experts=144, num_topk=8, num_groups=0, num_topk_groups=0,
+             physical_map=True)
+    args = masked_inputs(v, 4001, torch.Generator(device="cuda").manual_seed(5))
+    keep = {"mask": ("mask",), "fix_routing_mask": ("fix_routing_mask", "unmapped_topk_idx"),
+            "unmapped_topk_idx": ("unmapped_topk_idx",)}[which]
+    for name in ("mask", "fix_routing_mask", "unmapped_topk_idx"):
+        if name not in keep:
+            del args[name]
+    if "unmapped_topk_idx" in args and "fix_routing_mask" not in args:
+        args["unmapped_topk_idx"] = torch.full_like(args["unmapped_topk_idx"], POISON_ID)  # written only
+    ref_args = {**args, "unmapped_topk_idx": args["unmapped_topk_idx"].clone()} if "unmapped_topk_idx" in args \
+        else {**args, "unmapped_topk_idx": torch.empty(4001, 8, dtype=torch.int64, device="cuda")}
+    ref_idx, ref_weights, ref_unmapped = masked_ref(ref_args)
+    idx, weights = moe.top2_sum_gate(**args)
+    assert_same_ids(idx, ref_idx)
+    torch.testing.assert_close(weights, ref_weights, rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL)
+    if "unmapped_topk_idx" in args:
+        assert_same_ids(args["unmapped_topk_idx"], ref_unmapped)
+    if which == "mask":  # unrouted tokens: every slot, shared ones included, -1 with weight 0
+        off = ~args["mask"]
+        assert bool((idx[off] == -1).all()) and bool((weights[off] == 0).all())
+
+
+def test_top2_sum_gate_masks_strided_unmapped_and_a_cuda_graph() -> None:
+    v = dict(scoring="sigmoid", num_experts=0, experts=72, num_topk=6, num_groups=0, num_topk_groups=0,
+             physical_map=False)
+    args = masked_inputs(v, 257, torch.Generator(device="cuda").manual_seed(9))
+    wide = torch.full((257, 10), POISON_ID, dtype=torch.int64, device="cuda")
+    wide[:, 2:8] = args["unmapped_topk_idx"]
+    args["unmapped_topk_idx"] = wide[:, 2:8]  # row stride 10, as a slice of a wider buffer
+    ref_idx, ref_weights, ref_unmapped = masked_ref(args)
+    out = (torch.empty_like(ref_idx), torch.empty_like(ref_weights))
+    moe.top2_sum_gate(**{**args, "unmapped_topk_idx": wide[:, 2:8].clone()}, out=out)  # warm up off the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe.top2_sum_gate(**args, out=out)
+    graph.replay()
+    assert_same_ids(out[0], ref_idx)
+    torch.testing.assert_close(out[1], ref_weights, rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL)
+    assert_same_ids(wide[:, 2:8], ref_unmapped)
+    assert bool((wide[:, :2] == POISON_ID).all()) and bool((wide[:, 8:] == POISON_ID).all())
+
+
+@pytest.mark.parametrize("unmapped", [False, True])
+def test_top2_sum_gate_masks_under_torch_compile(unmapped: bool) -> None:
+    v = dict(scoring="sqrtsoftplus", num_experts=256, experts=256, num_topk=8, num_groups=8, num_topk_groups=4,
+             physical_map=False)
+    args = masked_inputs(v, 513, torch.Generator(device="cuda").manual_seed(3))
+    if not unmapped:
+        del args["fix_routing_mask"], args["unmapped_topk_idx"]
+    ref = masked_ref({**args, "unmapped_topk_idx": args.get("unmapped_topk_idx", torch.empty(
+        513, 8, dtype=torch.int64, device="cuda")).clone()})
+    compiled = torch.compile(lambda a: moe.top2_sum_gate(**a), fullgraph=True)
+    idx, weights = compiled(args)
+    assert_same_ids(idx, ref[0])
+    torch.testing.assert_close(weights, ref[1], rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL)
+    if unmapped:
+        assert_same_ids(args["unmapped_topk_idx"], ref[2])
+
+
+def test_top2_sum_gate_masks_bad_tensors_name_the_argument() -> None:
+    v = dict(scoring="sigmoid", num_experts=0, experts=72, num_topk=6, num_groups=0, num_topk_groups=0,
+             physical_map=False)
+    args = gate_inputs(v, 13)
+    with pytest.raises(ValueError, match="mask"):
+        moe.top2_sum_gate(**args, mask=torch.ones(12, dtype=torch.bool, device="cuda"))
+    with pytest.raises(ValueError, match="fix_routing_mask"):
+        moe.top2_sum_gate(**args, fix_routing_mask=torch.ones(13, dtype=torch.bool, device="cuda"))
+    with pytest.raises(errors.KernelArgumentError, match="unmapped_topk_idx"):
+        moe.top2_sum_gate(**args, unmapped_topk_idx=torch.zeros(13, 12, dtype=torch.int64, device="cuda")[:, ::2])
 
 
 # --- normalize_weight, mask_indices_by_tp, inplace_unique_group_indices ----------------------

@@ -93,8 +93,16 @@ def top2_sum_gate_ref(
     scoring: str,
     to_physical_map: torch.Tensor | None = None,
     logical_count: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    fix_routing_mask: torch.Tensor | None = None,
+    unmapped_topk_idx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_idx int64, topk_weights fp32), both (T, num_topk + num_shared_experts)."""
+    """(topk_idx int64, topk_weights fp32), both (T, num_topk + num_shared_experts).
+
+    TileKernels' optional tensors: ``mask`` False leaves a token unrouted (ids -1, weights 0);
+    ``fix_routing_mask`` True takes the token's ids from ``unmapped_topk_idx`` (weights from their scores,
+    read at the id clamped into 0 .. E - 1); ``unmapped_topk_idx`` is written in place with each token's
+    logical ids (-1 for an unrouted token)."""
     num_tokens, num_experts = logits.shape
     scores = scores_of(logits, scoring)
     keys = _no_nan((logits if scoring == "softmax" else scores) + bias)
@@ -108,20 +116,30 @@ def top2_sum_gate_ref(
         # Candidates first (a stable sort keeps the key order inside each part).
         order = order.gather(1, torch.sort(in_chosen.to(torch.int8), dim=-1, descending=True, stable=True).indices)
     ids = order[:, :num_topk]
-    picked = scores.gather(1, ids)
+    if fix_routing_mask is not None:
+        assert unmapped_topk_idx is not None
+        ids = torch.where(fix_routing_mask[:, None], unmapped_topk_idx, ids)
+    picked = scores.gather(1, ids.clamp(0, num_experts - 1))
     weights = picked / sequential_sum(picked)[:, None] * routed_scaling_factor
+    routed = torch.ones(num_tokens, dtype=torch.bool, device=logits.device) if mask is None else mask
+    if unmapped_topk_idx is not None:
+        unmapped_topk_idx.copy_(torch.where(routed[:, None], ids, torch.full_like(ids, -1)))
     shared = torch.arange(num_experts, num_experts + num_shared_experts, device=logits.device)
     ids = torch.cat([ids, shared.expand(num_tokens, -1)], dim=1)
     weights = torch.cat([weights, torch.ones(num_tokens, num_shared_experts, device=logits.device)], dim=1)
     num_extra = 0
+    valid = (ids >= 0) & (ids < num_experts + num_shared_experts)
     if to_physical_map is not None:
         assert logical_count is not None
         num_extra = to_physical_map.shape[1] - 1
-        count = logical_count.long().clamp(1, to_physical_map.shape[1])[ids]
+        at = torch.where(valid, ids, torch.zeros_like(ids))
+        count = logical_count.long().clamp(1, to_physical_map.shape[1])[at]
         token = torch.arange(num_tokens, device=logits.device)[:, None]
-        ids = to_physical_map.long()[ids, (ep_rank + token * HASH_PRIME) % count]
+        ids = torch.where(valid, to_physical_map.long()[at, (ep_rank + token * HASH_PRIME) % count], ids)
     experts_per_rank = (num_experts + num_extra) // num_ep_ranks
-    return mask_by_tp(ids, experts_per_rank, tp_rank, num_tp_ranks), weights
+    ids = mask_by_tp(ids, experts_per_rank, tp_rank, num_tp_ranks)
+    ids = torch.where(routed[:, None], ids, torch.full_like(ids, -1))
+    return ids, torch.where(routed[:, None], weights, torch.zeros_like(weights))
 
 
 def mask_indices_by_tp_ref(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank: int,

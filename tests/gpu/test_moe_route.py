@@ -251,7 +251,7 @@ def generic_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _dispatch_tables() -> list[dict[bytes, object]]:
     expand_op = importlib.import_module(f"{tk.__name__}.moe._expand").expand_to_fused
-    reduce_op = importlib.import_module(f"{tk.__name__}.moe._reduce")._reduce
+    reduce_op = importlib.import_module(f"{tk.__name__}.moe._reduce").reduce_fused
     return [f.op.fast[1] for f in (expand_op, reduce_op) if f.op.fast is not None]
 
 

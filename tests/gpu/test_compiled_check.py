@@ -165,8 +165,12 @@ def test_both_readers_spell_the_catalogues_dtypes_alike() -> None:
 
 def _uses_tensor_maps() -> set[str]:
     """The variants whose launch builds a TMA descriptor (from the installed manifest's contracts)."""
-    manifest = json.loads((Path(tile_kernels_aot.__file__).parent / "manifest.json").read_text())
-    return {v["id"] for k in manifest["kernels"].values() for v in k["variants"]
+    root = Path(tile_kernels_aot.__file__).parent
+    top = json.loads((root / "manifest.json").read_text())
+    # A multi-arch package's manifest.json names one manifest per arch.
+    manifests = [root / path for path in top["archs"].values()] if "archs" in top else [root / "manifest.json"]
+    return {v["id"] for path in manifests for k in json.loads(path.read_text())["kernels"].values()
+            for v in k["variants"]
             if any(a["ctype"] == "tensormap" for launch in v["contract"]["launches"] for a in launch["args"])}
 
 

@@ -188,7 +188,9 @@ def test_other_dtype_is_refused() -> None:
 
 def test_hidden_off_the_64_grid_is_refused_naming_x() -> None:
     x = torch.ones(4, 1000, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(errors.KernelArgumentError, match=r"x: the kernel requires hidden % 64 == 0"):
+    # A multi-arch package checks row strides against its widest arch's alignment (32 bytes) first.
+    with pytest.raises(errors.KernelArgumentError,
+                       match=r"x: (the kernel requires hidden % 64 == 0|the row stride \(1000 elements\))"):
         quant.per_token_cast(x, "e4m3", 128)
 
 

@@ -119,15 +119,26 @@ def check_device(index: int, arch: str = "") -> None:
                                 f"on cuda:{index}, which takes the {info.ARCHS[found][2]} ones; report this to tkc")
 
 
+_process_arch: list[str | None] = []  # the answer, once asked: a process's devices do not change
+
+
 def process_arch() -> str | None:
     """The one built arch that serves every device torch sees, or None where the devices need different archs
     (or one no built arch serves, or there is none): a multi-arch package then picks per device and call."""
+    if _process_arch:
+        return _process_arch[0]
     try:
         count = torch.cuda.device_count()
         archs = {device_arch(i) for i in range(count)}
     except ArchMismatchError:
-        return None
-    return archs.pop() if len(archs) == 1 else None
+        archs = set()
+    _process_arch.append(archs.pop() if len(archs) == 1 else None)
+    return _process_arch[0]
+
+
+# torch.compile calls it for real and keeps the answer (torch.compiler.assume_constant_result, without importing
+# torch._dynamo at import): a traced op's variant lookup must not break the graph on torch.cuda.device_count().
+process_arch._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 _sm_counts: dict[int, int] = {}

@@ -258,8 +258,6 @@ def _gate_masked(logits: torch.Tensor, bias: torch.Tensor, to_physical_map: torc
     num_experts = int(logits.shape[1])
     width = (k + int(to_physical_map.shape[0]) - num_experts) if physical else k
     launcher = _masked.variant(scoring, num_experts if groups else 0, k, groups, top_groups, physical, True)
-    constants = [t for t in _placeholders(logits, k) if t is to_physical_map or t is logical_count or t is mask
-                 or t is fix_routing_mask or t is fixed_topk_idx]
     return launch(launcher, logits, bias, to_physical_map, logical_count, mask, fix_routing_mask, fixed_topk_idx,
                   output(0), output(1), output(2), routed_scaling_factor, ep_rank, experts_per_rank, tp_rank,
                   num_tp_ranks,
@@ -267,4 +265,4 @@ def _gate_masked(logits: torch.Tensor, bias: torch.Tensor, to_physical_map: torc
                            empty(torch.int64, size(logits, 0, times=int(unmapped)), k)),
                   rules=(size_is("topk_idx", output(0), 1, width, message=f"expected shape (num_tokens, {width}) "
                                  "(num_topk + num_shared_experts columns)"),),
-                  constants=constants)
+                  constants=_placeholders(logits, k))

@@ -43,8 +43,8 @@ class _Kernel:
         return launcher
 
     def find(self, *values):
-        # The stub builds every variant, as if the specs had each grid point.
-        return self.variant(*values)
+        # As the real Kernel.find: None for a variant the shipped specs do not build.
+        return self.variant(*values) if values in BUILT.get(self.name, ()) else None
 
     def select(self, **values):
         def launch(*args):
@@ -140,6 +140,14 @@ def grid_keys() -> dict[str, tuple[str, ...]]:
     return {k.name: k.grid_keys for k in load_specs([REPO / "kernel_specs"], REPO / "kernels").kernels}
 
 
+def built_variants() -> dict[str, set[tuple[Any, ...]]]:
+    """Each shipped kernel's variants, as their grid values in grid order: what ``Kernel.find`` finds."""
+    from tkc.spec import expand, load_specs
+
+    kernels = load_specs([REPO / "kernel_specs"], REPO / "kernels").kernels
+    return {k.name: {tuple(v.param_dict[key] for key in k.grid_keys) for v in expand(k)} for k in kernels}
+
+
 @contextmanager
 def stub_package(root: Path, package: str, family: str,
                  ops: Sequence[str]) -> Iterator[tuple[dict[str, ModuleType], ModuleType]]:
@@ -151,7 +159,8 @@ def stub_package(root: Path, package: str, family: str,
     (base / family).mkdir(parents=True)
     (base / "__init__.py").write_text("")
     (base / family / "__init__.py").write_text("")
-    (base / "_runtime.py").write_text(STUB_RUNTIME + f"\n\n# kernel -> grid keys, from the shipped specs\nKEYS = {grid_keys()!r}\n")
+    (base / "_runtime.py").write_text(STUB_RUNTIME + f"\n\n# kernel -> grid keys, from the shipped specs\nKEYS = {grid_keys()!r}\n"
+                                      f"# kernel -> its variants' grid values\nBUILT = {built_variants()!r}\n")
     (base / "_build_info.py").write_text(STUB_BUILD_INFO)
     for shared in ("_args.py", "_op.py", "_plan.py", "errors.py"):
         shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)

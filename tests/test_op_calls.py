@@ -387,7 +387,7 @@ FAST_CALLS: list[tuple[str, Any, dict[str, Any]]] = [
         _bf16(4, 4096), "e4m3", 128, **o), dict(hidden=2048, npc=128, with_weights=False, with_pos_to_expert=False)),
     ("swiglu_forward_and_per_token_cast", lambda op, **o: op.swiglu_forward_and_per_token_cast(
         _bf16(4, 4096), "e4m3", 2048, _POS, torch.rand(2, 2), _POS, **o),
-     dict(npc=2048, with_weights=True, with_pos_to_expert=True)),
+     dict(npc=0, with_weights=True, with_pos_to_expert=True)),
     ("swiglu_forward_and_per_token_cast", lambda op, **o: op.swiglu_forward_and_per_token_cast(
         _bf16(4, 4096), "e4m3", 128, pos_to_expert=_POS, round_sf=True, swiglu_clamp_value=7.0, **o),
      dict(npc=128, with_weights=False, with_pos_to_expert=True)),
@@ -459,7 +459,7 @@ WRONG_TYPES: list[tuple[str, Any, Any, type[Exception], str]] = [
     ("swiglu_backward_and_per_token_cast", lambda op, n: _backward(op, n), 128.0, TypeError, "num_per_channels"),
     ("swiglu_backward_and_per_token_cast", lambda op, n: _backward(op, n), True, ValueError, "num_per_channels"),
     ("swiglu_forward_and_per_token_cast", lambda op, r: op.swiglu_forward_and_per_token_cast(
-        _bf16(4, 4096), "e4m3", 128, use_packed_ue8m0=r), 1, NotImplementedError, "use_packed_ue8m0"),
+        _bf16(4, 4096), "e4m3", 128, use_packed_ue8m0=r), 1, ValueError, "use_packed_ue8m0"),
 ]
 
 

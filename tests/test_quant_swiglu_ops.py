@@ -62,7 +62,8 @@ def test_forward_selects_and_launches(quant: Any, stub: tuple[ModuleType, Module
     assert q.shape == (4, 2048) and q.dtype == torch.float8_e4m3fn and sf.shape == (4, 16)
     ((name, values, args),) = _launches(stub[1])
     assert name == "swiglu_forward_and_per_token_cast"
-    assert values == {"hidden": 2048, "npc": 128, "with_weights": True, "with_pos_to_expert": False}
+    assert values == {"hidden": 2048, "npc": 128, "with_weights": True, "with_pos_to_expert": False,
+                      "sf_layout": "row_major", "count_clamp": False}
     assert args[3] is pos and args[5].shape == (1,)  # pos_to_expert: a placeholder
     assert args[6] == math.inf and args[7] == 1  # no clamp = +inf; round_sf is a runtime 0/1 flag
 
@@ -71,7 +72,49 @@ def test_forward_per_row_scale_and_clamp(quant: Any, stub: tuple[ModuleType, Mod
     _, sf = quant.swiglu_forward_and_per_token_cast(_x(hidden=2560), "e4m3", 2560, swiglu_clamp_value=7)
     assert sf.shape == (4, 1)
     ((_, values, args),) = _launches(stub[1])
-    assert values["npc"] == 2560 and values["with_weights"] is False and args[6:] == (7.0, 0)
+    assert values["npc"] == 0 and values["with_weights"] is False and args[6:] == (7.0, 0)
+
+
+@pytest.mark.parametrize("npc", [128, 0])
+def test_forward_any_hidden_takes_the_generic_variant(quant: Any, stub: tuple[ModuleType, ModuleType],
+                                                     npc: int) -> None:
+    # 1280 is built for no hidden: the variant for a runtime hidden, with the amax floor as a scalar.
+    q, sf = quant.swiglu_forward_and_per_token_cast(_x(hidden=1280), "e4m3", npc or 1280, round_sf=True)
+    assert q.shape == (4, 1280) and sf.shape == (4, 10 if npc else 1) and sf.dtype == torch.float32
+    ((_, values, args),) = _launches(stub[1])
+    assert values == {"hidden": 0, "npc": npc, "with_weights": False, "with_pos_to_expert": False,
+                      "sf_layout": "row_major", "count_clamp": False}
+    assert args[6].dtype == torch.int64 and args[7:] == (math.inf, 1, 1e-4)
+
+
+@pytest.mark.parametrize(("packed", "dtype", "storage"), [(False, torch.float32, (10, 8)),
+                                                          (True, torch.int32, (3, 8, 4))])
+def test_forward_column_major_scales(quant: Any, stub: tuple[ModuleType, ModuleType], packed: bool,
+                                     dtype: torch.dtype, storage: tuple[int, ...]) -> None:
+    # 5 tokens: the storage's token dimension is padded to 8; sf is its transposed view, as TileKernels returns it.
+    q, sf = quant.swiglu_forward_and_per_token_cast(_x(5, 1280), "e4m3", 128, use_tma_aligned_col_major_sf=True,
+                                                    round_sf=True, use_packed_ue8m0=packed)
+    assert sf.dtype == dtype and sf.shape == (5, 3 if packed else 10) and sf.stride() == (1, 8)
+    ((_, values, args),) = _launches(stub[1])
+    assert values["hidden"] == 0 and values["sf_layout"] == ("ue8m0" if packed else "col_major")
+    assert tuple(args[2].shape) == storage and args[2].data_ptr() == sf.data_ptr()
+
+
+def test_forward_hot_hidden_with_an_option_takes_the_generic_variant(quant: Any,
+                                                                     stub: tuple[ModuleType, ModuleType]) -> None:
+    quant.swiglu_forward_and_per_token_cast(_x(), "e4m3", 128, sf_clamp_min=1e-3)
+    ((_, values, args),) = _launches(stub[1])
+    assert values["hidden"] == 0 and args[-1] == 1e-3
+
+
+def test_forward_clamped_count_is_written_in_place(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:
+    counts = torch.zeros(3, dtype=torch.int64)
+    q, sf = quant.swiglu_forward_and_per_token_cast(_x(), "e4m3", 128, swiglu_clamp_value=0.5,
+                                                    clamped_count=counts)
+    assert q.shape == (4, 2048) and sf.shape == (4, 16)
+    ((_, values, args),) = _launches(stub[1])
+    assert values["hidden"] == 0 and values["count_clamp"] is True
+    assert args[1] is q and args[2] is sf and args[6] is counts and args[7] == 0.5
 
 
 def test_forward_placeholders_are_allocated_once(quant: Any, stub: tuple[ModuleType, ModuleType]) -> None:
@@ -101,10 +144,15 @@ def test_forward_placeholders_are_allocated_once(quant: Any, stub: tuple[ModuleT
     ({"pos_to_expert": torch.zeros(4, 1, dtype=torch.int32)}, ValueError, "pos_to_expert"),
     ({"swiglu_clamp_value": 0.0}, ValueError, "swiglu_clamp_value"),
     ({"swiglu_clamp_value": float("nan")}, ValueError, "swiglu_clamp_value"),
-    ({"use_tma_aligned_col_major_sf": True}, NotImplementedError, "use_tma_aligned_col_major_sf"),
-    ({"use_packed_ue8m0": True}, NotImplementedError, "use_packed_ue8m0"),
-    ({"clamped_count": torch.zeros(3, dtype=torch.int64)}, NotImplementedError, "clamped_count"),
-    ({"sf_clamp_min": 1e-3}, NotImplementedError, "sf_clamp_min"),
+    ({"use_packed_ue8m0": True, "round_sf": True}, ValueError, "use_packed_ue8m0"),
+    ({"use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}, ValueError, "use_packed_ue8m0"),
+    ({"use_tma_aligned_col_major_sf": True, "num_per_channels": 2048}, ValueError, "use_tma_aligned_col_major_sf"),
+    ({"clamped_count": torch.zeros(3, dtype=torch.int64)}, ValueError, "clamped_count"),
+    ({"clamped_count": torch.zeros(3, dtype=torch.int32), "swiglu_clamp_value": 1.0}, ValueError, "clamped_count"),
+    ({"clamped_count": torch.zeros(2, dtype=torch.int64), "swiglu_clamp_value": 1.0}, ValueError, "clamped_count"),
+    ({"clamped_count": [0, 0, 0], "swiglu_clamp_value": 1.0}, TypeError, "clamped_count"),
+    ({"sf_clamp_min": 0.0}, ValueError, "sf_clamp_min"),
+    ({"sf_clamp_min": "1"}, TypeError, "sf_clamp_min"),
 ])
 def test_forward_errors_name_the_argument_before_any_launch(
         quant: Any, stub: tuple[ModuleType, ModuleType], kwargs: dict[str, Any], error: type[Exception],

@@ -33,9 +33,10 @@ class ColumnMajor(NamedTuple):
     fmt: str
     npc: int
     sf_layout: str
+    x_columns: int = 1  # x's columns per channel: 2 for the SwiGLU forward, whose x holds both halves
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        num_tokens, hidden = x.shape
+    def __call__(self, x: torch.Tensor, *_others: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens, hidden = x.shape[0], x.shape[1] // self.x_columns
         e4m3 = self.fmt == "e4m3"
         q = x.new_empty((num_tokens, hidden // (1 if e4m3 else 2)), dtype=torch.float8_e4m3fn if e4m3 else torch.int8)
         width, dtype = scale_width(hidden, self.npc, self.sf_layout)

@@ -3,8 +3,9 @@
 y = min(xl, c) * sigmoid(min(xl, c)) * clamp(xr, -c, c) * topk_weight, then per-token e4m3 with
 one scale per 128 channels or per row. A NaN in x stays NaN through the clamps (as torch.clamp)
 and gets the e4m3 NaN code; a group's scale skips it (as TileKernels' kernels).
-This build covers the row-major fp32 scale layout; the
-column-major / UE8M0 layouts, ``clamped_count`` and ``sf_clamp_min`` raise NotImplementedError.
+Every hidden that is a multiple of 128 runs: the variants built for the common hiddens (row-major
+scales) are preferred, and the variant for any hidden (the grid's hidden = 0) takes the rest and
+every option: the column-major and packed UE8M0 scale layouts, ``clamped_count`` and ``sf_clamp_min``.
 The launcher validates every tensor (dtype, device, shape, strides) and names it in its errors;
 this module checks the non-tensor arguments and the shapes that tie the tensors together.
 """
@@ -12,26 +13,26 @@ this module checks the non-tensor arguments and the shapes that tie the tensors 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
-from .._args import matrix, not_built, one_of, positive_int
-from .._op import Plan, Rule, empty, launch, op, out, same_size, size
+from .._args import matrix, one_of, out_tensors, positive_int, real
+from .._op import Plan, Result, Rule, empty, launch, op, result, same_size, size
+from .._op import out as output  # the plan takes a parameter named out
 from .._runtime import get_kernel
+from ._scales import ColumnMajor, check_scales, column_major_storage, ue8m0_bytes
 
 __all__ = ["swiglu_forward_and_per_token_cast"]
 
 _kernel = get_kernel("swiglu_forward_and_per_token_cast")
 
-# Per device index: the 1-element (int32 positions, fp32 (1, 1) weights) placeholders passed for
-# absent optional tensors, which the variant built without them never reads. Nothing reads or
-# writes them, so one pair per device serves every call: no allocation per call, and dispatch
+# Per device index: the 1-element (int32 positions, fp32 (1, 1) weights, int64 counters) placeholders
+# passed for absent optional tensors, which the variant built without them never reads. Nothing reads
+# or writes them, so one set per device serves every call: no allocation per call, and dispatch
 # replays a call with them as constants.
-_placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _not_built(argument: str, what: str) -> NotImplementedError:
-    return not_built(argument, what, "swiglu_forward_and_per_token_cast")
+_placeholders: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_AMAX_FLOOR = 1e-4  # e4m3's amax floor (TileKernels' clamp_min_value), unless sf_clamp_min replaces it
 
 
 def _positions(name: str, t: object, rows: int) -> torch.Tensor:
@@ -43,13 +44,32 @@ def _positions(name: str, t: object, rows: int) -> torch.Tensor:
     return t
 
 
-def _placeholder_pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The device's (int32 (1,), fp32 (1, 1)) stand-ins for absent optional tensors."""
-    pair = _placeholders.get(x.get_device())
-    if pair is None:  # also for CPU tensors (-1), which the launcher then refuses by name
-        pair = _placeholders[x.get_device()] = (x.new_empty((1,), dtype=torch.int32),
-                                                x.new_empty((1, 1), dtype=torch.float32))
-    return pair
+def _placeholder_set(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The device's (int32 (1,), fp32 (1, 1), int64 (1,)) stand-ins for absent optional tensors."""
+    stand_ins = _placeholders.get(x.get_device())
+    if stand_ins is None:  # also for CPU tensors (-1), which the launcher then refuses by name
+        stand_ins = _placeholders[x.get_device()] = (x.new_empty((1,), dtype=torch.int32),
+                                                     x.new_empty((1, 1), dtype=torch.float32),
+                                                     x.new_empty((1,), dtype=torch.int64))
+    return stand_ins
+
+
+def _scales_view(sf_layout: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What the kernel takes for an sf of the layout: the tensor, the column-major storage, or its bytes."""
+    return {"row_major": None, "col_major": column_major_storage, "ue8m0": ue8m0_bytes}[sf_layout]
+
+
+# The generic variant with clamped_count: it adds to the caller's counters, so they are an input it writes (as are q
+# and sf, which swiglu_forward_and_per_token_cast allocates or takes from out=): an in-place op, which torch.compile
+# sees writing exactly those three.
+@op(name="swiglu_forward_and_per_token_cast_counted", out=False, mutates=("q", "sf", "clamped_count"))
+def _counted(x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, pos_to_token_topk: torch.Tensor,
+             topk_weights: torch.Tensor, pos_to_expert: torch.Tensor, clamped_count: torch.Tensor, clamp: float,
+             round_sf: int, amax_floor: float, per_row: bool, sf_layout: str, with_weights: bool,
+             with_pos_to_expert: bool) -> Plan:
+    launcher = _kernel.variant(0, 0 if per_row else 128, with_weights, with_pos_to_expert, sf_layout, True)
+    return launch(launcher, x, q, sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count, clamp,
+                  round_sf, amax_floor)
 
 
 @op(outputs=("q", "sf"), inputs={"x": (1,), "pos_to_token_topk": (), "topk_weights": (), "pos_to_expert": ()})
@@ -66,7 +86,9 @@ def swiglu_forward_and_per_token_cast(
     swiglu_clamp_value: float | None = None,
     clamped_count: torch.Tensor | None = None,
     sf_clamp_min: float | None = None,
-) -> Plan:
+    *,
+    out: object = None,
+) -> Plan | Result:
     """SwiGLU of x's two halves, times the row's top-k weight, cast per token to FP8 e4m3.
 
     Args:
@@ -79,31 +101,28 @@ def swiglu_forward_and_per_token_cast(
         topk_weights: float32 (num_tokens, num_topk), contiguous.
         pos_to_expert: int32 (num_expanded_tokens,); rows where it is -1 are skipped: their q
             and sf rows are left unwritten (unspecified, as in TileKernels).
-        use_tma_aligned_col_major_sf, use_packed_ue8m0: not built (must be False).
+        use_tma_aligned_col_major_sf: sf column-major over a (G, align(N, 4)) storage (npc 128 only).
         round_sf: round each scale up to a power of two.
+        use_packed_ue8m0: sf as int32 words of four UE8M0 exponents, column-major as above (needs
+            use_tma_aligned_col_major_sf and round_sf).
         swiglu_clamp_value: c > 0 or None: xl = min(xl, c), xr = clamp(xr, -c, c).
-        clamped_count, sf_clamp_min: not built (must be None).
+        clamped_count: int64 (3,) or None, with swiglu_clamp_value: the counts of xl > c, xr > c and
+            xr < -c over the rows that are computed are added to it in place.
+        sf_clamp_min: the amax floor (default 1e-4): sf = max(amax, sf_clamp_min) / 448.
         out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
-            return it (dtype, shape, contiguous; e.g. the pair of an earlier call), not
+            return it (dtype, shape, layout; e.g. the pair of an earlier call), not
             overlapping the inputs; returned as given. Every row is written except those that
             pos_to_expert skips, which are unspecified as in the allocating call (eagerly they
             keep what out held; under torch.compile the result is copied, those rows too).
 
     Returns:
-        ``(q, sf)``: q float8_e4m3fn (num_expanded_tokens, hidden) and sf float32
-        (num_expanded_tokens, hidden / num_per_channels), row-major, with q * sf ~ y per group.
+        ``(q, sf)``: q float8_e4m3fn (num_expanded_tokens, hidden) and sf (num_expanded_tokens,
+        hidden / num_per_channels) float32 (row-major, or column-major), or int32 UE8M0 words
+        (num_expanded_tokens, ceil(G / 4)), with q * sf ~ y per group.
     """
     x = matrix("x", x, "(num_expanded_tokens, 2 * hidden)")
     one_of("fmt", fmt, ("e4m3",))
     npc = positive_int("num_per_channels", num_per_channels)
-    if use_tma_aligned_col_major_sf:
-        raise _not_built("use_tma_aligned_col_major_sf", "the column-major TMA-aligned scale layout")
-    if use_packed_ue8m0:
-        raise _not_built("use_packed_ue8m0", "the packed UE8M0 scale layout")
-    if clamped_count is not None:
-        raise _not_built("clamped_count", "counting the clamped activations")
-    if sf_clamp_min is not None:
-        raise _not_built("sf_clamp_min", "a custom amax floor")
     if x.dtype != torch.bfloat16:
         raise TypeError(f"x: expected dtype torch.bfloat16, got {x.dtype}")
     rows, width = int(x.shape[0]), int(x.shape[1])
@@ -112,6 +131,16 @@ def swiglu_forward_and_per_token_cast(
     hidden = width // 2
     if npc not in (128, hidden):
         raise ValueError(f"num_per_channels: expected 128 or hidden ({hidden}), got {npc}")
+    per_row = npc == hidden and npc != 128
+    if use_packed_ue8m0 and not use_tma_aligned_col_major_sf:
+        raise ValueError("use_packed_ue8m0: packed UE8M0 scales are stored column-major; pass "
+                         "use_tma_aligned_col_major_sf=True with it")
+    if use_packed_ue8m0 and not round_sf:
+        raise ValueError("use_packed_ue8m0: a UE8M0 byte holds a power-of-two scale; pass round_sf=True with it")
+    if use_tma_aligned_col_major_sf and per_row:
+        raise ValueError("use_tma_aligned_col_major_sf: the column-major layout takes groups of 128 channels; "
+                         f"pass num_per_channels=128 with it (got {npc} = hidden)")
+    sf_layout = "ue8m0" if use_packed_ue8m0 else "col_major" if use_tma_aligned_col_major_sf else "row_major"
     if (pos_to_token_topk is None) != (topk_weights is None):
         missing = "pos_to_token_topk" if pos_to_token_topk is None else "topk_weights"
         raise ValueError(f"{missing}: pos_to_token_topk and topk_weights are given together or not at all")
@@ -128,17 +157,72 @@ def swiglu_forward_and_per_token_cast(
         clamp = float(swiglu_clamp_value)
         if not clamp > 0:  # also refuses NaN
             raise ValueError(f"swiglu_clamp_value: expected a positive float or None, got {swiglu_clamp_value!r}")
+    if clamped_count is not None:
+        if swiglu_clamp_value is None:
+            raise ValueError("clamped_count: counts the clamped values of a clamp; pass swiglu_clamp_value with it")
+        if not isinstance(clamped_count, torch.Tensor):
+            raise TypeError(f"clamped_count: expected a torch.Tensor, got {type(clamped_count).__name__}")
+        if clamped_count.dtype != torch.int64 or tuple(clamped_count.shape) != (3,):
+            raise ValueError(f"clamped_count: expected an int64 tensor of shape (3,), got {clamped_count.dtype} "
+                             f"of shape {tuple(clamped_count.shape)}")
+    amax_floor = _AMAX_FLOOR
+    if sf_clamp_min is not None:
+        amax_floor = real("sf_clamp_min", sf_clamp_min)
+        if not amax_floor > 0:
+            raise ValueError(f"sf_clamp_min: expected a positive float or None (the amax floor), got {sf_clamp_min!r}")
 
-    launcher = _kernel.variant(hidden, npc, topk_weights is not None, pos_to_expert is not None)
-    placeholders: tuple[torch.Tensor, ...] = ()
-    if pos_to_token_topk is None or pos_to_expert is None:
-        positions, weights = placeholders = _placeholder_pair(x)
-        if pos_to_token_topk is None:
-            pos_to_token_topk, topk_weights = positions, weights
-        if pos_to_expert is None:
-            pos_to_expert = positions
-    return launch(launcher, x, out(0), out(1), pos_to_token_topk, topk_weights, pos_to_expert, clamp,
-                  int(bool(round_sf)),
-                  outputs=(empty(torch.float8_e4m3fn, size(x, 0), hidden),
-                           empty(torch.float32, size(x, 0), hidden // npc)),
-                  rules=rules, constants=placeholders)
+    with_weights, with_pos_to_expert = topk_weights is not None, pos_to_expert is not None
+    npc_key = 0 if per_row else 128
+    positions, weights, counters = stand_ins = _placeholder_set(x)
+    if pos_to_token_topk is None:
+        pos_to_token_topk, topk_weights = positions, weights
+    if pos_to_expert is None:
+        pos_to_expert = positions
+    hot = sf_layout == "row_major" and clamped_count is None and sf_clamp_min is None
+    launcher = _kernel.find(hidden, npc_key, with_weights, with_pos_to_expert, "row_major", False) if hot else None
+    if launcher is not None:
+        return launch(launcher, x, output(0), output(1), pos_to_token_topk, topk_weights, pos_to_expert, clamp,
+                      int(bool(round_sf)),
+                      outputs=(empty(torch.float8_e4m3fn, size(x, 0), hidden),
+                               empty(torch.float32, size(x, 0), hidden // npc)),
+                      rules=rules, constants=stand_ins)
+    if clamped_count is not None:
+        return _counted_call(x, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count, clamp, round_sf,
+                             amax_floor, per_row, sf_layout, with_weights, with_pos_to_expert, rules, out)
+    # Any hidden, every layout: the variant for a runtime hidden (the error names the hidden if it is not built).
+    launcher = _kernel.variant(0, npc_key, with_weights, with_pos_to_expert, sf_layout, False)
+    args = (pos_to_token_topk, topk_weights, pos_to_expert, counters, clamp, int(bool(round_sf)), amax_floor)
+    if sf_layout == "row_major":
+        return launch(launcher, x, output(0), output(1), *args,
+                      outputs=(empty(torch.float8_e4m3fn, size(x, 0), hidden),
+                               empty(torch.float32, size(x, 0), hidden // npc)),
+                      rules=rules, constants=stand_ins)
+    if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
+        check_scales(out_tensors(out, ("q", "sf"))[1], x[:, :hidden], npc, sf_layout)
+    return launch(launcher, x, output(0), output(1, view=_scales_view(sf_layout)), *args,
+                  outputs=ColumnMajor("e4m3", npc, sf_layout, x_columns=2),  # type: ignore[arg-type]  # a callable
+                  rules=rules, constants=stand_ins)
+
+
+def _counted_call(x: torch.Tensor, pos_to_token_topk: torch.Tensor, topk_weights: torch.Tensor,
+                  pos_to_expert: torch.Tensor, clamped_count: torch.Tensor, clamp: float, round_sf: bool,
+                  amax_floor: float, per_row: bool, sf_layout: str, with_weights: bool, with_pos_to_expert: bool,
+                  rules: list[Rule], given: object) -> Result:
+    """The call with clamped_count: (q, sf) allocated (or out=), then the in-place counted op writes all three."""
+    hidden = int(x.shape[1]) // 2
+    npc = hidden if per_row else 128
+    for rule in rules:  # the positions' lengths, which the in-place op does not check
+        if not rule.holds():
+            raise rule.error()
+    if given is not None:
+        q, sf = out_tensors(given, ("q", "sf"))
+        check_scales(sf, x[:, :hidden], npc, sf_layout)
+    elif sf_layout == "row_major":
+        q = x.new_empty((x.shape[0], hidden), dtype=torch.float8_e4m3fn)
+        sf = x.new_empty((x.shape[0], hidden // npc), dtype=torch.float32)
+    else:
+        q, sf = ColumnMajor("e4m3", npc, sf_layout, x_columns=2)(x)
+    view = _scales_view(sf_layout)
+    _counted(x, q, sf if view is None else view(sf), pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
+             clamp, int(bool(round_sf)), amax_floor, per_row, sf_layout, with_weights, with_pos_to_expert)
+    return result((q, sf))

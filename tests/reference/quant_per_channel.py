@@ -48,15 +48,17 @@ def gather_rows(
     return torch.where(valid.unsqueeze(1), rows, torch.zeros_like(rows))
 
 
-def skip_nan_scales_from_amax(amax: torch.Tensor, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def skip_nan_scales_from_amax(amax: torch.Tensor, round_sf: bool,
+                              amax_floor: float = AMAX_FLOOR["e4m3"]) -> tuple[torch.Tensor, torch.Tensor]:
     """(sf, factor) of an e4m3 group amax taken with NaN skipped (the per-channel and SwiGLU casts).
 
-    a = max(amax, 1e-4), sf = a / 448 and factor = 448 / a, IEEE divisions: an Inf amax gives sf = Inf
+    a = max(amax, amax_floor) (1e-4 unless the op's sf_clamp_min replaces it), sf = a / 448 and factor = 448 / a,
+    IEEE divisions: an Inf amax gives sf = Inf
     and factor 0. With round_sf, sf rounded up to a power of two and factor = 1 / sf, exact (0 for Inf).
     For finite amax these are tests/reference/quant.py's scales_from_amax; that one turns a
     non-finite amax into NaN, the per-token casts' rule.
     """
-    a = torch.maximum(amax, _full(amax, AMAX_FLOOR["e4m3"]))
+    a = torch.maximum(amax, _full(amax, amax_floor))
     sf = a / _full(a, QMAX["e4m3"])
     if round_sf:
         sf = round_sf_up(sf)

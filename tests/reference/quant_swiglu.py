@@ -51,7 +51,8 @@ def swiglu(x: torch.Tensor, clamp: float | None) -> torch.Tensor:
     return left / (1 + torch.exp(-left)) * right
 
 
-def swiglu_cast(y: torch.Tensor, npc: int, round_sf: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_cast(y: torch.Tensor, npc: int, round_sf: bool = False,
+                amax_floor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The SwiGLU kernels' per-token e4m3 cast of y (N, H): (q float8_e4m3fn (N, H), sf fp32 (N, H / npc)).
 
     Per group of npc values: amax = max |y| skipping NaN, then skip_nan_scales_from_amax (sf = Inf and
@@ -62,7 +63,8 @@ def swiglu_cast(y: torch.Tensor, npc: int, round_sf: bool = False) -> tuple[torc
     groups = y.float().reshape(rows, hidden // npc, npc)
     magnitude = groups.abs()
     amax = torch.where(torch.isnan(magnitude), torch.zeros_like(magnitude), magnitude).amax(dim=-1)
-    sf, factor = skip_nan_scales_from_amax(amax, round_sf)
+    sf, factor = (skip_nan_scales_from_amax(amax, round_sf) if amax_floor is None
+                  else skip_nan_scales_from_amax(amax, round_sf, amax_floor))
     return codes((groups * factor.unsqueeze(-1)).reshape(rows, hidden), "e4m3"), sf
 
 
@@ -84,11 +86,21 @@ def swiglu_forward_and_per_token_cast_ref(
     topk_weights: torch.Tensor | None = None,
     round_sf: bool = False,
     clamp: float | None = None,
+    sf_clamp_min: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q e4m3 (N, H), sf fp32 (N, H / npc)) for every row; the kernel skips rows whose
-    pos_to_expert is -1, so comparisons mask those rows."""
+    pos_to_expert is -1, so comparisons mask those rows. sf_clamp_min replaces the amax floor 1e-4."""
     y = swiglu_forward_ref(x, pos_to_token_topk, topk_weights, clamp)
-    return swiglu_cast(y, num_per_channels, round_sf)
+    return swiglu_cast(y, num_per_channels, round_sf, sf_clamp_min)
+
+
+def clamped_counts_ref(x: torch.Tensor, clamp: float, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 (3,): how many xl > c, xr > c and xr < -c in x (N, 2H), over the rows where ``rows`` is True (all
+    rows without it): clamped_count's increments (TileKernels' order)."""
+    hidden = x.shape[1] // 2
+    kept = x if rows is None else x[rows]
+    left, right = kept[:, :hidden].float(), kept[:, hidden:].float()
+    return torch.stack([(left > clamp).sum(), (right > clamp).sum(), (right < -clamp).sum()]).to(torch.int64)
 
 
 def swiglu_backward_ref(

@@ -75,8 +75,8 @@ def _backward(data: torch.Tensor, sf: torch.Tensor, grad_out: torch.Tensor, weig
     if data.dtype != torch.float8_e4m3fn:
         raise TypeError(f"x: expected the data of dtype torch.float8_e4m3fn, got {data.dtype}")
     rows, width = int(data.shape[0]), int(data.shape[1])
-    if width % 1024 != 0:
-        raise ValueError(f"x: the width 2 * hidden ({width}) must be a multiple of 1024 (hidden % 512 == 0)")
+    if width % 512 != 0 or width == 0:
+        raise ValueError(f"x: the width 2 * hidden ({width}) must be a positive multiple of 512 (hidden % 256 == 0)")
     grad_out = matrix("grad_out", grad_out, "(N, hidden)")
     weight = matrix("weight", weight, "(num_tokens, num_topk)")
     token_topk_to_pos = matrix("token_topk_to_pos", token_topk_to_pos, "(num_tokens, num_topk)")
@@ -92,7 +92,9 @@ def _backward(data: torch.Tensor, sf: torch.Tensor, grad_out: torch.Tensor, weig
         if not clamp > 0:  # also refuses NaN
             raise ValueError(f"swiglu_clamp_value: expected a positive float or None, got {swiglu_clamp_value!r}")
 
-    return launch(_kernel.variant(width // 2, npc), data, sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos,
+    # The variant built for this hidden, else the one for any hidden (the grid's hidden = 0).
+    launcher = _kernel.find(width // 2, npc) or _kernel.variant(0, npc)
+    return launch(launcher, data, sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos,
                   out(0), out(1), out(2), out(3), out(4), clamp, int(bool(round_sf)),
                   outputs=(empty(torch.bfloat16, size(data, 0), width // 2),
                            empty(torch.float8_e4m3fn, size(data, 0), width),
@@ -118,8 +120,10 @@ def swiglu_backward_and_per_token_cast(
 
     Args:
         x: the pair (data float8_e4m3fn (N, 2 * hidden), sf float32 (N, 2 * hidden / npc)),
-            contiguous; hidden % 512 == 0.
-        grad_out: bf16 (N, hidden), the gradient of the weighted activation.
+            contiguous; hidden % 256 == 0. data may also be (B, S, 2 * hidden), as TileKernels
+            takes it: its rows are then the N = B * S rows of data.view(-1, 2 * hidden).
+        grad_out: bf16 (N, hidden) (or any shape of N * hidden elements, viewed so), the
+            gradient of the weighted activation.
         weight: float32 (num_tokens, num_topk) top-k weights, contiguous.
         pos_to_token_topk: int32 (N,): row n's (token, k) pair as token * num_topk + k, or -1
             (padding: weight 0, no weight gradient).
@@ -141,5 +145,10 @@ def swiglu_backward_and_per_token_cast(
     """
     if not (isinstance(x, tuple) and len(x) == 2):
         raise TypeError(f"x: expected the pair (data, sf) of an FP8 per-token cast, got {type(x).__name__}")
-    return _backward(x[0], x[1], grad_out, weight, pos_to_token_topk, token_topk_to_pos,  # type: ignore[no-any-return]
+    data = x[0]
+    if isinstance(data, torch.Tensor) and data.dim() == 3:  # (B, S, 2H): TileKernels views it as rows
+        data = data.view(-1, data.shape[-1])
+        if isinstance(grad_out, torch.Tensor):
+            grad_out = grad_out.view(-1, data.shape[-1] // 2)
+    return _backward(data, x[1], grad_out, weight, pos_to_token_topk, token_topk_to_pos,  # type: ignore[no-any-return]
                      num_per_channels, round_sf, swiglu_clamp_value, out=None if out is None else _out_tensors(out))

@@ -41,6 +41,23 @@ def row_weights(
     return w.reshape(num_rows, 1)
 
 
+def fma_f32(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
+    """fp32 a * b + c rounded once (a fused multiply-add), from float64: the product is exact there, and the sum's
+    float64 rounding can only mislead the final rounding when it lands exactly between two floats (then the sign of
+    its exact error, by TwoSum, says which way the exact value lies)."""
+    p = a.double() * b.double()
+    c64 = torch.full_like(p, c)
+    s = p + c64
+    t = s - p
+    err = (p - (s - t)) + (c64 - t)
+    r = s.float()
+    above = r.double() > s
+    down = torch.where(above, torch.nextafter(r, torch.full_like(r, -torch.inf)), r)
+    up = torch.where(above, r, torch.nextafter(r, torch.full_like(r, torch.inf)))
+    tie = (down.double() + up.double()) / 2 == s
+    return torch.where(tie & (err > 0), up, torch.where(tie & (err < 0), down, r))
+
+
 def swiglu(x: torch.Tensor, clamp: float | None) -> torch.Tensor:
     """fp32 (N, H) = min(xl, c) / (1 + exp(-min(xl, c))) * clamp(xr, -c, c) of x (N, 2H)."""
     hidden = x.shape[1] // 2
@@ -138,7 +155,7 @@ def swiglu_backward_ref(
     s = torch.ones_like(t) / t
     gws = g * w * s
     zero = torch.zeros((), dtype=torch.float32, device=x.device)
-    dx = torch.where(clamped_x, zero, gws * yf * (1 + xf * (1 - s)))
+    dx = torch.where(clamped_x, zero, gws * yf * fma_f32(xf, 1 - s, 1.0))
     dy = torch.where(clamped_y, zero, gws * xf)
     grad = torch.cat([dx, dy], dim=1)
     q, q_sf = swiglu_cast(grad, npc, round_sf)

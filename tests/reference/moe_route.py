@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from tests.reference.numeric import fma_f32
+
 FP8_MAX = 448.0
 
 
@@ -79,7 +81,8 @@ def expand_to_fused_with_sf_ref(x: torch.Tensor, x_sf: torch.Tensor, token_topk_
 def reduce_fused_ref(x: torch.Tensor, topk_weights: torch.Tensor | None, token_topk_to_pos: torch.Tensor,
                      x_sf: torch.Tensor | None = None, fp8_format: str = "",
                      sf: torch.Tensor | None = None) -> torch.Tensor:
-    """out[t] = sum_k (w[t, k] * x_sf[pos]) * float(x[pos]), fp32 from +0.0 in k order; slots with pos < 0 skipped.
+    """out[t] = sum_k (w[t, k] * x_sf[pos]) * float(x[pos]), fp32 from +0.0 in k order, each step one FMA
+    (acc = fma(float(x[pos]), scale, acc)); slots with pos < 0 skipped.
 
     Output fp32 for fp32 x, else bf16 (round to nearest even); or e4m3 of clamp(acc * sf, +-448).
     """
@@ -97,8 +100,8 @@ def reduce_fused_ref(x: torch.Tensor, topk_weights: torch.Tensor | None, token_t
             scale = x_sf[pos[:, k].clamp(min=0)]
         else:
             scale = None
-        term = rows if scale is None else rows * scale[:, None]
-        acc = torch.where(routed[:, None], acc + term, acc)
+        # acc + rows * scale as one FMA (one rounding), as TileKernels' kernel and reference.
+        acc = torch.where(routed[:, None], acc + rows if scale is None else fma_f32(rows, scale[:, None], acc), acc)
     if fp8_format == "e4m3":
         value = acc if sf is None else acc * sf.float()
         return value.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)

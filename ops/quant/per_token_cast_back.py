@@ -5,7 +5,8 @@ The public API follows TileKernels' ``tile_kernels.quant.per_token_cast_back`` a
 channels) in the three layouts ``per_token_cast`` produces, told apart by sf's dtype and
 strides: fp32 row-major, fp32 column-major with the token dimension padded
 (``use_tma_aligned_col_major_sf``) and int32 words of packed UE8M0 exponents
-(``use_packed_ue8m0``), with num_per_channels up to hidden (one scale per row, grid npc 0);
+(``use_packed_ue8m0``), with num_per_channels up to hidden (one scale per row, grid npc 0), for any
+hidden that is a multiple of 64 (the variants built per hidden preferred; G = ceil(hidden / npc));
 ``cast_back`` also takes per-block fp32 scales, blocks (32 | 128) x (32 | 128), spread to
 per-token scales for the same kernel; ``x_special_fmt='e5m6'`` goes to the E5M6 op module.
 The input format comes from the codes' dtype: float8_e4m3fn is e4m3,
@@ -130,22 +131,21 @@ def per_token_cast_back(
     npc = positive_int("num_per_channels", num_per_channels)
     q, sf = _pair(x)
     hidden = int(q.shape[1]) * (2 if q.dtype == torch.int8 else 1)
-    if hidden % npc != 0:
-        raise ValueError(f"num_per_channels: hidden ({hidden}) must be a multiple of num_per_channels ({npc})")
-    groups = hidden // npc
+    groups = -(-hidden // npc)  # the last group partial where npc does not divide hidden, as per_token_cast
     if sf.dtype == torch.int32:
         expected = (q.shape[0], (groups + 3) // 4)
         what = "(num_tokens, ceil(hidden / num_per_channels / 4)) UE8M0 words"
     else:
-        expected, what = (q.shape[0], groups), "(num_tokens, hidden / num_per_channels)"
+        expected, what = (q.shape[0], groups), "(num_tokens, ceil(hidden / num_per_channels))"
     if tuple(sf.shape) != expected:
         raise KernelArgumentError(
             f"x[1] (sf): expected shape {expected} {what} for codes of shape {tuple(q.shape)}, got {tuple(sf.shape)}"
         )
     sf_layout = _sf_layout(sf)
-    # Grid order: fmt, npc (one scale per row is npc 0), out_dtype, hidden, sf_layout.
-    launcher = _kernel.variant(_IN_FORMATS[q.dtype], 0 if npc == hidden else npc, dtype_name(out_dtype), hidden,
-                               sf_layout)
+    # Grid order: fmt, npc (one scale per row is npc 0), out_dtype, hidden, sf_layout. The variant built for this
+    # hidden where there is one, else the one for any hidden (grid value 0; the launcher requires a multiple of 64).
+    key = (_IN_FORMATS[q.dtype], 0 if npc == hidden else npc, dtype_name(out_dtype))
+    launcher = _kernel.find(*key, hidden, sf_layout) or _kernel.variant(*key, 0, sf_layout)
     outputs = (empty(out_dtype, size(q, 0), hidden),)
     if sf_layout == "row_major":
         return launch(launcher, q, sf, output(0), outputs=outputs)

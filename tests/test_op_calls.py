@@ -376,13 +376,13 @@ FAST_CALLS: list[tuple[str, Any, dict[str, Any]]] = [
         _bf16(3, 2048), "e4m3", (128, 128), torch.ones(1, 16), round_sf=True, **o),
      dict(round_sf=False, precomputed_sf=True)),
     ("per_channel_cast", lambda op, **o: op.per_channel_cast(_bf16(128, 256), "e4m3", 128, **o),
-     dict(in_dtype="bfloat16", hidden=256, expand=False, round_sf=False)),
+     dict(in_dtype="bfloat16", hidden=0, expand=False, round_sf=False)),
     ("per_channel_cast", lambda op, **o: op.per_channel_cast(torch.zeros(128, 256), "e4m3", 128, True, **o),
      dict(in_dtype="float32", round_sf=True)),
     ("per_channel_cast_and_transpose", lambda op, **o: op.per_channel_cast_and_transpose(
-        _bf16(128, 256), "e4m3", 32, **o), dict(hidden=256, npt=32, round_sf=False)),
+        _bf16(128, 256), "e4m3", 32, **o), dict(hidden=0, npt=32, round_sf=False)),
     ("per_channel_cast_and_transpose", lambda op, **o: op.per_channel_cast_and_transpose(
-        _bf16(128, 512), "e4m3", 128, True, **o), dict(hidden=512, npt=128, round_sf=True)),
+        _bf16(128, 512), "e4m3", 128, True, **o), dict(hidden=0, npt=128, round_sf=True)),
     ("swiglu_forward_and_per_token_cast", lambda op, **o: op.swiglu_forward_and_per_token_cast(
         _bf16(4, 4096), "e4m3", 128, **o), dict(hidden=2048, npc=128, with_weights=False, with_pos_to_expert=False)),
     ("swiglu_forward_and_per_token_cast", lambda op, **o: op.swiglu_forward_and_per_token_cast(
@@ -393,10 +393,10 @@ FAST_CALLS: list[tuple[str, Any, dict[str, Any]]] = [
      dict(npc=128, with_weights=False, with_pos_to_expert=True)),
     ("swiglu_forward_and_per_channel_cast_and_transpose", lambda op, **o: (
         op.swiglu_forward_and_per_channel_cast_and_transpose(_bf16(128, 512), "e4m3", 32, **o)),
-     dict(hidden=256, npt=32, without_transpose=False)),
+     dict(hidden=0, npt=32, without_transpose=False)),
     ("swiglu_forward_and_per_channel_cast_and_transpose", lambda op, **o: (
         op.swiglu_forward_and_per_channel_cast_and_transpose(_bf16(128, 512), "e4m3", 128, False, True, 3.0, **o)),
-     dict(hidden=256, npt=128, without_transpose=True)),
+     dict(hidden=0, npt=128, without_transpose=True)),
     ("swiglu_backward_and_per_token_cast", lambda op, **o: _backward(op, **o), dict(hidden=2048, npc=128)),
     ("swiglu_backward_and_per_token_cast", lambda op, **o: _backward(op, 32, round_sf=True, **o),
      dict(hidden=2048, npc=32)),

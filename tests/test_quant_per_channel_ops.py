@@ -143,7 +143,7 @@ def test_per_channel_cast_selects_and_allocates(ops: dict[str, ModuleType], laun
     assert q.shape == (256, 2048) and q.dtype == torch.float8_e4m3fn and sf.shape == (2, 2048)
     (name, values, args), = launches
     assert name == "per_channel_cast_fused"
-    assert values == {"in_dtype": "float32", "hidden": 2048, "expand": False, "round_sf": True}
+    assert values == {"in_dtype": "float32", "hidden": 0, "expand": False, "round_sf": True}
     assert args[0] is x and args[1] is q and args[2] is sf
 
 
@@ -154,7 +154,7 @@ def test_fused_passes_tensors_in_prim_func_order(ops: dict[str, ModuleType], lau
                                                            pos_to_token=pos)
     assert q.shape == (144, 256) and sf.shape == (2, 256)  # ceil(144 / 128) scale rows
     (_, values, args), = launches
-    assert values == {"in_dtype": "float8_e4m3fn", "hidden": 256, "expand": True, "round_sf": False}
+    assert values == {"in_dtype": "float8_e4m3fn", "hidden": 0, "expand": True, "round_sf": False}
     assert [a is b for a, b in zip(args, (x, x_sf, pos, q, sf), strict=True)] == [True] * 5
 
 
@@ -162,7 +162,7 @@ def test_transpose_allocates_transposed_codes(ops: dict[str, ModuleType], launch
     q, sf = ops["per_channel_cast_and_transpose"].per_channel_cast_and_transpose(bf16(256, 128), "e4m3", 32)
     assert q.shape == (128, 256) and q.is_contiguous() and sf.shape == (8, 128)
     (_, values, _), = launches
-    assert values == {"hidden": 128, "npt": 32, "round_sf": False}
+    assert values == {"hidden": 0, "npt": 32, "round_sf": False}
 
 
 @pytest.mark.parametrize(("block", "sf_shape"), [((1, 128), (33, 2)), ((32, 32), (2, 8)), ((128, 128), (1, 2))])

@@ -241,8 +241,8 @@ def test_per_channel_selects_and_launches(quant: Any, stub: tuple[ModuleType, Mo
     q, sf = quant.swiglu_forward_and_per_channel_cast_and_transpose(_x(256), "e4m3", 128, without_transpose=True)
     assert q.shape == (256, 2048) and sf.shape == (2, 2048)
     (_, first, _), (_, second, args) = _launches(stub[1])
-    assert first == {"hidden": 2048, "npt": 32, "without_transpose": False}
-    assert second == {"hidden": 2048, "npt": 128, "without_transpose": True}
+    assert first == {"hidden": 0, "npt": 32, "without_transpose": False}
+    assert second == {"hidden": 0, "npt": 128, "without_transpose": True}
     assert args[-2:] == (math.inf, 0)
 
 

@@ -1,6 +1,7 @@
 """moe.topk_gate: the num_topk largest scores' expert ids per token (TileKernels' ``topk_gate``).
 
-One prebuilt variant per (num_experts, num_topk) of kernel_specs/moe_gate.yaml; num_tokens is
+One prebuilt variant per (num_experts, num_topk) of kernel_specs/moe_gate.yaml, and per num_topk one for
+any num_experts up to 256 that is a multiple of 4 (a runtime size); num_tokens is
 read from the tensor at run time. Ties go to the lower expert id (a stable descending sort);
 NaN scores rank as -inf.
 """
@@ -36,5 +37,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> Plan:
     num_experts = int(scores.shape[1])
     if k > num_experts:
         raise ValueError(f"num_topk: expected at most num_experts ({num_experts}) experts, got {k}")
-    return launch(_kernel.variant(num_experts, k), scores, out(0),
+    # The variant built for this E, else the one for any E up to 256 (grid value 0, a multiple of 4: the launcher's
+    # requires name scores otherwise).
+    launcher = _kernel.find(num_experts, k) or _kernel.variant(0, k)
+    return launch(launcher, scores, out(0),
                   outputs=(empty(torch.int64, size(scores, 0), k),))

@@ -66,27 +66,30 @@ def assert_same_ids(got: torch.Tensor, want: torch.Tensor) -> None:
 
 # --- topk_gate ------------------------------------------------------------------------------
 
-TOPK = built("topk_gate")
+# The variant for any E (grid value 0) at E without a variant of their own: TileKernels' 32, 36, 96, 108, 128 and the
+# largest, 256 - 4; each case carries the E it runs at ("experts").
+TOPK = [{**v, "experts": e} for v in built("topk_gate")
+        for e in ((32, 36, 96, 108, 128, 252) if v["num_experts"] == 0 else (v["num_experts"],))]
 
 
 @pytest.mark.parametrize("num_tokens", TOKENS)
 @pytest.mark.parametrize("v", TOPK, ids=vid)
 def test_topk_gate(v: dict[str, Any], num_tokens: int) -> None:
-    scores = tie_scores(num_tokens, v["num_experts"])
+    scores = tie_scores(num_tokens, v["experts"])
     assert_same_ids(moe.topk_gate(scores, v["num_topk"]), topk_gate_ref(scores, v["num_topk"]))
 
 
 @pytest.mark.parametrize("v", TOPK, ids=vid)
 def test_topk_gate_distinct_scores_nan_and_poison(v: dict[str, Any]) -> None:
-    scores = torch.randn(4001, v["num_experts"], device="cuda")
+    scores = torch.randn(4001, v["experts"], device="cuda")
     scores[::7, ::5] = float("nan")  # NaN ranks as -inf: every id stays a real expert id
     scores[1::7] = float("-inf")
     # Rows 2::7 hold a random permutation of distinct values: random normal rows tie now and then (two equal
     # fp32 draws among a row's top k), and torch.topk orders ties in no stated way.
     plain_rows = scores[2::7].shape[0]
-    scores[2::7] = torch.rand(plain_rows, v["num_experts"], device="cuda").argsort(dim=-1).float() - 100.5
+    scores[2::7] = torch.rand(plain_rows, v["experts"], device="cuda").argsort(dim=-1).float() - 100.5
     out = torch.full((4001, v["num_topk"]), POISON_ID, dtype=torch.int64, device="cuda")
-    runtime.get_kernel("topk_gate").select(**v)(scores, out)
+    runtime.get_kernel("topk_gate").select(**grid(v))(scores, out)
     assert_same_ids(out, topk_gate_ref(scores, v["num_topk"]))
     # Rows without NaN or ties: the same ids as torch.topk (an independent ranking).
     plain = scores[2::7]

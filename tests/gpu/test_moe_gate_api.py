@@ -37,7 +37,8 @@ def gate_call(**changes: Any) -> Any:
 BAD_CALLS: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
     "topk_gate k > E": (lambda: moe.topk_gate(ones(4, 16), 17), ValueError, "num_topk"),
     "topk_gate k = 0": (lambda: moe.topk_gate(ones(4, 16), 0), ValueError, "num_topk"),
-    "topk_gate E not built": (lambda: moe.topk_gate(ones(4, 48), 2), errors.VariantNotFoundError, "num_experts"),
+    "topk_gate E over 256": (lambda: moe.topk_gate(ones(4, 260), 2), ValueError, "scores"),
+    "topk_gate E not a multiple of 4": (lambda: moe.topk_gate(ones(4, 50), 2), ValueError, "scores"),
     "topk_gate bf16": (lambda: moe.topk_gate(ones(4, 64, dtype=torch.bfloat16), 2), errors.KernelArgumentError,
                        "scores"),
     "topk_gate 1-D": (lambda: moe.topk_gate(ones(64), 2), ValueError, "scores"),

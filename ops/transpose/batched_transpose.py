@@ -3,7 +3,8 @@
 Both run the prebuilt ``batched_transpose`` kernel (kernels/transpose/batched_transpose.py.j2):
 one variant per dtype (bfloat16, float32, float8_e4m3fn), with B, M and N read from the
 tensors at run time. The kernel moves whole 64 x 64 tiles, so M and N must be multiples of
-64, and it indexes x as a contiguous tensor.
+64; x's rows may be strided (x[:, :N] of a wider tensor, as TileKernels' tests pass it): unit column
+stride, and row and batch strides that are multiples of 16 elements (rows start 16-byte aligned).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from typing import Any
 
 import torch
 
-from .._op import Plan, empty, launch, multiple, op, out, size
+from .._op import Plan, empty, launch, multiple, op, out, size, stride_multiple
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
 
 __all__ = ["batched_transpose", "transpose"]
 
 TILE = 64  # the kernel's tile edge: M and N must be multiples of it
+STRIDE_MULTIPLE = 16  # x's row and batch strides, in elements (the spec's requires)
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y (M / 64 tiles) and gridDim.z (B)
 
 _kernel = get_kernel("batched_transpose")
@@ -40,25 +42,29 @@ def _check(x: Any, ndim: int, op: str) -> None:
     if batch > MAX_GRID_YZ or m // TILE > MAX_GRID_YZ:
         raise KernelArgumentError(f"{op}: x of shape {tuple(x.shape)} needs more than {MAX_GRID_YZ} thread "
                                   f"blocks along B or M / {TILE}; split x into chunks along that dimension")
-    if not x.is_contiguous():
-        raise KernelArgumentError(f"{op}: x must be contiguous, got shape {tuple(x.shape)} with strides "
-                                  f"{x.stride()}; pass x.contiguous()")
+    strides = x.stride()
+    if x.numel() and (strides[-1] != 1 or any(s % STRIDE_MULTIPLE for s in strides[:-1])):
+        raise KernelArgumentError(f"{op}: x must have unit column stride and row (and batch) strides that are "
+                                  f"multiples of {STRIDE_MULTIPLE} elements, got shape {tuple(x.shape)} with strides "
+                                  f"{strides}; pass x.contiguous()")
 
 
 @op(outputs=("out",), inputs={"x": ()})
 def batched_transpose(x: torch.Tensor) -> Plan:
     """Return x.transpose(-1, -2) as a new contiguous tensor: (B, M, N) -> (B, N, M).
 
-    x: a contiguous CUDA tensor of bfloat16, float32 or float8_e4m3fn, with M and N
-    multiples of 64; B may be 0. Raises ``KernelArgumentError`` (a ``ValueError``) naming
-    x for a bad shape, layout or device, and ``VariantNotFoundError`` for another dtype.
+    x: a CUDA tensor of bfloat16, float32 or float8_e4m3fn, with M and N multiples of 64
+    (B may be 0), unit column stride and row and batch strides multiples of 16 elements.
+    Raises ``KernelArgumentError`` (a ``ValueError``) naming x for a bad shape, layout or device,
+    and ``VariantNotFoundError`` for another dtype.
     out: a contiguous (B, N, M) tensor of x's dtype to write into instead (not overlapping
     x), returned as given; the launcher checks it under the kernel's name for it, y.
     """
     _check(x, 3, "batched_transpose")
     return launch(_kernel.variant(dtype_name(x.dtype)), x, out(0),
                   outputs=(empty(x.dtype, size(x, 0), size(x, 2), size(x, 1)),),
-                  rules=(multiple("x", x, 1, TILE), multiple("x", x, 2, TILE)))
+                  rules=(multiple("x", x, 1, TILE), multiple("x", x, 2, TILE),
+                         stride_multiple("x", x, 0, STRIDE_MULTIPLE), stride_multiple("x", x, 1, STRIDE_MULTIPLE)))
 
 
 def _batch_of_one(y: torch.Tensor) -> torch.Tensor:

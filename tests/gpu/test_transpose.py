@@ -134,6 +134,26 @@ def test_non_contiguous_x_is_refused() -> None:
         tk_transpose.transpose(x[0])
 
 
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize(("m", "n", "width"), [(4032, 576, 1152), (128, 7168, 7168 + 16), (64, 64, 4096)], ids=str)
+def test_strided_rows_are_read_in_place(dtype_name: str, m: int, n: int, width: int) -> None:
+    # x[:, :n] of a wider tensor (TileKernels' tests pass twice the width): rows width elements apart.
+    dtype = DTYPES[dtype_name]
+    wide = torch.randn(m, width, device="cuda").to(dtype)
+    x = wide[:, :n]
+    y = tk_transpose.transpose(x)
+    assert torch.equal(y.view(torch.uint8), x.T.contiguous().view(torch.uint8))
+    batched = torch.randn(3, m, width, device="cuda").to(dtype)[:, :, :n]
+    y = tk_transpose.batched_transpose(batched)
+    assert torch.equal(y.view(torch.uint8), batched.transpose(1, 2).contiguous().view(torch.uint8))
+
+
+def test_row_stride_off_the_vector_grid_is_refused() -> None:
+    x = torch.ones(64, 72, dtype=torch.bfloat16, device="cuda")[:, :64]  # rows 72 elements apart
+    with pytest.raises(ValueError, match=r"\bx\b.*multiples of 16 elements"):
+        tk_transpose.transpose(x)
+
+
 def test_launcher_checks_strides_of_x() -> None:
     """The launcher's own contract check, for callers that bypass the op."""
     x = torch.ones(2, 128, 64, dtype=torch.bfloat16, device="cuda").transpose(1, 2)

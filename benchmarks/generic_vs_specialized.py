@@ -1,5 +1,6 @@
 """A variant built for any hidden against the variants built per hidden, on the same GPU in one run
-(per_token_cast, and moe.expand_to_fused(_with_sf) / moe.reduce_fused).
+(per_token_cast, moe.expand_to_fused(_with_sf) / moe.reduce_fused, and the ``coverage`` section: the SwiGLU casts,
+per_token_cast_back, the per-channel casts, and topk_gate's variant for any E).
 
 Two wheels of tile_kernels_aot cannot share a process, so each is timed in its own, with the same
 timer (benchmarks/bench.py: median kernel time over rotating inputs that defeat the L2 cache):
@@ -69,6 +70,60 @@ def _moe_cases(moe: Any) -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
     return cases
 
 
+# (wheel module, position of hidden (or E) among the values its kernel's find() takes): --generic makes find()
+# answer None for every nonzero one, so that the op takes its variant for any size.
+COVERAGE_FINDS = {
+    "quant._swiglu_forward_and_per_token_cast": 0, "quant._swiglu_backward_and_per_token_cast": 0,
+    "quant._per_token_cast_back": 3, "quant._per_channel_cast": 1, "quant._per_channel_cast_and_transpose": 0,
+    "quant._swiglu_forward_and_per_channel_cast_and_transpose": 0, "moe._topk_gate": 0,
+}
+
+
+def _coverage_cases(quant: Any, moe: Any) -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
+    """(name, op, rotating inputs) of the ops whose variants for any size the coverage work added, at the sizes
+    their specialized variants are built for."""
+    import torch
+    from bench import rotating_inputs
+
+    cases: list[tuple[str, Any, list[tuple[Any, ...]]]] = []
+    # The backward's routing: one expanded row per token, weight 1 column.
+    weight = torch.rand(TOKENS, 1, device="cuda")
+    p2t = torch.arange(TOKENS, dtype=torch.int32, device="cuda")
+    tk2p = p2t.view(TOKENS, 1)
+    for hidden in HIDDEN:
+        for npc in (128, hidden):
+            cases.append((f"swiglu_forward_and_per_token_cast npc={'H' if npc == hidden else npc} H={hidden}",
+                          lambda x, n=npc: quant.swiglu_forward_and_per_token_cast(x, "e4m3", n, round_sf=True),
+                          rotating_inputs(lambda h=hidden: (torch.randn(TOKENS, 2 * h, device="cuda").bfloat16(),))))
+
+        def backward_inputs(h: int = hidden) -> tuple[Any, ...]:
+            q, sf = quant.per_token_cast(torch.randn(TOKENS, 2 * h, device="cuda").bfloat16(), "e4m3", 128)
+            return (q, sf, torch.randn(TOKENS, h, device="cuda").bfloat16())
+
+        cases.append((f"swiglu_backward_and_per_token_cast npc=128 H={hidden}",
+                      lambda q, sf, g: quant.swiglu_backward_and_per_token_cast((q, sf), g, weight, p2t, tk2p, 128),
+                      rotating_inputs(backward_inputs)))
+        for fmt, npc in (("e4m3", 128), ("e2m1", 32)):
+            def codes(h: int = hidden, f: str = fmt, n: int = npc) -> tuple[Any, ...]:
+                return quant.per_token_cast(torch.randn(TOKENS, h, device="cuda").bfloat16(), f, n)
+
+            cases.append((f"per_token_cast_back {fmt} npc={npc} bf16 H={hidden}",
+                          lambda q, sf, n=npc: quant.per_token_cast_back((q, sf), "bf16", n), rotating_inputs(codes)))
+    hidden = 7168  # the per-channel casts' one specialized hidden
+    cases.append((f"per_channel_cast bf16 H={hidden}", lambda x: quant.per_channel_cast(x, "e4m3", 128),
+                  rotating_inputs(lambda: (torch.randn(TOKENS, hidden, device="cuda").bfloat16(),))))
+    cases.append((f"per_channel_cast_and_transpose npt=128 H={hidden}",
+                  lambda x: quant.per_channel_cast_and_transpose(x, "e4m3", 128),
+                  rotating_inputs(lambda: (torch.randn(TOKENS, hidden, device="cuda").bfloat16(),))))
+    cases.append((f"swiglu_forward_and_per_channel_cast_and_transpose npt=128 H={hidden}",
+                  lambda x: quant.swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", 128),
+                  rotating_inputs(lambda: (torch.randn(TOKENS, 2 * hidden, device="cuda").bfloat16(),))))
+    for experts in (64, 72, 256):
+        cases.append((f"moe.topk_gate E={experts} K=6", lambda s: moe.topk_gate(s, 6),
+                      rotating_inputs(lambda e=experts: (torch.randn(4 * TOKENS, e, device="cuda"),))))
+    return cases
+
+
 def _bytes(inputs: tuple[Any, ...], result: Any) -> int:
     from bench import tensor_bytes
 
@@ -97,6 +152,9 @@ def time_cases(label: str, out: Path, generic: bool, only: str = "all") -> None:
         for name in ("_expand", "_reduce"):  # the MoE ops: hidden is their first grid key
             moe_kernel = importlib.import_module(f"tile_kernels_aot.moe.{name}")._kernel
             moe_kernel.find = lambda *values, find=moe_kernel.find: find(*values) if values[0] == 0 else None
+        for module, position in COVERAGE_FINDS.items():
+            kernel = importlib.import_module(f"tile_kernels_aot.{module}")._kernel
+            kernel.find = lambda *values, find=kernel.find, i=position: find(*values) if values[i] == 0 else None
     timer = Timer(Settings(reps=200, warmup=10))
     copy_gb_s = copy_bandwidth(timer)
     results = {"label": label, "gpu": torch.cuda.get_device_name(), "copy_gb_s": copy_gb_s, "cases": {}}
@@ -109,7 +167,9 @@ def time_cases(label: str, out: Path, generic: bool, only: str = "all") -> None:
             us = timer.median_us(lambda x, f=fmt, n=npc, k=flags: quant.per_token_cast(x, f, n, **k), inputs)
             results["cases"][_name(in_dtype, fmt, npc, flags, hidden)] = {"us": us, "bytes": moved}
             print(f"{label}: {_name(in_dtype, fmt, npc, flags, hidden)}: {us:.1f} us", flush=True)
-    for name, fn, inputs in _moe_cases(tile_kernels_aot.moe) if only in ("all", "moe") else ():
+    cases = _moe_cases(tile_kernels_aot.moe) if only in ("all", "moe") else []
+    cases += _coverage_cases(quant, tile_kernels_aot.moe) if only in ("all", "coverage") else []
+    for name, fn, inputs in cases:
         us = timer.median_us(fn, inputs)
         results["cases"][name] = {"us": us, "bytes": _bytes(inputs[0], fn(*inputs[0]))}
         print(f"{label}: {name}: {us:.1f} us", flush=True)
@@ -148,7 +208,7 @@ def main() -> int:
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--generic", action="store_true", help="time the variants for any hidden even where the "
                    "wheel has one built for the case's hidden")
-    t.add_argument("--only", choices=("all", "quant", "moe"), default="all",
+    t.add_argument("--only", choices=("all", "quant", "moe", "coverage"), default="all",
                    help="time the per-token casts or the MoE ops only (a wheel built with --kernel)")
     t.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     m = sub.add_parser("table")

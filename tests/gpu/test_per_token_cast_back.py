@@ -52,6 +52,19 @@ def variant_id(v: Variant) -> str:
 
 
 FULL = list(grid())
+# The variants for any hidden (grid value 0) at hiddens built for none: TileKernels' 576 and 3072 (576 / 128 and
+# 576 / 64 leave a partial last group), 192 and 3584; every npc, one scale per row (npc = hidden) too, every layout.
+GENERIC = [(fmt, npc or hidden, out_dtype, hidden, sf_layout)
+           for fmt, out_dtype, hidden, sf_layout in itertools.product(NPC, OUT, (192, 576, 3072, 3584), LAYOUTS)
+           for npc in (16, 32, 64, 128, 0)]
+
+
+def built(v: Variant) -> dict[str, object]:
+    """The grid values of the variant a call with v's sizes takes (hidden 0 for a hidden built for none)."""
+    fmt, npc, out_dtype, hidden, sf_layout = v
+    generic = hidden not in HIDDEN
+    return {"fmt": fmt, "npc": 0 if npc == hidden else npc, "out_dtype": out_dtype, "hidden": 0 if generic else hidden,
+            "sf_layout": sf_layout}
 
 
 def random_codes(num_tokens: int, hidden: int, fmt: str) -> torch.Tensor:
@@ -111,22 +124,20 @@ def assert_matches_reference(q: torch.Tensor, sf: torch.Tensor, out: torch.Tenso
 
 
 def launch_poisoned(q: torch.Tensor, sf_arg: torch.Tensor, v: Variant) -> torch.Tensor:
-    fmt, npc, out_dtype, hidden, sf_layout = v
+    _, _, out_dtype, hidden, _ = v
     out = torch.full((q.shape[0], hidden), float("nan"), dtype=OUT[out_dtype][0], device="cuda")
-    launch = runtime.get_kernel("per_token_cast_back").select(
-        fmt=fmt, npc=npc, out_dtype=out_dtype, hidden=hidden, sf_layout=sf_layout
-    )
+    launch = runtime.get_kernel("per_token_cast_back").select(**built(v))
     launch(q, sf_arg, out)
     torch.cuda.synchronize()
     return out
 
 
 @pytest.mark.parametrize("num_tokens", [0, 1, 127, 4001])
-@pytest.mark.parametrize("v", FULL, ids=variant_id)
+@pytest.mark.parametrize("v", FULL + GENERIC, ids=variant_id)
 def test_per_token_cast_back(v: Variant, num_tokens: int) -> None:
     fmt, npc, out_dtype, hidden, sf_layout = v
     q = random_codes(num_tokens, hidden, fmt)
-    sf, _ = random_layout_scales(num_tokens, hidden // npc, sf_layout)
+    sf, _ = random_layout_scales(num_tokens, -(-hidden // npc), sf_layout)
     out = quant.per_token_cast_back((q, sf), OUT[out_dtype][1], npc)
     assert_matches_reference(q, sf, out, npc)
     # cast_back with per-token blocks and a torch dtype as fmt take the same path.
@@ -135,12 +146,12 @@ def test_per_token_cast_back(v: Variant, num_tokens: int) -> None:
 
 
 @pytest.mark.parametrize("num_tokens", [1, 3, 127, 4001])
-@pytest.mark.parametrize("v", FULL, ids=variant_id)
+@pytest.mark.parametrize("v", FULL + GENERIC, ids=variant_id)
 def test_launcher_overwrites_poisoned_outputs(v: Variant, num_tokens: int) -> None:
-    """Every output is written, also in the last, partial row tile."""
+    """Every output is written, also in the last, partial row tile (and the last, partial column tile)."""
     fmt, npc, _, hidden, sf_layout = v
     q = random_codes(num_tokens, hidden, fmt)
-    sf, sf_arg = random_layout_scales(num_tokens, hidden // npc, sf_layout)
+    sf, sf_arg = random_layout_scales(num_tokens, -(-hidden // npc), sf_layout)
     out = launch_poisoned(q, sf_arg, v)
     assert not torch.isnan(out).any(), "some outputs were never written"
     assert_matches_reference(q, sf, out, npc)

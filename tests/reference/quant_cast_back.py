@@ -38,18 +38,17 @@ def per_token_cast_back_ref(q: torch.Tensor, sf: torch.Tensor, fmt: str | torch.
     """Reference cast back of (q, sf) to bf16 / fp32 (``fmt``): (T, H) = decode(q) * sf per npc group.
 
     q: float8_e4m3fn (T, H) or int8 (T, H / 2) packed FP4 (element 2i in the low nibble);
-    sf: float32 (T, H / npc) in any strides (row-major or column-major), or int32 UE8M0 words
-    (T, ceil(H / npc / 4)) whose byte g % 4 of word g / 4 decodes to the float with bits b << 23.
+    sf: float32 (T, G) in any strides (row-major or column-major), or int32 UE8M0 words
+    (T, ceil(G / 4)) whose byte g % 4 of word g / 4 decodes to the float with bits b << 23; G = ceil(H / npc),
+    the last group partial where npc does not divide H (as per_token_cast writes it).
     """
     if q.dim() != 2 or sf.dim() != 2:
         raise ValueError(f"q and sf must be 2-D, got shapes {tuple(q.shape)} and {tuple(sf.shape)}")
     code_fmt = in_format(q)
     hidden = q.shape[1] * (2 if code_fmt == "e2m1" else 1)
-    if hidden % npc != 0:
-        raise ValueError(f"npc ({npc}) must divide hidden ({hidden})")
     if sf.dtype not in (torch.float32, torch.int32):
         raise TypeError(f"sf must be float32 scales or int32 UE8M0 words, got {sf.dtype}")
-    groups = hidden // npc
+    groups = -(-hidden // npc)
     width = (groups + 3) // 4 if sf.dtype == torch.int32 else groups
     if tuple(sf.shape) != (q.shape[0], width):
         raise ValueError(f"sf must have shape ({q.shape[0]}, {width}), got {tuple(sf.shape)}")

@@ -174,7 +174,7 @@ def swiglu_forward_and_per_token_cast(
     with_weights, with_pos_to_expert = topk_weights is not None, pos_to_expert is not None
     npc_key = 0 if per_row else 128
     positions, weights, counters = stand_ins = _placeholder_set(x)
-    if pos_to_token_topk is None:
+    if pos_to_token_topk is None or topk_weights is None:
         pos_to_token_topk, topk_weights = positions, weights
     if pos_to_expert is None:
         pos_to_expert = positions

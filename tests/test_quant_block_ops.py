@@ -89,8 +89,21 @@ def test_cast_selects_and_allocates(op: ModuleType, stub: tuple[dict[str, Module
     assert q.shape == (33, q_width) and sf.shape == sf_shape and sf.dtype == torch.float32
     ((name, values, args),) = _launches(stub)
     assert name == "per_block_cast" and values == dict(in_dtype="bfloat16", hidden=2048, fmt=fmt, block_m=block[0],
-                                                       block_k=block[1], round_sf=True, precomputed_sf=False)
+                                                       block_k=block[1], round_sf=True, precomputed_sf=False,
+                                                       sf_layout="row_major")
     assert args[0] is x and args[1] is q and args[2] is sf
+
+
+@pytest.mark.parametrize(("packed", "dtype", "storage"), [(False, torch.float32, (16, 4)), (True, torch.uint8, (4, 4, 4))])
+def test_cast_column_major_scales(op: ModuleType, stub: tuple[dict[str, ModuleType], Any], packed: bool,
+                                  dtype: torch.dtype, storage: tuple[int, ...]) -> None:
+    # 33 tokens: one row of 128 x 128 blocks, padded to 4 in the storage; sf is its transposed view (TileKernels').
+    q, sf = op.per_block_cast(_x(), "e4m3", (128, 128), use_tma_aligned_col_major_sf=True, round_sf=True,
+                              use_packed_ue8m0=packed)
+    assert q.shape == (33, 2048) and sf.shape == (1, 4 if packed else 16) and sf.stride() == (1, 4)
+    ((_, values, args),) = _launches(stub)
+    assert values["sf_layout"] == ("ue8m0" if packed else "col_major")
+    assert args[2].dtype == dtype and tuple(args[2].shape) == storage and args[2].data_ptr() == sf.data_ptr()
 
 
 @pytest.mark.parametrize("num_tokens", [0, 1, 33])
@@ -201,10 +214,13 @@ BAD_CASTS: list[tuple[str, Callable[[ModuleType], Any], type[Exception], str]] =
     ("hidden 64", lambda m: m.per_block_cast(_x(hidden=2080), "e4m3", (32, 32)), ValueError, "x"),
     ("x rank", lambda m: m.per_block_cast(torch.ones(2048), "e4m3", (128, 128)), ValueError, "x"),
     ("x pair", lambda m: m.per_block_cast((_x(), _x()), "e4m3", (128, 128)), NotImplementedError, "x"),
-    ("col major", lambda m: m.per_block_cast(_x(), "e4m3", (128, 128), True), NotImplementedError,
+    ("ue8m0 row-major", lambda m: m.per_block_cast(_x(), "e4m3", (128, 128), use_packed_ue8m0=True, round_sf=True),
+     ValueError, "use_packed_ue8m0"),
+    ("ue8m0 unrounded", lambda m: m.per_block_cast(_x(), "e4m3", (128, 128), True, use_packed_ue8m0=True),
+     ValueError, "use_packed_ue8m0"),
+    ("given col major", lambda m: m.per_block_cast_with_precomputed_sf(_x(), "e4m3", (128, 128), torch.ones(1, 16),
+                                                                        True), NotImplementedError,
      "use_tma_aligned_col_major_sf"),
-    ("ue8m0", lambda m: m.per_block_cast(_x(), "e4m3", (128, 128), use_packed_ue8m0=True), NotImplementedError,
-     "use_packed_ue8m0"),
     ("sf only fmt", lambda m: m.per_block_cast_with_sf_only(_x(), "e3m4", (128, 128)), ValueError, "fmt"),
     ("given sf", lambda m: m.per_block_cast_with_precomputed_sf(_x(), "e4m3", (128, 128), None), TypeError, "sf"),
     ("given block", lambda m: m.per_block_cast_with_precomputed_sf(_x(), "e4m3", (128.0, 128), torch.ones(1, 16)),

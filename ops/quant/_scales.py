@@ -34,13 +34,15 @@ class ColumnMajor(NamedTuple):
     npc: int
     sf_layout: str
     x_columns: int = 1  # x's columns per channel: 2 for the SwiGLU forward, whose x holds both halves
+    block_m: int = 1  # tokens per scale row: a per-block cast's rows of blocks take the tokens' place
 
     def __call__(self, x: torch.Tensor, *_others: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens, hidden = x.shape[0], x.shape[1] // self.x_columns
         e4m3 = self.fmt == "e4m3"
         q = x.new_empty((num_tokens, hidden // (1 if e4m3 else 2)), dtype=torch.float8_e4m3fn if e4m3 else torch.int8)
         width, dtype = scale_width(hidden, self.npc, self.sf_layout)
-        return q, x.new_empty((width, (num_tokens + 3) // 4 * 4), dtype=dtype).T[:num_tokens]
+        rows = -(-num_tokens // self.block_m)
+        return q, x.new_empty((width, (rows + 3) // 4 * 4), dtype=dtype).T[:rows]
 
 
 def column_major_storage(sf: torch.Tensor) -> torch.Tensor:
@@ -63,12 +65,13 @@ def ue8m0_bytes(sf: torch.Tensor) -> torch.Tensor:
     return storage.view(torch.uint8).view(*storage.shape, 4)
 
 
-def check_scales(sf: torch.Tensor, x: torch.Tensor, npc: int, sf_layout: str) -> None:
-    """sf of the dtype and shape the op returns for the flags, or an error naming sf."""
+def check_scales(sf: torch.Tensor, x: torch.Tensor, npc: int, sf_layout: str, block_m: int = 1) -> None:
+    """sf of the dtype and shape the op returns for the flags (one row per block_m tokens), or an error naming sf."""
     num_tokens, hidden = x.shape
     width, dtype = scale_width(hidden, npc, sf_layout)
-    if sf.dtype != dtype or tuple(sf.shape) != (num_tokens, width):
-        raise KernelArgumentError(f"sf: expected {dtype} of shape {(num_tokens, width)} for this layout, "
+    rows = -(-num_tokens // block_m)
+    if sf.dtype != dtype or tuple(sf.shape) != (rows, width):
+        raise KernelArgumentError(f"sf: expected {dtype} of shape {(rows, width)} for this layout, "
                                   f"got {sf.dtype} of shape {tuple(sf.shape)}")
 
 

@@ -1,8 +1,10 @@
 """Per-block casts to FP8 e4m3 or packed FP4 e2m1 with one fp32 scale per (bm x bk) block.
 
 The public API follows TileKernels' ``tile_kernels.quant.per_block_cast`` (and its
-``_with_sf_only`` and ``_with_precomputed_sf`` forms); this build covers plain-tensor inputs
-and the row-major fp32 scale layout. The launcher validates the tensors (dtype, device, shape,
+``_with_sf_only`` and ``_with_precomputed_sf`` forms); this build covers plain-tensor inputs,
+the row-major fp32 scale layout, and for 128 x 128 and 32 x 32 blocks the column-major TMA-aligned
+and packed UE8M0 layouts of per_token_cast (rows of blocks in the place of tokens). The
+launcher validates the tensors (dtype, device, shape,
 strides, alignment) and names the argument in its errors; this module checks the non-tensor
 arguments and the options the build does not cover.
 """
@@ -15,9 +17,11 @@ from typing import Any
 
 import torch
 
-from .._args import matrix, not_built, one_of
-from .._op import Empty, Plan, empty, launch, op, out, size
+from .._args import matrix, not_built, one_of, out_tensors
+from .._op import Empty, Plan, empty, launch, op, size
+from .._op import out as output  # the plans take a parameter named out
 from .._runtime import dtype_name, get_kernel
+from ._scales import ColumnMajor, check_scales, column_major_storage, ue8m0_bytes
 
 __all__ = ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
 
@@ -39,9 +43,10 @@ def _codes(x: torch.Tensor, fmt: str) -> Empty:
 
 
 def _variant(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool,
-             precomputed_sf: bool) -> Callable[..., None]:
-    """The launcher; grid order: in_dtype, hidden, fmt, block_m, block_k, round_sf, precomputed_sf."""
-    return _kernel.variant(dtype_name(x.dtype), int(x.shape[1]), fmt, block_m, block_k, round_sf, precomputed_sf)
+             precomputed_sf: bool, sf_layout: str = "row_major") -> Callable[..., None]:
+    """The launcher; grid order: in_dtype, hidden, fmt, block_m, block_k, round_sf, precomputed_sf, sf_layout."""
+    return _kernel.variant(dtype_name(x.dtype), int(x.shape[1]), fmt, block_m, block_k, round_sf, precomputed_sf,
+                           sf_layout)
 
 
 def _block_size(block_size: object) -> tuple[int, int]:
@@ -58,19 +63,23 @@ def _block_size(block_size: object) -> tuple[int, int]:
     return block_m, block_k
 
 
-def _checked(
-    x: object, fmt: str, block_size: object, use_tma_aligned_col_major_sf: bool, use_packed_ue8m0: bool
-) -> tuple[int, int]:
+def _layout(col_major: bool, round_sf: bool, packed: bool) -> str:
+    """The grid's sf_layout of the flags (UE8M0 needs both of the others), or an error naming the flag."""
+    if packed and not col_major:
+        raise ValueError("use_packed_ue8m0: packed UE8M0 scales are stored column-major; pass "
+                         "use_tma_aligned_col_major_sf=True with it")
+    if packed and not round_sf:
+        raise ValueError("use_packed_ue8m0: a UE8M0 byte holds a power-of-two scale; pass round_sf=True with it")
+    return "ue8m0" if packed else "col_major" if col_major else "row_major"
+
+
+def _checked(x: object, fmt: str, block_size: object) -> tuple[int, int]:
     """Check the arguments every form shares; returns (block_m, block_k)."""
     if isinstance(x, tuple):
         raise _not_built("x", "re-quantization of a (data, sf) pair")
     x = matrix("x", x)
     one_of("fmt", fmt, _FORMATS)
     block_m, block_k = _block_size(block_size)
-    if use_tma_aligned_col_major_sf:
-        raise _not_built("use_tma_aligned_col_major_sf", "the column-major TMA-aligned scale layout")
-    if use_packed_ue8m0:
-        raise _not_built("use_packed_ue8m0", "the packed UE8M0 scale layout")
     hidden = int(x.shape[1])
     if hidden % 64 != 0:
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of 64")
@@ -90,6 +99,8 @@ def per_block_cast(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    *,
+    out: object = None,
 ) -> Plan:
     """Cast x (num_tokens, hidden) to FP8/FP4 with one scale per (block_m, block_k) block.
 
@@ -100,23 +111,34 @@ def per_block_cast(
         fmt: ``'e4m3'`` (FP8) or ``'e2m1'`` (FP4, two codes per int8).
         block_size: ``(block_m, block_k)``: tokens and channels sharing one scale factor,
             each 32 or 128.
-        use_tma_aligned_col_major_sf: column-major, TMA-aligned scales; not built (must be False).
+        use_tma_aligned_col_major_sf: sf column-major over a (G, align(ceil(T / block_m), 4))
+            storage, as TileKernels returns it (128 x 128 and 32 x 32 blocks).
         round_sf: round each scale up to a power of two.
-        use_packed_ue8m0: UE8M0 exponents packed into int32; not built (must be False).
+        use_packed_ue8m0: sf as int32 words of four UE8M0 exponents, column-major as above (needs
+            use_tma_aligned_col_major_sf and round_sf).
         out: ``(q, sf)`` to write into instead of allocating, each exactly as this call would
-            return it (dtype, shape, contiguous; e.g. the pair of an earlier call), not
-            overlapping x. Every element is written. Returned as given.
+            return it (dtype, shape, layout; e.g. the pair of an earlier call), not
+            overlapping x. Every element is written (not a column-major storage's padding). Returned as given.
 
     Returns:
         ``(q, sf)``: q is float8_e4m3fn (num_tokens, hidden) for e4m3, or int8
         (num_tokens, hidden / 2) for e2m1 (element 2i in the low nibble, 2i + 1 in the high
-        one); sf is float32 (ceil(num_tokens / block_m), hidden / block_k), row-major, so that
+        one); sf is float32 (ceil(num_tokens / block_m), hidden / block_k), row- or column-major,
+        or int32 UE8M0 words (ceil(num_tokens / block_m), ceil(hidden / block_k / 4)), so that
         ``decode(q) * sf`` (per block) approximates x.
     """
-    block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
-    sf_rows = size(x, 0, plus=block_m - 1, per=block_m)  # ceil(T / block_m)
-    return launch(_variant(x, fmt, block_m, block_k, bool(round_sf), False), x, out(0), out(1),
-                  outputs=(_codes(x, fmt), empty(torch.float32, sf_rows, int(x.shape[1]) // block_k)))
+    block_m, block_k = _checked(x, fmt, block_size)
+    sf_layout = _layout(use_tma_aligned_col_major_sf, bool(round_sf), use_packed_ue8m0)
+    launcher = _variant(x, fmt, block_m, block_k, bool(round_sf), False, sf_layout)
+    if sf_layout == "row_major":
+        sf_rows = size(x, 0, plus=block_m - 1, per=block_m)  # ceil(T / block_m)
+        return launch(launcher, x, output(0), output(1),
+                      outputs=(_codes(x, fmt), empty(torch.float32, sf_rows, int(x.shape[1]) // block_k)))
+    if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
+        check_scales(out_tensors(out, ("q", "sf"))[1], x, block_k, sf_layout, block_m)
+    view = column_major_storage if sf_layout == "col_major" else ue8m0_bytes
+    return launch(launcher, x, output(0), output(1, view=view),
+                  outputs=ColumnMajor(fmt, block_k, sf_layout, block_m=block_m))  # type: ignore[arg-type]
 
 
 def per_block_cast_with_sf_only(
@@ -153,17 +175,21 @@ def per_block_cast_with_precomputed_sf(
         block_size: ``(block_m, block_k)``, each 32 or 128.
         sf: float32 (ceil(num_tokens / block_m), hidden / block_k), contiguous, e.g. from
             ``per_block_cast_with_sf_only``; used as given.
-        use_tma_aligned_col_major_sf: not built (must be False).
+        use_tma_aligned_col_major_sf: given scales column-major; not built (must be False).
         round_sf: has no effect: sf is used as given (as in TileKernels).
-        use_packed_ue8m0: not built (must be False).
+        use_packed_ue8m0: given UE8M0 scales; not built (must be False).
         out: a contiguous q of this call's dtype and shape to write into instead of allocating
             (not overlapping x or sf), returned as given.
 
     Returns:
         q: float8_e4m3fn (num_tokens, hidden) or packed FP4 int8 (num_tokens, hidden / 2).
     """
-    block_m, block_k = _checked(x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0)
+    block_m, block_k = _checked(x, fmt, block_size)
+    if use_tma_aligned_col_major_sf:
+        raise _not_built("use_tma_aligned_col_major_sf", "given scales in the column-major layout")
+    if use_packed_ue8m0:
+        raise _not_built("use_packed_ue8m0", "given scales in the packed UE8M0 layout")
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"sf: expected a float32 torch.Tensor of per-block scales, got {type(sf).__name__}")
     # The launcher checks sf's dtype, shape and layout (an input here) and out's as q's.
-    return launch(_variant(x, fmt, block_m, block_k, False, True), x, out(0), sf, outputs=(_codes(x, fmt),))
+    return launch(_variant(x, fmt, block_m, block_k, False, True), x, output(0), sf, outputs=(_codes(x, fmt),))

@@ -80,6 +80,7 @@ def launch_poisoned(x: torch.Tensor, v: Variant) -> tuple[torch.Tensor, torch.Te
         block_k=block_k,
         round_sf=round_sf,
         precomputed_sf=False,
+        sf_layout="row_major",
     )
     launch(x, q, sf)
     torch.cuda.synchronize()
@@ -103,6 +104,42 @@ def test_launcher_overwrites_poisoned_outputs(v: Variant, num_tokens: int) -> No
     q, sf = launch_poisoned(x, v)
     assert not torch.isnan(sf).any(), "some scale factors were never written"
     assert_matches_reference(x, q, sf, v[1], v[2], v[3])
+
+
+# --- the column-major layouts (TileKernels' GEMM blocks, 128 x 128 and 32 x 32) ----------------------------------
+
+LAYOUT_CASES = [(h, f, b, r, layout) for h, f, b, r in FULL if b in ((128, 128), (32, 32))
+                for layout in ("col_major", "ue8m0") if r or layout == "col_major"]
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 129, 4001])
+@pytest.mark.parametrize("v", LAYOUT_CASES, ids=lambda v: variant_id(v[:4]) + f"-{v[4]}")
+def test_column_major_layouts(v: tuple[int, str, tuple[int, int], bool, str], num_tokens: int) -> None:
+    """The codes and scale values of the row-major cast, in the storage TileKernels returns (poisoned first): fp32
+    column-major (G, align(ceil(T / block_m), 4)), or its UE8M0 exponents four to an int32 word."""
+    hidden, fmt, block_size, round_sf, layout = v
+    x = random_rows(num_tokens, hidden)
+    x[num_tokens // 2:num_tokens // 2 + 1, 3] = float("nan")  # a NaN block: sf NaN, its UE8M0 byte 0xFF
+    rows, groups = -(-num_tokens // block_size[0]), hidden // block_size[1]
+    padded = -(-rows // 4) * 4
+    q_out, _ = poisoned_outputs(num_tokens, hidden, fmt, block_size)
+    if layout == "col_major":
+        sf_out = torch.full((groups, padded), float("nan"), device="cuda").T[:rows]
+    else:
+        sf_out = torch.full((-(-groups // 4), padded), 0x7F7F7F7F, dtype=torch.int32, device="cuda").T[:rows]
+    q, sf = quant.per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf=True, round_sf=round_sf,
+                                 use_packed_ue8m0=layout == "ue8m0", out=(q_out, sf_out))
+    assert q is q_out and sf is sf_out
+    ref_q, ref_sf = per_block_cast_ref(x, fmt, block_size, round_sf)
+    if layout == "col_major":
+        assert_same_codes_and_scales(q, sf.contiguous(), ref_q, ref_sf)
+        return
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device="cuda")
+    got = ((sf.unsqueeze(-1) >> shifts) & 0xFF).reshape(rows, -1)
+    want = (ref_sf.view(torch.int32) >> 23) & 0xFF
+    want = torch.where(ref_sf.isnan(), torch.full_like(want, 0xFF), want)
+    assert torch.equal(got[:, :groups], want) and bool((got[:, groups:] == 0).all())
 
 
 @pytest.mark.parametrize("v", [v for v in FULL if v[0] == 2048], ids=variant_id)

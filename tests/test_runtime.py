@@ -84,6 +84,35 @@ def test_a_kernel_imports_a_variants_launcher_on_its_first_use(package: ModuleTy
         sys.modules.update(saved)
 
 
+def test_a_variants_first_use_may_come_under_torch_compile(package: ModuleType) -> None:
+    """A process whose first call of an op is traced by torch.compile(fullgraph=True) loads the variant's launcher
+    then: the import runs for real (dynamo cannot trace one) and the launcher is a constant of the graph. (On this
+    machine the traced graph then runs the launcher on CPU tensors, which it refuses naming x: past the trace.)"""
+    import sys
+
+    import torch
+
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    kernel = runtime.get_kernel("per_token_cast")
+    saved_launchers = dict(kernel._launchers)
+    modules = {name: sys.modules.pop(name) for name in list(sys.modules)
+               if name.startswith("tkc_small_kernels._kernels.per_token_cast.")}
+    kernel._launchers.clear()
+    try:
+        torch._dynamo.reset()
+        cast = torch.compile(lambda x: package.quant.per_token_cast(x, "e4m3", 128, round_sf=True), fullgraph=True,
+                             backend="eager")
+        with pytest.raises(errors.KernelError, match=r"\bx\b"):
+            cast(torch.zeros(4, 2048, dtype=torch.bfloat16))
+        assert any(name.startswith("tkc_small_kernels._kernels.per_token_cast.") for name in sys.modules)
+    finally:
+        kernel._launchers.clear()
+        kernel._launchers.update(saved_launchers)
+        sys.modules.update(modules)
+        torch._dynamo.reset()
+
+
 def test_variant_takes_the_grid_values_in_order(package: ModuleType) -> None:
     runtime = importlib.import_module("tkc_small_kernels._runtime")
     errors = importlib.import_module("tkc_small_kernels.errors")

@@ -21,7 +21,7 @@ from .._args import matrix, one_of, out_tensors, positive_int, real
 from .._op import Plan, Result, Rule, empty, launch, op, result, same_size, size
 from .._op import out as output  # the plan takes a parameter named out
 from .._runtime import get_kernel
-from ._scales import ColumnMajor, check_scales, column_major_storage, ue8m0_bytes
+from ._scales import ColumnMajor, check_scales, column_major_storage, scale_width, ue8m0_bytes
 
 __all__ = ["swiglu_forward_and_per_token_cast"]
 
@@ -208,21 +208,35 @@ def _counted_call(x: torch.Tensor, pos_to_token_topk: torch.Tensor, topk_weights
                   pos_to_expert: torch.Tensor, clamped_count: torch.Tensor, clamp: float, round_sf: bool,
                   amax_floor: float, per_row: bool, sf_layout: str, with_weights: bool, with_pos_to_expert: bool,
                   rules: list[Rule], given: object) -> Result:
-    """The call with clamped_count: (q, sf) allocated (or out=), then the in-place counted op writes all three."""
+    """The call with clamped_count: (q, sf) allocated (or out=), then the in-place counted op writes all three.
+
+    The kernel's view of a column-major sf is made from the storage allocated here, so that torch.compile can
+    trace it; under torch.compile an out= is written by a copy, as the op layer does for every op.
+    """
     hidden = int(x.shape[1]) // 2
     npc = hidden if per_row else 128
     for rule in rules:  # the positions' lengths, which the in-place op does not check
         if not rule.holds():
             raise rule.error()
-    if given is not None:
+    compiling = torch.compiler.is_compiling()
+    if given is not None and not compiling:
         q, sf = out_tensors(given, ("q", "sf"))
         check_scales(sf, x[:, :hidden], npc, sf_layout)
-    elif sf_layout == "row_major":
-        q = x.new_empty((x.shape[0], hidden), dtype=torch.float8_e4m3fn)
-        sf = x.new_empty((x.shape[0], hidden // npc), dtype=torch.float32)
+        view = _scales_view(sf_layout)
+        kernel_sf = sf if view is None else view(sf)
     else:
-        q, sf = ColumnMajor("e4m3", npc, sf_layout, x_columns=2)(x)
-    view = _scales_view(sf_layout)
-    _counted(x, q, sf if view is None else view(sf), pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
-             clamp, int(bool(round_sf)), amax_floor, per_row, sf_layout, with_weights, with_pos_to_expert)
+        rows = int(x.shape[0])
+        q = x.new_empty((rows, hidden), dtype=torch.float8_e4m3fn)
+        if sf_layout == "row_major":
+            sf = kernel_sf = x.new_empty((rows, hidden // npc), dtype=torch.float32)
+        else:
+            width, dtype = scale_width(hidden, npc, sf_layout)
+            storage = x.new_empty((width, (rows + 3) // 4 * 4), dtype=dtype)
+            sf = storage.T[:rows]
+            kernel_sf = storage if sf_layout == "col_major" else storage.view(torch.uint8).view(*storage.shape, 4)
+    _counted(x, q, kernel_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count, clamp,
+             int(bool(round_sf)), amax_floor, per_row, sf_layout, with_weights, with_pos_to_expert)
+    if given is not None and compiling:
+        targets = out_tensors(given, ("q", "sf"))
+        q, sf = targets[0].copy_(q), targets[1].copy_(sf)
     return result((q, sf))

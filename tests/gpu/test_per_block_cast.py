@@ -136,7 +136,7 @@ def test_column_major_layouts(v: tuple[int, str, tuple[int, int], bool, str], nu
         return
     assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
     shifts = torch.arange(0, 32, 8, dtype=torch.int32, device="cuda")
-    got = ((sf.unsqueeze(-1) >> shifts) & 0xFF).reshape(rows, -1)
+    got = ((sf.unsqueeze(-1) >> shifts) & 0xFF).reshape(rows, 4 * sf.shape[1])
     want = (ref_sf.view(torch.int32) >> 23) & 0xFF
     want = torch.where(ref_sf.isnan(), torch.full_like(want, 0xFF), want)
     assert torch.equal(got[:, :groups], want) and bool((got[:, groups:] == 0).all())
@@ -249,6 +249,7 @@ def test_precomputed_sf(v: tuple[int, str, tuple[int, int]], num_tokens: int) ->
         block_k=block_size[1],
         round_sf=False,
         precomputed_sf=True,
+        sf_layout="row_major",
     )
     launch(x, q, sf)
     torch.cuda.synchronize()
@@ -373,17 +374,18 @@ def test_bad_fmt_is_refused(fmt: str) -> None:
     ],
 )
 def test_unbuilt_layouts_are_refused(flag: str, kwargs: dict[str, object]) -> None:
+    """Given scales are read row-major only (the cast itself writes every layout)."""
     x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(NotImplementedError, match=rf"{flag}.*spec"):
-        quant.per_block_cast(x, "e4m3", (128, 128), **kwargs)
+        quant.per_block_cast_with_precomputed_sf(x, "e4m3", (128, 128), torch.ones(1, 16, device="cuda"), **kwargs)
 
 
 def test_launcher_checks_output_shapes() -> None:
     x = random_rows(33, 2048)
     q, sf = poisoned_outputs(33, 2048, "e2m1", (32, 32))
     launch = runtime.get_kernel("per_block_cast").select(
-        in_dtype="bfloat16", hidden=2048, fmt="e2m1", block_m=32, block_k=32, round_sf=False, precomputed_sf=False
-    )
+        in_dtype="bfloat16", hidden=2048, fmt="e2m1", block_m=32, block_k=32, round_sf=False, precomputed_sf=False,
+        sf_layout="row_major")
     with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
         launch(x, q, sf[:1])  # one row of blocks short: 33 tokens need 2
     with pytest.raises(errors.KernelArgumentError, match=r"\bq\b"):

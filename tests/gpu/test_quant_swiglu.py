@@ -274,13 +274,14 @@ def poisoned_out(rows: int, hidden: int, npc: int, layout: str) -> tuple[torch.T
     return q, words.T[:rows]
 
 
-def scale_values(sf: torch.Tensor, groups: int, layout: str) -> torch.Tensor:
-    """The fp32 scales (rows, groups) of sf in the layout; for UE8M0 the bytes after the last group's must be 0."""
+def scale_values(sf: torch.Tensor, groups: int, layout: str, written: torch.Tensor) -> torch.Tensor:
+    """The fp32 scales (rows, groups) of sf in the layout; for UE8M0 the bytes after the last group's must be 0 in
+    the rows the kernel writes (``written``: skipped rows keep what they held)."""
     if layout != "ue8m0":
         return sf
     shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=sf.device)
-    exponents = ((sf.unsqueeze(-1) >> shifts) & 0xFF).reshape(sf.shape[0], -1)
-    assert bool((exponents[:, groups:] == 0).all()), "UE8M0 bytes after the last group are not zero"
+    exponents = ((sf.unsqueeze(-1) >> shifts) & 0xFF).reshape(sf.shape[0], 4 * sf.shape[1])
+    assert bool((exponents[written][:, groups:] == 0).all()), "UE8M0 bytes after the last group are not zero"
     return (exponents[:, :groups] << 23).contiguous().view(torch.float32)
 
 
@@ -309,7 +310,7 @@ def run_generic(hidden: int, npc: int, layout: str, with_weights: bool, with_pos
     ref_q, ref_sf = swiglu_forward_and_per_token_cast_ref(x, npc, p2t, w, round_sf, clamp, sf_clamp_min)
     if not bool(keep.all()):  # skipped rows are never written
         assert bool((q[~keep].view(torch.uint8) == POISON_BYTE).all())
-    values = scale_values(sf, hidden // npc, layout)
+    values = scale_values(sf, hidden // npc, layout, keep)
     assert_per_token_close(q[keep], values[keep].contiguous(), ref_q[keep], ref_sf[keep], npc)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -295,10 +296,27 @@ class Kernel:
         """Import the launcher module of the variant built for ``key`` (once; importing is thread-safe)."""
         module_name = self.modules[key]
         folder = f"{self.name}.{self.arch}" if self.arch else self.name
-        module = importlib.import_module(f"{__package__}._kernels.{folder}.{module_name}")
-        launcher: Callable[..., None] = getattr(module, module_name)
-        self._launchers[key] = launcher
+        path = f"{__package__}._kernels.{folder}.{module_name}"
+        _import(path)
+        launcher: Callable[..., None] = getattr(sys.modules[path], module_name)
+        # Remembered eagerly only: under torch.compile the store would be a side effect on the real dict that dynamo
+        # replays after the graph, which it cannot for a launcher it got as a constant (the next eager use stores it).
+        if not torch.compiler.is_compiling():
+            self._launchers[key] = launcher
         return launcher
+
+
+def _import(module: str) -> bool:
+    """Import a launcher module (once: later calls find it in sys.modules)."""
+    importlib.import_module(module)
+    return True
+
+
+# A variant's first use may come while torch.compile traces an op, which cannot trace an import: dynamo calls
+# _import for real and keeps its answer as a constant (torch.compiler.assume_constant_result, without importing
+# torch._dynamo at import), as it does for process_arch and the op layer's template ids; the launcher is then read
+# from sys.modules, which dynamo can trace and guard (a function returned as a constant it could not).
+_import._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _grid_key(name: str, keys: tuple[str, ...], values: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -516,7 +516,7 @@ def test_backward_nan(v: tuple[int, int, bool], clamp: float | None) -> None:
 
 # --- swiglu_forward_and_per_channel_cast_and_transpose ---------------------------------------
 
-# 7168 has variants of its own; the others take the variants for any hidden (576: TileKernels' odd one).
+# Every hidden takes the variants for any hidden (576: TileKernels' odd one).
 PER_CHANNEL = [(h, npt, r, nt) for h in (*HIDDEN, 576, 3072) for npt in (32, 128) for r in (False, True)
                for nt in (False, True)]
 
@@ -534,7 +534,7 @@ def run_per_channel(v: tuple[int, int, bool, bool], num_tokens: int, clamp: floa
         q = torch.full(shape, POISON_BYTE, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
         sf = torch.full((num_tokens // npt, hidden), float("nan"), device="cuda")
         launch = runtime.get_kernel("swiglu_forward_and_per_channel_cast_and_transpose").select(
-            hidden=hidden if hidden == 7168 else 0, npt=npt, without_transpose=without_transpose)
+            hidden=0, npt=npt, without_transpose=without_transpose)
         launch(x, q, sf, float("inf") if clamp is None else clamp, int(round_sf))
     else:
         q, sf = quant.swiglu_forward_and_per_channel_cast_and_transpose(

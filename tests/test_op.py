@@ -486,3 +486,15 @@ def test_declaring_ops_imports_no_compiler(toy: tuple[ModuleType, ModuleType]) -
               "print('torch._dynamo' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_placeholders_are_one_set_per_device_and_key(toy: tuple[ModuleType, ModuleType]) -> None:
+    args = importlib.import_module(f"{PACKAGE}._args")
+    cache: dict[object, tuple[torch.Tensor, ...]] = {}
+    x = torch.zeros(3)
+    first = args.placeholders(cache, x, ((1,), torch.int32), ((0, 2), torch.float32), key=2)
+    assert [(tuple(t.shape), t.dtype) for t in first] == [((1,), torch.int32), ((0, 2), torch.float32)]
+    assert first[0] is not first[1]
+    assert args.placeholders(cache, torch.ones(5), ((1,), torch.int32), ((0, 2), torch.float32), key=2) is first
+    other = args.placeholders(cache, x, ((1,), torch.int32), key=3)
+    assert other is not first and list(cache) == [(-1, 2), (-1, 3)]  # CPU tensors: device -1

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .._args import matrix, one_of
+from .._args import matrix, one_of, placeholders
 from .._op import Plan, empty, launch, op, out, pair, same_size, size, size_is
 from .._runtime import dtype_name, get_kernel
 from ._expand import expand_to_fused
@@ -41,7 +41,7 @@ OUT_DTYPES = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, FP8:
 # passed for the parameters a call leaves out. They have no memory to write or read, so one set per
 # device serves every call (the plan's constants: no allocation per call, and they live across CUDA
 # graph captures, which never touch them).
-_nothing: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_nothing: dict[object, tuple[torch.Tensor, ...]] = {}
 
 
 def _vector(name: str, t: object, length: int, what: str) -> torch.Tensor:
@@ -51,15 +51,6 @@ def _vector(name: str, t: object, length: int, what: str) -> torch.Tensor:
         raise ValueError(f"{name}: expected a float32 tensor of shape ({length},) {what}, got {t.dtype} "
                          f"{tuple(t.shape)}")
     return t
-
-
-def _placeholders(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    nothing = _nothing.get(x.get_device())
-    if nothing is None:  # also for CPU tensors (-1), which the launcher then refuses by name
-        nothing = _nothing[x.get_device()] = (x.new_empty((0,), dtype=torch.float32),
-                                              x.new_empty((0, 0), dtype=torch.float32),
-                                              x.new_empty((0,), dtype=torch.float32))
-    return nothing
 
 
 # Keyed: x's hidden, with x_sf, topk_weights and sf each keyed by whether it is given (dispatch keys an
@@ -103,7 +94,8 @@ def reduce_fused(
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of {HIDDEN_MULTIPLE}")
     if x.dtype not in OUT_DTYPES:
         raise TypeError(f"x: expected bfloat16, float32 or float8_e4m3fn rows, got {x.dtype}")
-    no_x_sf, no_weights, no_sf = nothing = _placeholders(x)
+    no_x_sf, no_weights, no_sf = nothing = placeholders(
+        _nothing, x, ((0,), torch.float32), ((0, 0), torch.float32), ((0,), torch.float32))
     rules = []
     if x_sf is not None:
         x_sf = _vector("x_sf", x_sf, int(x.shape[0]), "(num_expanded_tokens,)")

@@ -22,7 +22,7 @@ import operator
 
 import torch
 
-from .._args import matrix, one_of, positive_int
+from .._args import matrix, one_of, placeholders, positive_int
 from .._op import Plan, Result, empty, launch, op, result, size, size_is
 from .._op import out as output
 from .._runtime import get_kernel
@@ -194,19 +194,12 @@ def _flags(name: str, t: object, num_tokens: int) -> torch.Tensor:
 # device index, num_topk -> tensors of no elements for the masked kernel's absent tensors: to_physical_map (0, 1),
 # logical_count (0,), mask (0,), fix_routing_mask (0,), unmapped_topk_idx (0, num_topk). One set per device and K
 # serves every call (the plan's constants), distinct tensors since dispatch replays inputs by position.
-_nothing: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+_nothing: dict[object, tuple[torch.Tensor, ...]] = {}
 
 
 def _placeholders(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
-    key = (logits.get_device(), k)
-    nothing = _nothing.get(key)
-    if nothing is None:
-        nothing = _nothing[key] = (logits.new_empty((0, 1), dtype=torch.int32),
-                                   logits.new_empty((0,), dtype=torch.int32),
-                                   logits.new_empty((0,), dtype=torch.bool),
-                                   logits.new_empty((0,), dtype=torch.bool),
-                                   logits.new_empty((0, k), dtype=torch.int64))
-    return nothing
+    return placeholders(_nothing, logits, ((0, 1), torch.int32), ((0,), torch.int32), ((0,), torch.bool),
+                        ((0,), torch.bool), ((0, k), torch.int64), key=k)
 
 
 def _routed_with_masks(logits: torch.Tensor, bias: torch.Tensor, maps: tuple[torch.Tensor, ...],

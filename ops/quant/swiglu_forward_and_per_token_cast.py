@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._args import matrix, one_of, out_tensors, positive_int, real
+from .._args import matrix, one_of, out_tensors, placeholders, positive_int, real
 from .._op import Plan, Result, Rule, empty, launch, op, result, same_size, size
 from .._op import out as output  # the plan takes a parameter named out
 from .._runtime import get_kernel
@@ -27,11 +27,9 @@ __all__ = ["swiglu_forward_and_per_token_cast"]
 
 _kernel = get_kernel("swiglu_forward_and_per_token_cast")
 
-# Per device index: the 1-element (int32 positions, fp32 (1, 1) weights, int64 counters) placeholders
-# passed for absent optional tensors, which the variant built without them never reads. Nothing reads
-# or writes them, so one set per device serves every call: no allocation per call, and dispatch
-# replays a call with them as constants.
-_placeholders: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+# Stand-ins for absent optional tensors (placeholders): 1-element int32 positions, fp32 (1, 1) weights, int64
+# counters, one set per device.
+_stand_ins: dict[object, tuple[torch.Tensor, ...]] = {}
 _AMAX_FLOOR = 1e-4  # e4m3's amax floor (TileKernels' clamp_min_value), unless sf_clamp_min replaces it
 
 
@@ -42,16 +40,6 @@ def _positions(name: str, t: object, rows: int) -> torch.Tensor:
     if t.dim() != 1 or int(t.shape[0]) != rows:
         raise ValueError(f"{name}: expected shape ({rows},) (one entry per row of x), got {tuple(t.shape)}")
     return t
-
-
-def _placeholder_set(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The device's (int32 (1,), fp32 (1, 1), int64 (1,)) stand-ins for absent optional tensors."""
-    stand_ins = _placeholders.get(x.get_device())
-    if stand_ins is None:  # also for CPU tensors (-1), which the launcher then refuses by name
-        stand_ins = _placeholders[x.get_device()] = (x.new_empty((1,), dtype=torch.int32),
-                                                     x.new_empty((1, 1), dtype=torch.float32),
-                                                     x.new_empty((1,), dtype=torch.int64))
-    return stand_ins
 
 
 def _scales_view(sf_layout: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -173,7 +161,8 @@ def swiglu_forward_and_per_token_cast(
 
     with_weights, with_pos_to_expert = topk_weights is not None, pos_to_expert is not None
     npc_key = 0 if per_row else 128
-    positions, weights, counters = stand_ins = _placeholder_set(x)
+    positions, weights, counters = stand_ins = placeholders(
+        _stand_ins, x, ((1,), torch.int32), ((1, 1), torch.float32), ((1,), torch.int64))
     if pos_to_token_topk is None or topk_weights is None:
         pos_to_token_topk, topk_weights = positions, weights
     if pos_to_expert is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -127,3 +128,17 @@ def copied_into(out: object, names: Sequence[str], result: Sequence[torch.Tensor
     for target, value in zip(targets, result, strict=True):
         target.copy_(value)
     return targets
+
+
+def placeholders(cache: dict[Any, tuple[torch.Tensor, ...]], x: torch.Tensor,
+                 *tensors: tuple[tuple[int, ...], torch.dtype], key: object = None) -> tuple[torch.Tensor, ...]:
+    """Stand-ins for a call's absent optional tensors: one set per device of x (and ``key``), of these (shape,
+    dtype), allocated on first use, so that a call allocates none and dispatch replays it with them as constants
+    (distinct tensors: dispatch replays inputs by position). The variant built without a tensor never reads its
+    stand-in. A CPU x gets a set too (device -1), which the launcher then refuses by name."""
+    index = (x.get_device(), key)
+    found = cache.get(index)
+    if found is None:
+        found = cache[index] = tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in tensors)
+    return found
+

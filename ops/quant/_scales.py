@@ -7,6 +7,7 @@ A helper of the quant op modules (tkc copies ``ops/quant/_*.py`` beside them int
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -14,8 +15,19 @@ import torch
 from .._args import column_storage
 from ..errors import KernelArgumentError
 
-__all__ = ["ColumnMajor", "check_scales", "column_major_storage", "given_scales", "scale_width", "ue8m0_bytes",
-           "ue8m0_values"]
+__all__ = ["ColumnMajor", "check_scales", "column_major_storage", "given_scales", "scale_layout", "scale_width",
+           "storage_view", "ue8m0_bytes", "ue8m0_values", "word_bytes"]
+
+
+def scale_layout(col_major: bool, round_sf: bool, packed: bool) -> str:
+    """The sf_layout grid value of the three flags (use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0), or a
+    ValueError naming the flag: UE8M0 needs both of the others (KERNELS.md)."""
+    if packed and not col_major:
+        raise ValueError("use_packed_ue8m0: packed UE8M0 scales are stored column-major; pass "
+                         "use_tma_aligned_col_major_sf=True with it")
+    if packed and not round_sf:
+        raise ValueError("use_packed_ue8m0: a UE8M0 byte holds a power-of-two scale; pass round_sf=True with it")
+    return "ue8m0" if packed else "col_major" if col_major else "row_major"
 
 
 def scale_width(hidden: int, npc: int, sf_layout: str) -> tuple[int, torch.dtype]:
@@ -37,12 +49,17 @@ class ColumnMajor(NamedTuple):
     block_m: int = 1  # tokens per scale row: a per-block cast's rows of blocks take the tokens' place
 
     def __call__(self, x: torch.Tensor, *_others: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, storage = self.storage(x)
+        return q, storage.T[:-(-int(x.shape[0]) // self.block_m)]
+
+    def storage(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, the (columns, align(rows, 4)) storage of sf): for callers that hand the kernel the storage itself."""
         num_tokens, hidden = x.shape[0], x.shape[1] // self.x_columns
         e4m3 = self.fmt == "e4m3"
         q = x.new_empty((num_tokens, hidden // (1 if e4m3 else 2)), dtype=torch.float8_e4m3fn if e4m3 else torch.int8)
         width, dtype = scale_width(hidden, self.npc, self.sf_layout)
         rows = -(-num_tokens // self.block_m)
-        return q, x.new_empty((width, (rows + 3) // 4 * 4), dtype=dtype).T[:rows]
+        return q, x.new_empty((width, (rows + 3) // 4 * 4), dtype=dtype)
 
 
 def column_major_storage(sf: torch.Tensor) -> torch.Tensor:
@@ -61,8 +78,17 @@ def column_major_storage(sf: torch.Tensor) -> torch.Tensor:
 
 def ue8m0_bytes(sf: torch.Tensor) -> torch.Tensor:
     """What the kernel takes for UE8M0 words sf: the bytes (columns, P, 4) of their storage."""
-    storage = column_major_storage(sf)
+    return word_bytes(column_major_storage(sf))
+
+
+def word_bytes(storage: torch.Tensor) -> torch.Tensor:
+    """The bytes (columns, P, 4) of an int32 (columns, P) storage of UE8M0 words."""
     return storage.view(torch.uint8).view(*storage.shape, 4)
+
+
+def storage_view(sf_layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What the kernel takes for an sf of a column-major layout: the fp32 storage, or the bytes of the words'."""
+    return column_major_storage if sf_layout == "col_major" else ue8m0_bytes
 
 
 def check_scales(sf: torch.Tensor, x: torch.Tensor, npc: int, sf_layout: str, block_m: int = 1) -> None:

@@ -21,7 +21,7 @@ from .._args import matrix, not_built, one_of, out_tensors
 from .._op import Empty, Plan, empty, launch, op, size
 from .._op import out as output  # the plans take a parameter named out
 from .._runtime import dtype_name, get_kernel
-from ._scales import ColumnMajor, check_scales, column_major_storage, ue8m0_bytes
+from ._scales import ColumnMajor, check_scales, scale_layout, storage_view
 
 __all__ = ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
 
@@ -61,16 +61,6 @@ def _block_size(block_size: object) -> tuple[int, int]:
     if block_m <= 0 or block_k <= 0:
         raise ValueError(f"block_size: expected positive sizes, got {block_size!r}")
     return block_m, block_k
-
-
-def _layout(col_major: bool, round_sf: bool, packed: bool) -> str:
-    """The grid's sf_layout of the flags (UE8M0 needs both of the others), or an error naming the flag."""
-    if packed and not col_major:
-        raise ValueError("use_packed_ue8m0: packed UE8M0 scales are stored column-major; pass "
-                         "use_tma_aligned_col_major_sf=True with it")
-    if packed and not round_sf:
-        raise ValueError("use_packed_ue8m0: a UE8M0 byte holds a power-of-two scale; pass round_sf=True with it")
-    return "ue8m0" if packed else "col_major" if col_major else "row_major"
 
 
 def _checked(x: object, fmt: str, block_size: object) -> tuple[int, int]:
@@ -128,7 +118,7 @@ def per_block_cast(
         ``decode(q) * sf`` (per block) approximates x.
     """
     block_m, block_k = _checked(x, fmt, block_size)
-    sf_layout = _layout(use_tma_aligned_col_major_sf, bool(round_sf), use_packed_ue8m0)
+    sf_layout = scale_layout(use_tma_aligned_col_major_sf, bool(round_sf), use_packed_ue8m0)
     launcher = _variant(x, fmt, block_m, block_k, bool(round_sf), False, sf_layout)
     if sf_layout == "row_major":
         sf_rows = size(x, 0, plus=block_m - 1, per=block_m)  # ceil(T / block_m)
@@ -136,8 +126,7 @@ def per_block_cast(
                       outputs=(_codes(x, fmt), empty(torch.float32, sf_rows, int(x.shape[1]) // block_k)))
     if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
         check_scales(out_tensors(out, ("q", "sf"))[1], x, block_k, sf_layout, block_m)
-    view = column_major_storage if sf_layout == "col_major" else ue8m0_bytes
-    return launch(launcher, x, output(0), output(1, view=view),
+    return launch(launcher, x, output(0), output(1, view=storage_view(sf_layout)),
                   outputs=ColumnMajor(fmt, block_k, sf_layout, block_m=block_m))  # type: ignore[arg-type]
 
 

@@ -53,10 +53,8 @@ def _cast(x: torch.Tensor, x_sf: torch.Tensor | None, pos_to_token: torch.Tensor
     rule = multiple("x", x, 0, NUM_PER_TOKENS) if pos_to_token is None else \
         multiple("pos_to_token", pos_to_token, 0, GATHER_MULTIPLE)
     hidden = int(x.shape[1])
-    # The variant built for this hidden where there is one, else the one for any hidden (grid value 0).
-    options = (pos_to_token is not None, bool(round_sf))
-    launcher = (_kernel.find(dtype_name(x.dtype), hidden, *options)
-                or _kernel.variant(dtype_name(x.dtype), 0, *options))
+    # The variants take any hidden (grid value 0: the tiles do not depend on it).
+    launcher = _kernel.variant(dtype_name(x.dtype), 0, pos_to_token is not None, bool(round_sf))
     given = [t for t in (x, x_sf, pos_to_token) if t is not None]
     return launch(launcher, *given, out(0), out(1),
                   outputs=(empty(torch.float8_e4m3fn, size(rows, 0), hidden),

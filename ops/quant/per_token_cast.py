@@ -25,7 +25,7 @@ from .._op import Empty, Plan, Result, empty, launch, op, result, size, stride_m
 from .._op import out as output  # the plans take a parameter named out
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
-from ._scales import ColumnMajor, check_scales, column_major_storage, given_scales, ue8m0_bytes
+from ._scales import ColumnMajor, check_scales, given_scales, scale_layout, storage_view
 
 __all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]
 
@@ -75,12 +75,7 @@ def _check_options(x: object, fmt: str, num_per_channels: int, x_block_size: obj
     the argument. UE8M0 needs both of the other flags (KERNELS.md)."""
     one_of("fmt", fmt, _KERNEL_FORMATS)
     npc = positive_int("num_per_channels", num_per_channels)
-    if packed and not col_major:
-        raise ValueError("use_packed_ue8m0: packed UE8M0 scales are stored column-major; pass "
-                         "use_tma_aligned_col_major_sf=True with it")
-    if packed and not round_sf:
-        raise ValueError("use_packed_ue8m0: a UE8M0 byte holds a power-of-two scale; pass round_sf=True with it")
-    sf_layout = "ue8m0" if packed else "col_major" if col_major else "row_major"
+    sf_layout = scale_layout(col_major, round_sf, packed)
     if sf_layout != "row_major" and not _HAS_LAYOUTS:
         if sf_layout == "ue8m0":
             raise not_built("use_packed_ue8m0", "the packed UE8M0 scale layout", "per_token_cast")
@@ -134,8 +129,7 @@ def _cast(x: object, fmt: str, num_per_channels: int, x_block_size: object, col_
         return launch(launcher, x, output(0), output(1), mode, outputs=outputs, rules=rules, then=then)
     if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
         check_scales(out_tensors(out, ("q", "sf"))[1], x, npc, sf_layout)
-    view = column_major_storage if sf_layout == "col_major" else ue8m0_bytes
-    return launch(launcher, x, output(0), output(1, view=view), mode,
+    return launch(launcher, x, output(0), output(1, view=storage_view(sf_layout)), mode,
                   outputs=ColumnMajor(fmt, npc, sf_layout),  # type: ignore[arg-type]  # a callable value
                   rules=rules, then=then)
 

@@ -101,9 +101,8 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         q = x.new_empty((0, hidden) if without_transpose else (hidden, 0), dtype=torch.float8_e4m3fn)
         return result((q, x.new_empty((0, hidden), dtype=torch.float32)))
     q_dims = (size(x, 0), hidden) if without_transpose else (hidden, size(x, 0))
-    # The variant built for this hidden where there is one, else the one for any hidden (grid value 0).
-    options = (npt, bool(without_transpose))
-    launcher = _kernel.find(hidden, *options) or _kernel.variant(0, *options)
+    # The variants take any hidden (grid value 0: the tiles do not depend on it).
+    launcher = _kernel.variant(0, npt, bool(without_transpose))
     return launch(launcher, x, _Q, _SF, clamp, int(bool(round_sf)),
                   outputs=(empty(torch.float8_e4m3fn, *q_dims), empty(torch.float32, size(x, 0, per=npt), hidden)),
                   rules=(multiple("x", x, 0, 128), same_size("sf", _SF, 0, x, 0, times=npt)))

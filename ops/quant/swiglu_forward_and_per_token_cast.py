@@ -13,7 +13,6 @@ this module checks the non-tensor arguments and the shapes that tie the tensors 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
@@ -21,7 +20,7 @@ from .._args import matrix, one_of, out_tensors, placeholders, positive_int, rea
 from .._op import Plan, Result, Rule, empty, launch, op, result, same_size, size
 from .._op import out as output  # the plan takes a parameter named out
 from .._runtime import get_kernel
-from ._scales import ColumnMajor, check_scales, column_major_storage, scale_width, ue8m0_bytes
+from ._scales import ColumnMajor, check_scales, scale_layout, storage_view, word_bytes
 
 __all__ = ["swiglu_forward_and_per_token_cast"]
 
@@ -40,11 +39,6 @@ def _positions(name: str, t: object, rows: int) -> torch.Tensor:
     if t.dim() != 1 or int(t.shape[0]) != rows:
         raise ValueError(f"{name}: expected shape ({rows},) (one entry per row of x), got {tuple(t.shape)}")
     return t
-
-
-def _scales_view(sf_layout: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """What the kernel takes for an sf of the layout: the tensor, the column-major storage, or its bytes."""
-    return {"row_major": None, "col_major": column_major_storage, "ue8m0": ue8m0_bytes}[sf_layout]
 
 
 # The generic variant with clamped_count: it adds to the caller's counters, so they are an input it writes (as are q
@@ -120,15 +114,10 @@ def swiglu_forward_and_per_token_cast(
     if npc not in (128, hidden):
         raise ValueError(f"num_per_channels: expected 128 or hidden ({hidden}), got {npc}")
     per_row = npc == hidden and npc != 128
-    if use_packed_ue8m0 and not use_tma_aligned_col_major_sf:
-        raise ValueError("use_packed_ue8m0: packed UE8M0 scales are stored column-major; pass "
-                         "use_tma_aligned_col_major_sf=True with it")
-    if use_packed_ue8m0 and not round_sf:
-        raise ValueError("use_packed_ue8m0: a UE8M0 byte holds a power-of-two scale; pass round_sf=True with it")
+    sf_layout = scale_layout(use_tma_aligned_col_major_sf, bool(round_sf), use_packed_ue8m0)
     if use_tma_aligned_col_major_sf and per_row:
         raise ValueError("use_tma_aligned_col_major_sf: the column-major layout takes groups of 128 channels; "
                          f"pass num_per_channels=128 with it (got {npc} = hidden)")
-    sf_layout = "ue8m0" if use_packed_ue8m0 else "col_major" if use_tma_aligned_col_major_sf else "row_major"
     if (pos_to_token_topk is None) != (topk_weights is None):
         missing = "pos_to_token_topk" if pos_to_token_topk is None else "topk_weights"
         raise ValueError(f"{missing}: pos_to_token_topk and topk_weights are given together or not at all")
@@ -188,7 +177,7 @@ def swiglu_forward_and_per_token_cast(
                       rules=rules, constants=stand_ins)
     if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
         check_scales(out_tensors(out, ("q", "sf"))[1], x[:, :hidden], npc, sf_layout)
-    return launch(launcher, x, output(0), output(1, view=_scales_view(sf_layout)), *args,
+    return launch(launcher, x, output(0), output(1, view=storage_view(sf_layout)), *args,
                   outputs=ColumnMajor("e4m3", npc, sf_layout, x_columns=2),  # type: ignore[arg-type]  # a callable
                   rules=rules, constants=stand_ins)
 
@@ -211,18 +200,14 @@ def _counted_call(x: torch.Tensor, pos_to_token_topk: torch.Tensor, topk_weights
     if given is not None and not compiling:
         q, sf = out_tensors(given, ("q", "sf"))
         check_scales(sf, x[:, :hidden], npc, sf_layout)
-        view = _scales_view(sf_layout)
-        kernel_sf = sf if view is None else view(sf)
+        kernel_sf = sf if sf_layout == "row_major" else storage_view(sf_layout)(sf)
+    elif sf_layout == "row_major":
+        q = x.new_empty((x.shape[0], hidden), dtype=torch.float8_e4m3fn)
+        sf = kernel_sf = x.new_empty((x.shape[0], hidden // npc), dtype=torch.float32)
     else:
-        rows = int(x.shape[0])
-        q = x.new_empty((rows, hidden), dtype=torch.float8_e4m3fn)
-        if sf_layout == "row_major":
-            sf = kernel_sf = x.new_empty((rows, hidden // npc), dtype=torch.float32)
-        else:
-            width, dtype = scale_width(hidden, npc, sf_layout)
-            storage = x.new_empty((width, (rows + 3) // 4 * 4), dtype=dtype)
-            sf = storage.T[:rows]
-            kernel_sf = storage if sf_layout == "col_major" else storage.view(torch.uint8).view(*storage.shape, 4)
+        q, storage = ColumnMajor("e4m3", npc, sf_layout, x_columns=2).storage(x)
+        sf = storage.T[:x.shape[0]]
+        kernel_sf = storage if sf_layout == "col_major" else word_bytes(storage)
     _counted(x, q, kernel_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count, clamp,
              int(bool(round_sf)), amax_floor, per_row, sf_layout, with_weights, with_pos_to_expert)
     if given is not None and compiling:

@@ -44,7 +44,7 @@ def test_cast_passes_word_and_token_views(ops: tuple[ModuleType, ModuleType, lis
     assert sf.dtype == torch.float32 and sf.shape == (5, 1)
     assert sf.stride() == ((1, 8) if col_major else (1, 1))
     ((_, values, (x_arg, q_arg, sf_arg)),) = calls
-    assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": True}
+    assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": True, "sf_layout": "float"}
     assert x_arg is x
     assert q_arg.dtype == torch.int32 and q_arg.shape == (5, 768) and q_arg.data_ptr() == q.data_ptr()
     assert sf_arg.shape == (5,) and sf_arg.stride() == (1,) and sf_arg.data_ptr() == sf.data_ptr()
@@ -60,9 +60,11 @@ def test_tilekernels_spelling_takes_the_flags_positionally(ops: tuple[ModuleType
     q, sf = module.per_token_cast_to_e5m6(x, 2048, col_major, True)
     assert q.shape == (5, 3072) and sf.stride() == ((1, 8) if col_major else (1, 1))
     ((_, values, _),) = calls
-    assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": True}
-    with pytest.raises(NotImplementedError, match="use_packed_ue8m0"):
-        module.per_token_cast_to_e5m6(x, 2048, True, True, True)
+    assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": True, "sf_layout": "float"}
+    q, words = module.per_token_cast_to_e5m6(x, 2048, True, True, True)  # packed UE8M0: int32 words, column-major
+    assert words.dtype == torch.int32 and words.shape == (5, 1) and words.stride() == (1, 8)
+    assert calls[-1][1] == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": True, "sf_layout": "ue8m0"}
+    assert calls[-1][2][2].dtype == torch.int32 and calls[-1][2][2].data_ptr() == words.data_ptr()
 
 
 def test_cast_argument_errors_fire_before_any_launch(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
@@ -73,8 +75,10 @@ def test_cast_argument_errors_fire_before_any_launch(ops: tuple[ModuleType, Modu
         module.per_token_cast_e5m6(x, 128)
     with pytest.raises(TypeError, match="num_per_channels"):
         module.per_token_cast_e5m6(x, "2048")
-    with pytest.raises(NotImplementedError, match="use_packed_ue8m0"):
-        module.per_token_cast_e5m6(x, use_packed_ue8m0=True)
+    with pytest.raises(ValueError, match="use_packed_ue8m0"):  # packed UE8M0 words are column-major
+        module.per_token_cast_e5m6(x, use_packed_ue8m0=True, round_sf=True)
+    with pytest.raises(ValueError, match="use_packed_ue8m0"):  # and powers of two
+        module.per_token_cast_e5m6(x, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True)
     with pytest.raises(ValueError, match=r"^x: .*2-D"):
         module.per_token_cast_e5m6(torch.randn(2048))
     with pytest.raises(TypeError, match=r"^x: "):
@@ -93,7 +97,7 @@ def test_cast_back_passes_word_and_token_views(ops: tuple[ModuleType, ModuleType
     out = module.cast_back_e5m6((q, sf), torch.bfloat16)
     assert out.dtype == torch.bfloat16 and out.shape == (6, 2560)
     ((_, values, (q_arg, sf_arg, out_arg)),) = calls
-    assert values == {"out_dtype": "bfloat16", "hidden": 2560}
+    assert values == {"out_dtype": "bfloat16", "hidden": 2560, "sf_layout": "float"}
     assert q_arg.dtype == torch.int32 and q_arg.shape == (6, 960)
     assert sf_arg.shape == (6,) and sf_arg.stride() == (1,) and sf_arg.data_ptr() == storage.data_ptr()
     assert out_arg is out
@@ -124,11 +128,13 @@ def test_cast_back_argument_errors_fire_before_any_launch(ops: tuple[ModuleType,
         module.cast_back_e5m6((q[:, 12:], sf), "bf16")
     with pytest.raises(errors.KernelArgumentError, match=r"^x\[1\] \(sf\): expected shape \(4, 1\)"):
         module.cast_back_e5m6((q, torch.ones(4, 2)), "bf16")
-    with pytest.raises(NotImplementedError, match=r"^x\[1\] \(sf\): packed UE8M0"):
-        module.cast_back_e5m6((q, sf.view(torch.int32)), "bf16")
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[1\] \(sf\): expected float32 scales or int32"):
+        module.cast_back_e5m6((q, sf.double()), "bf16")
     with pytest.raises(ValueError, match=r"^x\[1\] \(sf\): expected a 2-D"):
         module.cast_back_e5m6((q, torch.ones(4)), "bf16")
     assert calls == []
+    module.cast_back_e5m6((q, sf.view(torch.int32)), "bf16")  # UE8M0 words: the variant that reads them
+    assert calls[-1][1]["sf_layout"] == "ue8m0"
 
 
 def test_cast_back_refuses_codes_off_a_word(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:
@@ -146,7 +152,7 @@ def test_cast_back_block_size(ops: tuple[ModuleType, ModuleType, list[Any]]) -> 
     q, sf = torch.zeros(2, 3072, dtype=torch.uint8), torch.ones(2, 1)
     calls.clear()
     module.cast_back_e5m6((q, sf), "fp32", (1, 2048))
-    assert calls[0][1] == {"out_dtype": "float32", "hidden": 2048}
+    assert calls[0][1] == {"out_dtype": "float32", "hidden": 2048, "sf_layout": "float"}
     calls.clear()
     with pytest.raises(NotImplementedError, match=r"^x_block_size: .*\(1, 2048\)"):
         module.cast_back_e5m6((q, sf), "fp32", (1, 128))
@@ -180,7 +186,7 @@ def test_cast_out_is_launched_into_through_the_kernel_views(ops: tuple[ModuleTyp
     result = module.per_token_cast_e5m6(x, 2048, use_tma_aligned_col_major_sf=col_major, out=list(out))
     assert result[0] is out[0] and result[1] is out[1]
     ((_, values, (x_arg, q_arg, sf_arg)),) = calls
-    assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": False} and x_arg is x
+    assert values == {"in_dtype": "bfloat16", "hidden": 2048, "round_sf": False, "sf_layout": "float"} and x_arg is x
     assert q_arg.dtype == torch.int32 and q_arg.shape == (num_tokens, 768) and q_arg.data_ptr() == out[0].data_ptr()
     assert sf_arg.shape == (num_tokens,) and sf_arg.stride() == (1,) and sf_arg.data_ptr() == out[1].data_ptr()
     # Either layout serves either flag: one scale per token puts token t at element t in both.
@@ -195,10 +201,10 @@ def test_cast_back_out_is_launched_into(ops: tuple[ModuleType, ModuleType, list[
     calls.clear()
     assert module.cast_back_e5m6((q, sf), "fp32", out=out) is out
     ((_, values, (_, _, out_arg)),) = calls
-    assert values == {"out_dtype": "float32", "hidden": 2560} and out_arg is out
+    assert values == {"out_dtype": "float32", "hidden": 2560, "sf_layout": "float"} and out_arg is out
     # The variant is the one fmt names, whatever out's dtype: the launcher refuses the mismatch.
     module.cast_back_e5m6((q, sf), "bf16", out=out)
-    assert calls[-1][1] == {"out_dtype": "bfloat16", "hidden": 2560} and calls[-1][2][2] is out
+    assert calls[-1][1] == {"out_dtype": "bfloat16", "hidden": 2560, "sf_layout": "float"} and calls[-1][2][2] is out
 
 
 def test_out_errors_name_the_argument_before_any_launch(ops: tuple[ModuleType, ModuleType, list[Any]]) -> None:

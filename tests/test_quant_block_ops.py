@@ -94,6 +94,18 @@ def test_cast_selects_and_allocates(op: ModuleType, stub: tuple[dict[str, Module
     assert args[0] is x and args[1] is q and args[2] is sf
 
 
+@pytest.mark.parametrize(("hidden", "dtype", "grid_hidden"), [
+    (576, torch.bfloat16, 0), (2048, torch.float32, 0), (2048, torch.bfloat16, 2048)])
+def test_cast_any_hidden_takes_the_generic_variant(op: ModuleType, stub: tuple[dict[str, ModuleType], Any],
+                                                   hidden: int, dtype: torch.dtype, grid_hidden: int) -> None:
+    # 576 = 4.5 blocks of 128: the last block of each row is partial, and sf has ceil(576 / 128) = 5 columns.
+    x = torch.randn(33, hidden).to(dtype)
+    q, sf = op.per_block_cast(x, "e4m3", (128, 128), round_sf=True)
+    assert q.shape == (33, hidden) and sf.shape == (1, -(-hidden // 128))
+    ((_, values, _),) = _launches(stub)
+    assert values["hidden"] == grid_hidden and values["in_dtype"] == str(dtype).removeprefix("torch.")
+
+
 @pytest.mark.parametrize(("packed", "dtype", "storage"), [(False, torch.float32, (16, 4)), (True, torch.uint8, (4, 4, 4))])
 def test_cast_column_major_scales(op: ModuleType, stub: tuple[dict[str, ModuleType], Any], packed: bool,
                                   dtype: torch.dtype, storage: tuple[int, ...]) -> None:
@@ -209,7 +221,6 @@ BAD_CASTS: list[tuple[str, Callable[[ModuleType], Any], type[Exception], str]] =
     ("block bool", lambda m: m.per_block_cast(_x(), "e4m3", (True, 128)), TypeError, "block_size"),
     ("block single", lambda m: m.per_block_cast(_x(), "e4m3", 128), TypeError, "block_size"),
     ("block zero", lambda m: m.per_block_cast(_x(), "e4m3", (0, 128)), ValueError, "block_size"),
-    ("block_k divides", lambda m: m.per_block_cast(_x(hidden=2112), "e4m3", (128, 128)), ValueError, "block_size"),
     ("fmt", lambda m: m.per_block_cast(_x(), "e5m2", (128, 128)), ValueError, "fmt"),
     ("hidden 64", lambda m: m.per_block_cast(_x(hidden=2080), "e4m3", (32, 32)), ValueError, "x"),
     ("x rank", lambda m: m.per_block_cast(torch.ones(2048), "e4m3", (128, 128)), ValueError, "x"),
@@ -358,7 +369,7 @@ def test_cast_back_traces_whole_with_column_major_scales(back: ModuleType, stub:
     y = traced(q, storage.t()[:5])
     assert y.shape == (5, 2048) and y.dtype == torch.bfloat16
     ((values, args),) = launched
-    assert values[-1] == "col_major" and args[1].shape == (16, 8) and args[1].data_ptr() == storage.data_ptr()
+    assert values[-2:] == ("col_major", 1) and args[1].shape == (16, 8) and args[1].data_ptr() == storage.data_ptr()
 
 
 _plain_launchers: dict[tuple[Any, ...], Callable[..., None]] = {}
@@ -430,22 +441,40 @@ def test_cast_back_a_refused_launch_is_not_remembered(back: ModuleType, stub: tu
                                                     ("e2m1", (32, 128), 32)])
 def test_cast_back_spreads_block_scales_over_tokens(back: ModuleType, stub: tuple[dict[str, ModuleType], Any],
                                                     fmt: str, block: tuple[int, int], npc: int) -> None:
-    q = _q(fmt, rows=40)
-    scales = torch.rand(-(-40 // block[0]), 2048 // block[1])
+    q = _q(fmt, rows=300)
+    scales = torch.rand(-(-300 // block[0]), 2048 // block[1])
     back.cast_back((q, scales.t().contiguous().t()), "bf16", block)  # column-major block scales are read too
     (_, values, args) = _launches(stub)[-1]
     assert values["npc"] == npc and values["sf_layout"] == "row_major"  # FP4 128-wide blocks: four 32-groups
-    expected = scales.repeat_interleave(block[0], 0)[:40].repeat_interleave(block[1] // npc, 1)
+    assert values["block_m"] == 1
+    expected = scales.repeat_interleave(block[0], 0)[:300].repeat_interleave(block[1] // npc, 1)
     assert args[0] is q and torch.equal(args[1], expected)
     # What is remembered is the per_token_cast_back call of the spread scales (its signature's recipe).
     ((arguments, call, _),) = [_recipe(e) for e in stub[1].REMEMBERED]
     assert arguments == (("input", 0), ("input", 1), ("out", 0)) and call[0] is q and call[1] is args[1]
     stub[1].REMEMBERED.clear()
-    sf = torch.ones(40, 2048 // npc)  # per-token blocks (1, npc): per_token_cast_back as it is
+    sf = torch.ones(300, 2048 // npc)  # per-token blocks (1, npc): per_token_cast_back as it is
     back.cast_back((q, sf), "bf16", (1, npc))
     assert _launches(stub)[-1][2][:2] == (q, sf)
     ((_, call, _),) = [_recipe(e) for e in stub[1].REMEMBERED]
     assert _same_call(call, (q, sf, None, "bf16", npc, None))
+
+
+@pytest.mark.parametrize(("fmt", "block", "hidden"), [("e4m3", (128, 128), 576), ("e4m3", (128, 1), 2048),
+                                                       ("e4m3", (32, 1), 576), ("e2m1", (32, 128), 576)])
+def test_cast_back_reads_row_major_block_scales_in_place(back: ModuleType, stub: tuple[dict[str, ModuleType], Any],
+                                                         fmt: str, block: tuple[int, int], hidden: int) -> None:
+    # Row-major fp32 per-block and per-channel scales go to the variant of their block_m as they are (no spread
+    # copy), at any hidden: 576 = 4.5 blocks of 128, sf has ceil(576 / 128) = 5 columns.
+    q = _q(fmt, rows=300, hidden=hidden)
+    sf = torch.rand(-(-300 // block[0]), -(-hidden // block[1]))
+    y = back.cast_back((q, sf), "fp32", block)
+    (_, values, args) = _launches(stub)[-1]
+    assert values == {"fmt": fmt, "npc": block[1], "out_dtype": "float32", "hidden": 0, "sf_layout": "row_major",
+                      "block_m": block[0]}
+    assert args[0] is q and args[1] is sf and y.shape == (300, hidden) and y.dtype == torch.float32
+    with pytest.raises(_errors(stub).KernelArgumentError, match=r"^x\[1\] \(sf\)"):
+        back.cast_back((q, sf[:1]), "fp32", block)
 
 
 # --- per_block_cast_lossless ------------------------------------------------------------------
@@ -454,13 +483,41 @@ def test_cast_back_spreads_block_scales_over_tokens(back: ModuleType, stub: tupl
 def test_lossless_launches_in_prim_func_order_and_keeps_its_python_path(
         ops: dict[str, ModuleType], stub: tuple[dict[str, ModuleType], Any]) -> None:
     lossless = ops["per_block_cast_lossless"]
-    data, x_sf = torch.zeros(33, 128, dtype=torch.int8), torch.ones(33, 8)
+    data, x_sf = torch.zeros(33, 1024, dtype=torch.int8), torch.ones(33, 64)
     q, sf = lossless.per_block_cast_lossless((data, x_sf), "e4m3", (1, 32), (128, 128))
-    assert q.shape == (33, 256) and q.dtype == torch.float8_e4m3fn and sf.shape == (1, 2)
+    assert q.shape == (33, 2048) and q.dtype == torch.float8_e4m3fn and sf.shape == (1, 16)
     ((_, values, args),) = _launches(stub)
-    assert values == {"hidden": 256, "block_m": 128, "block_k": 128}
+    assert values == {"hidden": 2048, "block_m": 128, "block_k": 128, "in_sf_layout": "row_major",
+                      "sf_layout": "row_major"}
     assert [a is b for a, b in zip(args, (data, x_sf, q, sf), strict=True)] == [True] * 4
     again = lossless.per_block_cast_lossless((data, x_sf), "e4m3", (1, 32), (128, 128), out=(q, sf))
     assert again[0] is q and again[1] is sf
     # x is a (data, sf) pair, which dispatch() does not key: neither call is handed to it or remembered.
     assert stub[1].DISPATCHED == [] and stub[1].REMEMBERED == []
+
+
+@pytest.mark.parametrize(("packed_in", "flags", "sf_layout"), [
+    (True, {}, "row_major"), (False, {"use_tma_aligned_col_major_sf": True}, "col_major"),
+    (True, {"use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": True}, "ue8m0")])
+def test_lossless_scale_layouts_take_the_generic_variant(
+        ops: dict[str, ModuleType], stub: tuple[dict[str, ModuleType], Any], packed_in: bool,
+        flags: dict[str, bool], sf_layout: str) -> None:
+    # 33 tokens of hidden 576: G_in = 18 input blocks (5 UE8M0 words), 5 output blocks of 128 (the last partial).
+    lossless = ops["per_block_cast_lossless"]
+    data = torch.zeros(33, 288, dtype=torch.int8)
+    x_sf = torch.empty(5, 36, dtype=torch.int32).T[:33] if packed_in else torch.ones(33, 18)
+    q, sf = lossless.per_block_cast_lossless((data, x_sf), "e4m3", (1, 32), (1, 128), **flags)
+    ((_, values, args),) = _launches(stub)
+    assert values == {"hidden": 0, "block_m": 1, "block_k": 128, "in_sf_layout": "ue8m0" if packed_in else "row_major",
+                      "sf_layout": sf_layout}
+    assert q.shape == (33, 576) and sf.shape == ((33, 2) if sf_layout == "ue8m0" else (33, 5))
+    if packed_in:  # the kernel reads the words' storage in place, as bytes (words, padded tokens, 4)
+        assert args[1].shape == (5, 36, 4) and args[1].data_ptr() == x_sf.data_ptr()
+    if sf_layout != "row_major":  # column-major over a (columns, align(33, 4)) storage, as per_block_cast's
+        assert sf.stride() == (1, 36)
+
+
+def test_lossless_refuses_a_hidden_off_64(ops: dict[str, ModuleType]) -> None:
+    with pytest.raises(ValueError, match="^x: hidden"):
+        ops["per_block_cast_lossless"].per_block_cast_lossless(
+            (torch.zeros(3, 48, dtype=torch.int8), torch.ones(3, 3)), "e4m3", (1, 32), (1, 128))

@@ -118,6 +118,9 @@ def _fake_back(v: dict[str, Any], q: torch.Tensor, sf_arg: torch.Tensor, out: to
         sf = sf_arg.reshape(sf_arg.shape[0], -1).view(torch.int32).T[:num_tokens]
     else:
         sf = sf_arg.T[:num_tokens] if v["sf_layout"] == "col_major" else sf_arg
+    if v.get("block_m", 1) > 1:  # per-block (or per-channel, npc 1) scales, one row per block_m tokens
+        out.copy_(per_block_cast_back_ref(q, sf, out.dtype, (v["block_m"], v["npc"])))
+        return
     out.copy_(per_token_cast_back_ref(q, sf, out.dtype, v["npc"] or v["hidden"]))
 
 
@@ -228,8 +231,10 @@ def test_cast_back_per_block_scales(ops: tuple[ModuleType, ModuleType], fmt: str
     sf = torch.rand(-(-300 // block[0]), 2560 // block[1]) + 0.5
     for scales in (sf, sf.t().contiguous().t()):
         _same(back.cast_back((q, scales), "bf16", block), per_block_cast_back_ref(q, sf, "bf16", block))
-    # FP4 is built for npc 16 and 32: 128-wide blocks are read as four 32-channel groups
+    # Column-major scales are spread to per-token ones (FP4 128-wide blocks as four 32-channel groups); row-major
+    # ones go to the variant of their block_m as they are.
     assert back._kernel.selected[-1]["npc"] == (32 if fmt == "e2m1" else block[1])
+    assert back._kernel.selected[-2]["npc"] == block[1] and back._kernel.selected[-2]["block_m"] == block[0]
 
 
 @pytest.mark.parametrize("block", [(32, 32), (128, 128)], ids=str)

@@ -183,6 +183,16 @@ class TestLossless:
         assert q.shape == (num_tokens, 256) and sf.shape == (rows, 256 // out_block[1])
         assert torch.equal(lossless_dequant(q, sf, out_block), fp4_dequant(x, x_sf))
 
+    @pytest.mark.parametrize("out_block", [(1, 128), (128, 128)])
+    def test_partial_channel_block(self, out_block: tuple[int, int]) -> None:
+        """hidden 576: the last 128-channel block holds two input blocks; its scale is their largest alone."""
+        x, x_sf = fp4_pair(3, 576)
+        x_sf[:, 16:] = 2.0**-30  # the remainder's scales far below the rest: an absent block counted would show
+        q, sf = per_block_cast_lossless_ref(x, x_sf, out_block)
+        assert sf.shape == (-(-3 // out_block[0]), 5) and q.shape == (3, 576)
+        assert bool((sf[:, 4] == 2.0 ** (-30 - 6)).all())
+        assert torch.equal(lossless_dequant(q, sf, out_block), fp4_dequant(x, x_sf))
+
     def test_partial_row_block_ignores_absent_rows(self) -> None:
         x, x_sf = fp4_pair(33, 128)
         x_sf[32] = 2.0**-20  # the second 32-row block holds row 32 only

@@ -7,7 +7,7 @@ A helper of the quant op modules (tkc copies ``ops/quant/_*.py`` beside them int
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -47,6 +47,7 @@ class ColumnMajor(NamedTuple):
     sf_layout: str
     x_columns: int = 1  # x's columns per channel: 2 for the SwiGLU forward, whose x holds both halves
     block_m: int = 1  # tokens per scale row: a per-block cast's rows of blocks take the tokens' place
+    fp4_x: bool = False  # x holds FP4 codes two to a byte (a re-cast's input): hidden is twice its columns
 
     def __call__(self, x: torch.Tensor, *_others: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, storage = self.storage(x)
@@ -54,7 +55,7 @@ class ColumnMajor(NamedTuple):
 
     def storage(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, the (columns, align(rows, 4)) storage of sf): for callers that hand the kernel the storage itself."""
-        num_tokens, hidden = x.shape[0], x.shape[1] // self.x_columns
+        num_tokens, hidden = x.shape[0], x.shape[1] * (2 if self.fp4_x else 1) // self.x_columns
         e4m3 = self.fmt == "e4m3"
         q = x.new_empty((num_tokens, hidden // (1 if e4m3 else 2)), dtype=torch.float8_e4m3fn if e4m3 else torch.int8)
         width, dtype = scale_width(hidden, self.npc, self.sf_layout)
@@ -91,18 +92,20 @@ def storage_view(sf_layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return column_major_storage if sf_layout == "col_major" else ue8m0_bytes
 
 
-def check_scales(sf: torch.Tensor, x: torch.Tensor, npc: int, sf_layout: str, block_m: int = 1) -> None:
-    """sf of the dtype and shape the op returns for the flags (one row per block_m tokens), or an error naming sf."""
-    num_tokens, hidden = x.shape
+def check_scales(sf: torch.Tensor, shape: Sequence[int], npc: int, sf_layout: str, block_m: int = 1,
+                 name: str = "sf") -> None:
+    """sf of the dtype and shape the op returns for the flags and x's (num_tokens, hidden) ``shape`` (one row per
+    block_m tokens), or an error naming sf (``name``)."""
+    num_tokens, hidden = shape
     width, dtype = scale_width(hidden, npc, sf_layout)
     rows = -(-num_tokens // block_m)
     if sf.dtype != dtype or tuple(sf.shape) != (rows, width):
-        raise KernelArgumentError(f"sf: expected {dtype} of shape {(rows, width)} for this layout, "
+        raise KernelArgumentError(f"{name}: expected {dtype} of shape {(rows, width)} for this layout, "
                                   f"got {sf.dtype} of shape {tuple(sf.shape)}")
 
 
-def given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torch.Tensor:
-    """The tensor the kernel reads for user scales in ``sf_layout``; errors name sf.
+def given_scales(sf: object, shape: Sequence[int], npc: int, sf_layout: str, name: str = "sf") -> torch.Tensor:
+    """The tensor the kernel reads for user scales in ``sf_layout`` of an x of ``shape``; errors name sf (``name``).
 
     row_major: float32 (T, G) as given (the launcher checks it is contiguous). col_major: the
     float32 (T, G) values as the (G, P) storage, read in place when sf is a view with strides
@@ -110,8 +113,8 @@ def given_scales(sf: object, x: torch.Tensor, npc: int, sf_layout: str) -> torch
     words, the same way, seen as bytes (G / 4, P, 4).
     """
     if not isinstance(sf, torch.Tensor):
-        raise TypeError(f"sf: expected a torch.Tensor of scale factors, got {type(sf).__name__}")
-    check_scales(sf, x, npc, sf_layout)
+        raise TypeError(f"{name}: expected a torch.Tensor of scale factors, got {type(sf).__name__}")
+    check_scales(sf, shape, npc, sf_layout, name=name)
     if sf_layout == "row_major":
         return sf
     if column_storage(sf) is None:

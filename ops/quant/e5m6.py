@@ -6,7 +6,8 @@ here. Codes are uint8 (num_tokens, 1.5 hidden): eight 12-bit codes per three lit
 uint32 words (KERNELS.md, "Quantization": E5M6). Scales are float32 (num_tokens, 1), row-major or,
 with ``use_tma_aligned_col_major_sf``, column-major with the token dimension padded to a multiple
 of 4; with one scale per token both put token t at element t, so one kernel serves both and
-reads or writes the (num_tokens,) view. The packed UE8M0 scale layout is not built. The
+reads or writes the (num_tokens,) view; ``use_packed_ue8m0`` makes them int32 UE8M0 words (T, 1), column-major
+likewise, the power-of-two scale's biased exponent in byte 0 of each word. The
 launchers validate the tensors (dtype, device, shape, strides, alignment) and name the
 argument in their errors; this module checks the rest.
 """
@@ -23,6 +24,7 @@ from .._op import Plan, empty, launch, op, size
 from .._op import out as output  # the cast's plan takes a parameter named out
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
+from ._scales import scale_layout
 
 __all__ = ["cast_back_e5m6", "per_token_cast_e5m6", "per_token_cast_to_e5m6"]
 
@@ -32,14 +34,19 @@ _cast_back_kernel = get_kernel("cast_back_e5m6")
 _GROUP_BYTES = 12  # eight 12-bit codes in three 4-byte words
 
 
-def _column_major(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uninitialised (q, sf) with sf column-major: storage float32 (1, align(T, 4)), sf strides (1, align(T, 4)),
-    as TileKernels allocates it. The padding tokens T .. align(T, 4) - 1 are never written."""
+def _column_major(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (q, sf) with sf column-major: storage (1, align(T, 4)) of fp32 scales (or int32 UE8M0 words),
+    sf strides (1, align(T, 4)), as TileKernels allocates it. The padding tokens T .. align(T, 4) - 1 are never
+    written."""
     num_tokens, hidden = x.shape
     padded = (num_tokens + 3) // 4 * 4
     q = x.new_empty((num_tokens, hidden // 8 * _GROUP_BYTES), dtype=torch.uint8)
     # as_strided spells out the strides; torch reports other ones for size-1 and empty dims.
-    return q, x.new_empty((1, padded), dtype=torch.float32).as_strided((num_tokens, 1), (1, padded))
+    return q, x.new_empty((1, padded), dtype=dtype).as_strided((num_tokens, 1), (1, padded))
+
+
+def _column_major_words(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _column_major(x, torch.int32)
 
 
 def _words(q: torch.Tensor) -> torch.Tensor:
@@ -52,7 +59,7 @@ def _tokens(sf: torch.Tensor) -> torch.Tensor:
     return sf.as_strided((sf.shape[0],), (1,))
 
 
-def _check_out(out: object, num_tokens: int) -> None:
+def _check_out(out: object, num_tokens: int, sf_dtype: torch.dtype) -> None:
     """The caller's (q, sf), where the kernel's views of them hide what the launcher would check; errors name them.
 
     The launcher sees q's int32 words and sf's (T,) view: q's dtype and rows of whole words, sf's
@@ -67,6 +74,8 @@ def _check_out(out: object, num_tokens: int) -> None:
         raise KernelArgumentError(f"q: expected rows of whole 4-byte words (unit column stride, a width that is a "
                                   f"multiple of 4), got shape {tuple(q.shape)} and strides {tuple(q.stride())}; "
                                   "pass the q of an earlier call") from None
+    if sf.dtype != sf_dtype:
+        raise KernelArgumentError(f"sf: expected {sf_dtype} scales for these flags, got {sf.dtype}")
     if tuple(sf.shape) != (num_tokens, 1) or (num_tokens > 1 and sf.stride(0) != 1):
         raise KernelArgumentError(f"sf: expected shape ({num_tokens}, 1) with token stride 1 (row- or column-major), "
                                   f"got shape {tuple(sf.shape)} and strides {tuple(sf.stride())}")
@@ -83,14 +92,15 @@ def _cast(x: object, num_per_channels: int | None, round_sf: bool, use_tma_align
             raise ValueError(
                 f"num_per_channels: E5M6 has one scale per token, so it must be hidden ({hidden}) or None, got {npc}"
             )
-    if use_packed_ue8m0:
-        raise not_built("use_packed_ue8m0", "the packed UE8M0 scale layout for E5M6", "per_token_cast_e5m6")
+    layout = scale_layout(bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0))
     if hidden % 8 != 0:
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of 8 (eight codes per three words)")
+    sf_layout = "ue8m0" if layout == "ue8m0" else "float"
     if out is not None:
-        _check_out(out, x.shape[0])
-    launcher = _cast_kernel.variant(dtype_name(x.dtype), hidden, bool(round_sf))
-    outputs = _column_major if use_tma_aligned_col_major_sf else \
+        _check_out(out, x.shape[0], torch.int32 if sf_layout == "ue8m0" else torch.float32)
+    # Grid order: in_dtype, hidden, round_sf, sf_layout.
+    launcher = _cast_kernel.variant(dtype_name(x.dtype), hidden, bool(round_sf), sf_layout)
+    outputs = _column_major_words if layout == "ue8m0" else _column_major if layout == "col_major" else \
         (empty(torch.uint8, size(x, 0), hidden // 8 * _GROUP_BYTES), empty(torch.float32, size(x, 0), 1))
     return launch(launcher, x, output(0, view=_words), output(1, view=_tokens), outputs=outputs)
 
@@ -113,7 +123,9 @@ def per_token_cast_e5m6(
         round_sf: round each scale up to a power of two.
         use_tma_aligned_col_major_sf: return sf column-major with the token dimension padded to
             a multiple of 4, strides (1, align(num_tokens, 4)) (same values).
-        use_packed_ue8m0: packed UE8M0 scales; not built (must be False).
+        use_packed_ue8m0: sf as int32 UE8M0 words (num_tokens, 1), column-major as above: byte 0 of
+            a token's word is its power-of-two scale's biased exponent, the rest 0 (needs
+            use_tma_aligned_col_major_sf and round_sf).
         out: ``(q, sf)`` to write into instead of allocating, as this call would return them
             (e.g. the pair of an earlier call): q uint8 (num_tokens, hidden * 3 / 2), contiguous;
             sf float32 (num_tokens, 1) with token stride 1, row- or column-major (token t is
@@ -171,8 +183,6 @@ def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
     # The kernel reads q as int32 words: contiguous rows (the launcher checks the alignment).
     if not q.is_contiguous():
         raise KernelArgumentError(f"x[0] (q): expected a contiguous tensor, got strides {tuple(q.stride())}")
-    if sf.dtype == torch.int32:
-        raise not_built("x[1] (sf)", "packed UE8M0 scales for E5M6", "cast_back_e5m6")
     if tuple(sf.shape) != (q.shape[0], 1):
         raise KernelArgumentError(
             f"x[1] (sf): expected shape ({q.shape[0]}, 1), one scale per token of q {tuple(q.shape)}, "
@@ -193,7 +203,8 @@ def cast_back_e5m6(
 
     Args:
         x: ``(q, sf)`` as ``per_token_cast_e5m6`` returns it: q uint8 (num_tokens, hidden * 3 / 2),
-            contiguous; sf float32 (num_tokens, 1), row-major or column-major.
+            contiguous; sf float32 (num_tokens, 1), row-major or column-major, or int32 UE8M0 words
+            (num_tokens, 1) (the exponent in byte 0 of each).
         fmt: output format, ``'bf16'`` or ``'fp32'`` (or the torch dtype).
         x_block_size: TileKernels' (num_per_tokens, num_per_channels); only (1, hidden), one
             scale per token, is built (None means that).
@@ -217,5 +228,8 @@ def cast_back_e5m6(
             raise not_built("x_block_size", f"the block size {x_block_size!r} (only (1, {hidden}): one scale per "
                             "token)", "cast_back_e5m6")
     # The variant of fmt, whatever out's dtype: the launcher then refuses an out of another.
-    launcher = _cast_back_kernel.variant(dtype_name(out_dtype), hidden)
+    if sf.dtype not in (torch.float32, torch.int32):
+        raise KernelArgumentError(f"x[1] (sf): expected float32 scales or int32 UE8M0 words, got {sf.dtype}")
+    # Grid order: out_dtype, hidden, sf_layout.
+    launcher = _cast_back_kernel.variant(dtype_name(out_dtype), hidden, "ue8m0" if sf.dtype == torch.int32 else "float")
     return launch(_launch_back, launcher, q, sf, output(0), outputs=(empty(out_dtype, size(q, 0), hidden),))

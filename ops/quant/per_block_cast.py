@@ -1,7 +1,8 @@
 """Per-block casts to FP8 e4m3 or packed FP4 e2m1 with one fp32 scale per (bm x bk) block.
 
 The public API follows TileKernels' ``tile_kernels.quant.per_block_cast`` (and its
-``_with_sf_only`` and ``_with_precomputed_sf`` forms); this build covers plain-tensor inputs,
+``_with_sf_only`` and ``_with_precomputed_sf`` forms); this build covers plain bf16 and fp32 inputs of
+any hidden TileKernels takes (variants built per hidden for the common ones, one for any multiple of 64),
 the row-major fp32 scale layout, and for 128 x 128 and 32 x 32 blocks the column-major TMA-aligned
 and packed UE8M0 layouts of per_token_cast (rows of blocks in the place of tokens). The
 launcher validates the tensors (dtype, device, shape,
@@ -44,9 +45,10 @@ def _codes(x: torch.Tensor, fmt: str) -> Empty:
 
 def _variant(x: torch.Tensor, fmt: str, block_m: int, block_k: int, round_sf: bool,
              precomputed_sf: bool, sf_layout: str = "row_major") -> Callable[..., None]:
-    """The launcher; grid order: in_dtype, hidden, fmt, block_m, block_k, round_sf, precomputed_sf, sf_layout."""
-    return _kernel.variant(dtype_name(x.dtype), int(x.shape[1]), fmt, block_m, block_k, round_sf, precomputed_sf,
-                           sf_layout)
+    """The launcher: the one built for x's hidden where there is one, else the one for any hidden (grid value 0).
+    Grid order: in_dtype, hidden, fmt, block_m, block_k, round_sf, precomputed_sf, sf_layout."""
+    dtype, options = dtype_name(x.dtype), (fmt, block_m, block_k, round_sf, precomputed_sf, sf_layout)
+    return _kernel.find(dtype, int(x.shape[1]), *options) or _kernel.variant(dtype, 0, *options)
 
 
 def _block_size(block_size: object) -> tuple[int, int]:
@@ -73,8 +75,6 @@ def _checked(x: object, fmt: str, block_size: object) -> tuple[int, int]:
     hidden = int(x.shape[1])
     if hidden % 64 != 0:
         raise ValueError(f"x: hidden ({hidden}) must be a multiple of 64")
-    if hidden % block_k != 0:
-        raise ValueError(f"block_size: hidden ({hidden}) must be a multiple of block_k ({block_k})")
     return block_m, block_k
 
 
@@ -95,9 +95,10 @@ def per_block_cast(
     """Cast x (num_tokens, hidden) to FP8/FP4 with one scale per (block_m, block_k) block.
 
     Args:
-        x: bf16 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0;
-            num_tokens at most 65535 * block_m (the row tiles are the grid's y dimension;
-            beyond, the launcher raises naming the grid).
+        x: bf16 or fp32 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0
+            (the last block of a row partial where block_k does not divide hidden: its scale is over
+            the channels there are); num_tokens at most 65535 * block_m (the row tiles are the
+            grid's y dimension; beyond, the launcher raises naming the grid).
         fmt: ``'e4m3'`` (FP8) or ``'e2m1'`` (FP4, two codes per int8).
         block_size: ``(block_m, block_k)``: tokens and channels sharing one scale factor,
             each 32 or 128.
@@ -113,8 +114,8 @@ def per_block_cast(
     Returns:
         ``(q, sf)``: q is float8_e4m3fn (num_tokens, hidden) for e4m3, or int8
         (num_tokens, hidden / 2) for e2m1 (element 2i in the low nibble, 2i + 1 in the high
-        one); sf is float32 (ceil(num_tokens / block_m), hidden / block_k), row- or column-major,
-        or int32 UE8M0 words (ceil(num_tokens / block_m), ceil(hidden / block_k / 4)), so that
+        one); sf is float32 (ceil(num_tokens / block_m), G = ceil(hidden / block_k)), row- or column-major,
+        or int32 UE8M0 words (ceil(num_tokens / block_m), ceil(G / 4)), so that
         ``decode(q) * sf`` (per block) approximates x.
     """
     block_m, block_k = _checked(x, fmt, block_size)
@@ -123,9 +124,9 @@ def per_block_cast(
     if sf_layout == "row_major":
         sf_rows = size(x, 0, plus=block_m - 1, per=block_m)  # ceil(T / block_m)
         return launch(launcher, x, output(0), output(1),
-                      outputs=(_codes(x, fmt), empty(torch.float32, sf_rows, int(x.shape[1]) // block_k)))
+                      outputs=(_codes(x, fmt), empty(torch.float32, sf_rows, -(-int(x.shape[1]) // block_k))))
     if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
-        check_scales(out_tensors(out, ("q", "sf"))[1], x, block_k, sf_layout, block_m)
+        check_scales(out_tensors(out, ("q", "sf"))[1], x.shape, block_k, sf_layout, block_m)
     return launch(launcher, x, output(0), output(1, view=storage_view(sf_layout)),
                   outputs=ColumnMajor(fmt, block_k, sf_layout, block_m=block_m))  # type: ignore[arg-type]
 
@@ -158,11 +159,11 @@ def per_block_cast_with_precomputed_sf(
     """Cast x with given per-block scales: q = x_f32 * (1 / sf) per block (1 / sf an IEEE division).
 
     Args:
-        x: bf16 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0;
+        x: bf16 or fp32 CUDA tensor of shape (num_tokens, hidden), contiguous; hidden % 64 == 0;
             num_tokens at most 65535 * block_m, as for ``per_block_cast``.
         fmt: ``'e4m3'`` (FP8) or ``'e2m1'`` (FP4, two codes per int8).
         block_size: ``(block_m, block_k)``, each 32 or 128.
-        sf: float32 (ceil(num_tokens / block_m), hidden / block_k), contiguous, e.g. from
+        sf: float32 (ceil(num_tokens / block_m), ceil(hidden / block_k)), contiguous, e.g. from
             ``per_block_cast_with_sf_only``; used as given.
         use_tma_aligned_col_major_sf: given scales column-major; not built (must be False).
         round_sf: has no effect: sf is used as given (as in TileKernels).

@@ -128,7 +128,7 @@ def _cast(x: object, fmt: str, num_per_channels: int, x_block_size: object, col_
         outputs = (_codes(x, fmt), empty(torch.float32, size(x, 0), -(-int(x.shape[1]) // npc)))
         return launch(launcher, x, output(0), output(1), mode, outputs=outputs, rules=rules, then=then)
     if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
-        check_scales(out_tensors(out, ("q", "sf"))[1], x, npc, sf_layout)
+        check_scales(out_tensors(out, ("q", "sf"))[1], x.shape, npc, sf_layout)
     return launch(launcher, x, output(0), output(1, view=storage_view(sf_layout)), mode,
                   outputs=ColumnMajor(fmt, npc, sf_layout),  # type: ignore[arg-type]  # a callable value
                   rules=rules, then=then)
@@ -237,7 +237,7 @@ def per_token_cast_with_precomputed_sf(
     """
     x, npc, sf_layout = _check_options(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                                        round_sf, use_packed_ue8m0)
-    sf_arg = given_scales(sf, x, npc, sf_layout)
+    sf_arg = given_scales(sf, x.shape, npc, sf_layout)
     # round_sf only names the UE8M0 layout here (the scales are given): fp32 scales take the round_sf=False variant.
     launcher = _select(x, fmt, npc, sf_layout == "ue8m0", sf_layout)
     return launch(launcher, x, output(0), sf_arg, _MODE_GIVEN_SF, outputs=(_codes(x, fmt),),

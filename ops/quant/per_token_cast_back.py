@@ -145,7 +145,7 @@ def per_token_cast_back(
     # Grid order: fmt, npc (one scale per row is npc 0), out_dtype, hidden, sf_layout. The variant built for this
     # hidden where there is one, else the one for any hidden (grid value 0; the launcher requires a multiple of 64).
     key = (_IN_FORMATS[q.dtype], 0 if npc == hidden else npc, dtype_name(out_dtype))
-    launcher = _kernel.find(*key, hidden, sf_layout) or _kernel.variant(*key, 0, sf_layout)
+    launcher = _kernel.find(*key, hidden, sf_layout, 1) or _kernel.variant(*key, 0, sf_layout, 1)
     outputs = (empty(out_dtype, size(q, 0), hidden),)
     if sf_layout == "row_major":
         return launch(launcher, q, sf, output(0), outputs=outputs)
@@ -156,37 +156,70 @@ def per_token_cast_back(
 _BLOCK_SIDES = (32, 128)  # per-block scales: (32 | 128) x (32 | 128) blocks, as per_block_cast makes them
 
 
-def _per_token_scales(
-    x: object, num_per_tokens: int, num_per_channels: int
-) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
-    """Per-block scales (ceil(T / bm), H / bk), fp32 or packed UE8M0 int32 words (ceil(T / bm), ceil(H / bk / 4)),
-    spread to per-token fp32 ones: ((q, sf (T, H / npc)), npc).
-
-    Each block scale is repeated over its bm tokens (and, for FP4 with bk = 128, over four
-    32-channel groups: e2m1 is built for npc 16 and 32), so per_token_cast_back computes the
-    same fp32 product decode(q) * sf per element, bit for bit.
-    """
-    if num_per_tokens not in _BLOCK_SIDES or num_per_channels not in _BLOCK_SIDES:
+def _block_scales(x: object, num_per_tokens: int, num_per_channels: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], tuple[int, int]]:
+    """(q, sf, the fp32 scales' shape, the UE8M0 words' shape) of per-block or per-channel scales, or an error
+    naming what is wrong: blocks (32 | 128) x (32 | 128 | 1); sf (ceil(T / bm), ceil(H / bk)) fp32 or, for
+    blocks, packed UE8M0 int32 words (ceil(T / bm), ceil(H / bk / 4))."""
+    if num_per_tokens not in _BLOCK_SIDES or num_per_channels not in (*_BLOCK_SIDES, 1):
         raise _not_built("x_block_size", f"the block size {(num_per_tokens, num_per_channels)!r} (per-token (1, npc) "
-                         "blocks and (32 | 128) x (32 | 128) blocks are)")
+                         "blocks, (32 | 128) x (32 | 128) blocks and (32 | 128, 1) per-channel blocks are)")
     q, sf = _pair(x)
     num_tokens, width = q.shape
     hidden = width * 2 if q.dtype == torch.int8 else width
-    if hidden % num_per_channels != 0:
-        raise ValueError(f"x_block_size: hidden ({hidden}) must be a multiple of num_per_channels ({num_per_channels})")
-    expected = ((num_tokens + num_per_tokens - 1) // num_per_tokens, hidden // num_per_channels)
+    if hidden % 64 != 0:
+        raise ValueError(f"x[0] (q): hidden ({hidden}) must be a multiple of 64")
+    expected = (-(-num_tokens // num_per_tokens), -(-hidden // num_per_channels))
     words = (expected[0], (expected[1] + 3) // 4)
-    if sf.dtype == torch.int32 and tuple(sf.shape) == words:  # packed UE8M0 block scales, four to a word
+    return q, sf, expected, words
+
+
+def _per_token_scales(
+    x: object, num_per_tokens: int, num_per_channels: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+    """Per-block scales in a layout the kernel does not read in place (column-major fp32, packed UE8M0 int32 words)
+    spread to per-token fp32 ones: ((q, sf (T, G)), npc).
+
+    Each block scale is repeated over its bm tokens (and, for FP4 with bk = 128, over four
+    32-channel groups), so per_token_cast_back computes the same fp32 product decode(q) * sf per
+    element, bit for bit.
+    """
+    q, sf, expected, words = _block_scales(x, num_per_tokens, num_per_channels)
+    if sf.dtype == torch.int32 and tuple(sf.shape) == words and num_per_channels != 1:  # UE8M0, four to a word
         sf = ue8m0_values(sf, expected[1])
     if sf.dtype != torch.float32 or tuple(sf.shape) != expected:
         raise KernelArgumentError(f"x[1] (sf): expected float32 per-block scales of shape {expected} (or int32 "
                                   f"UE8M0 words {words}) for codes of shape {tuple(q.shape)}, got {sf.dtype} "
                                   f"{tuple(sf.shape)}")
-    sf = sf.repeat_interleave(num_per_tokens, dim=0)[:num_tokens]
+    sf = sf.repeat_interleave(num_per_tokens, dim=0)[:q.shape[0]]
     npc = num_per_channels
     if q.dtype == torch.int8 and npc == 128:
-        sf, npc = sf.repeat_interleave(4, dim=1), 32
+        groups = -(-2 * int(q.shape[1]) // 32)  # ceil(hidden / 32): the last 128-block may be partial
+        sf, npc = sf.repeat_interleave(4, dim=1)[:, :groups], 32
     return (q, sf.contiguous()), npc
+
+
+@op(outputs=("out",), inputs={"x": pair((1,), ())}, name="cast_back_blocks")
+def _cast_back_blocks(
+    x: tuple[torch.Tensor, torch.Tensor],
+    fmt: str | torch.dtype,
+    x_block_size: tuple[int, int],
+    *,
+    out: torch.Tensor | None = None,
+) -> Plan:
+    """cast_back of row-major fp32 per-block (bm, bk) or per-channel (bm, 1) scales, read in place by the variant of
+    that block_m: out = decode(q) * sf[t / bm, c / bk] per element (one fp32 multiply, as the per-token path)."""
+    num_per_tokens, num_per_channels = x_block_size
+    q, sf, expected, _ = _block_scales(x, num_per_tokens, num_per_channels)
+    if tuple(sf.shape) != expected:
+        raise KernelArgumentError(f"x[1] (sf): expected float32 scales of shape {expected} for codes of shape "
+                                  f"{tuple(q.shape)} and blocks {tuple(x_block_size)}, got {tuple(sf.shape)}")
+    out_dtype = output_dtype(fmt)
+    hidden = int(q.shape[1]) * (2 if q.dtype == torch.int8 else 1)
+    # Grid order: fmt, npc, out_dtype, hidden, sf_layout, block_m; the launcher checks sf's dtype and strides.
+    launcher = _kernel.variant(_IN_FORMATS[q.dtype], num_per_channels, dtype_name(out_dtype), 0, "row_major",
+                               num_per_tokens)
+    return launch(launcher, q, sf, output(0), outputs=(empty(out_dtype, size(q, 0), hidden),))
 
 
 def cast_back(
@@ -216,5 +249,10 @@ def cast_back(
     if x_special_fmt == "e5m6":
         return _e5m6(x, output_dtype(fmt), (num_per_tokens, num_per_channels), out)
     if num_per_tokens != 1:
+        if x_special_fmt is not None:
+            raise ValueError(f"x_special_fmt: expected None or 'e5m6', got {x_special_fmt!r}")
+        q, sf = _pair(x)
+        if sf.dtype == torch.float32 and _sf_layout(sf) == "row_major":
+            return _cast_back_blocks((q, sf), fmt, (num_per_tokens, num_per_channels), out=out)  # type: ignore[no-any-return]
         x, num_per_channels = _per_token_scales(x, num_per_tokens, num_per_channels)
     return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt=x_special_fmt, out=out)

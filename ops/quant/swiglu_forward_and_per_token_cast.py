@@ -176,7 +176,7 @@ def swiglu_forward_and_per_token_cast(
                                empty(torch.float32, size(x, 0), hidden // npc)),
                       rules=rules, constants=stand_ins)
     if out is not None:  # the kernel's view of out's sf (the launcher checks that view) assumes its shape
-        check_scales(out_tensors(out, ("q", "sf"))[1], x[:, :hidden], npc, sf_layout)
+        check_scales(out_tensors(out, ("q", "sf"))[1], (x.shape[0], hidden), npc, sf_layout)
     return launch(launcher, x, output(0), output(1, view=storage_view(sf_layout)), *args,
                   outputs=ColumnMajor("e4m3", npc, sf_layout, x_columns=2),  # type: ignore[arg-type]  # a callable
                   rules=rules, constants=stand_ins)
@@ -199,7 +199,7 @@ def _counted_call(x: torch.Tensor, pos_to_token_topk: torch.Tensor, topk_weights
     compiling = torch.compiler.is_compiling()
     if given is not None and not compiling:
         q, sf = out_tensors(given, ("q", "sf"))
-        check_scales(sf, x[:, :hidden], npc, sf_layout)
+        check_scales(sf, (x.shape[0], hidden), npc, sf_layout)
         kernel_sf = sf if sf_layout == "row_major" else storage_view(sf_layout)(sf)
     elif sf_layout == "row_major":
         q = x.new_empty((x.shape[0], hidden), dtype=torch.float8_e4m3fn)

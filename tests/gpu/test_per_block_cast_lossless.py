@@ -64,7 +64,8 @@ def test_launcher_overwrites_poisoned_outputs(v: tuple[int, tuple[int, int]]) ->
     x, x_sf = fp4_pair(num_tokens, hidden)
     q = torch.full((num_tokens, hidden), POISON_BYTE, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
     sf = torch.full((-(-num_tokens // block_m), hidden // block_k), float("nan"), device="cuda")
-    runtime.get_kernel("per_block_cast_lossless").select(hidden=hidden, block_m=block_m, block_k=block_k)(x, x_sf, q, sf)
+    runtime.get_kernel("per_block_cast_lossless").select(hidden=hidden, block_m=block_m, block_k=block_k,
+                                                          in_sf_layout="row_major", sf_layout="row_major")(x, x_sf, q, sf)
     torch.cuda.synchronize()
     ref_q, ref_sf = per_block_cast_lossless_ref(x, x_sf, (block_m, block_k))
     assert_same_codes_and_scales(q, sf, ref_q, ref_sf)
@@ -105,19 +106,82 @@ def test_bad_arguments_name_the_argument() -> None:
         (lambda: lossless((x, x_sf), "e4m3", (1, 32), 128), TypeError, r"^out_block_size:"),
         (lambda: lossless((x.view(torch.uint8), x_sf), "e4m3", (1, 32), (1, 128)), TypeError, r"^x:.*int8"),
         (lambda: lossless((x, x_sf[:32]), "e4m3", (1, 32), (1, 128)), ValueError, r"^x_sf:"),
-        (lambda: lossless((x, x_sf.view(torch.int32)), "e4m3", (1, 32), (1, 128)), NotImplementedError, r"^x:"),
-        (lambda: lossless((x, x_sf), "e4m3", (1, 32), (1, 128), use_packed_ue8m0=True), NotImplementedError,
+        (lambda: lossless((x, x_sf), "e4m3", (1, 32), (1, 128), use_packed_ue8m0=True), ValueError,
          r"^use_packed_ue8m0:"),
-        (lambda: lossless((x, x_sf), "e4m3", (1, 32), (1, 128), use_tma_aligned_col_major_sf=True),
-         NotImplementedError, r"^use_tma_aligned_col_major_sf:"),
+        (lambda: lossless((x[:, :24], x_sf[:, :3]), "e4m3", (1, 32), (1, 128)), ValueError, r"^x: hidden"),
     ]
     for call, error, pattern in cases:
         with pytest.raises(error, match=pattern):
             call()
     with pytest.raises(errors.KernelArgumentError, match=r"\bx_sf\b"):
         lossless((x, x_sf[:, :32]), "e4m3", (1, 32), (1, 128))
-    with pytest.raises(errors.VariantNotFoundError, match="1536"):
-        lossless(fp4_pair(64, 1536), "e4m3", (1, 32), (1, 128))
+    with pytest.raises(errors.KernelArgumentError, match=r"\bx_sf\b"):  # UE8M0 words: 16 for 64 input blocks
+        lossless((x, x_sf.view(torch.int32)), "e4m3", (1, 32), (1, 128))
+
+
+# --- any hidden and every scale layout (the variants of grid hidden 0) -----------------------------------------
+
+GENERIC_HIDDEN = (64, 576, 1088, 1536, 3072, 3584)  # 576 and 1088: a partial last block of 128 channels
+
+
+def ue8m0_words(x_sf: torch.Tensor) -> torch.Tensor:
+    """fp32 power-of-two scales (T, G) as per_token_cast's packed UE8M0 words: int32 (T, ceil(G / 4)), column-major
+    over a (ceil(G / 4), align(T, 4)) storage, byte g % 4 of word g / 4 the exponent of scale g."""
+    num_tokens, groups = x_sf.shape
+    exponents = torch.zeros(num_tokens, -(-groups // 4) * 4, dtype=torch.int32, device=x_sf.device)
+    exponents[:, :groups] = (x_sf.view(torch.int32) >> 23) & 0xFF
+    shifts = torch.arange(0, 32, 8, device=x_sf.device, dtype=torch.int32)
+    words = (exponents.view(num_tokens, -(-groups // 4), 4) << shifts).sum(-1)
+    storage = torch.full((words.shape[1], -(-num_tokens // 4) * 4), -1, dtype=torch.int32, device=x_sf.device)
+    storage[:, :num_tokens] = words.T.to(torch.int32)
+    return storage.T[:num_tokens]
+
+
+def read_scales(sf: torch.Tensor, groups: int) -> torch.Tensor:
+    """fp32 (R, groups) values of an output sf in any layout; UE8M0 bytes past the last group must be zero."""
+    if sf.dtype != torch.int32:
+        return sf.contiguous()
+    exponents = ((sf.unsqueeze(-1) >> torch.arange(0, 32, 8, dtype=torch.int32, device=sf.device)) & 0xFF)
+    exponents = exponents.reshape(sf.shape[0], 4 * sf.shape[1])
+    assert bool((exponents[:, groups:] == 0).all()), "bytes after the last group's are not zero"
+    return (exponents[:, :groups] << 23).to(torch.int32).contiguous().view(torch.float32)
+
+
+LAYOUTS = {"row_major": {}, "col_major": {"use_tma_aligned_col_major_sf": True},
+           "ue8m0": {"use_tma_aligned_col_major_sf": True, "round_sf": True, "use_packed_ue8m0": True}}
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 161, 4001])
+@pytest.mark.parametrize("out_layout", list(LAYOUTS))
+@pytest.mark.parametrize("packed_in", [False, True], ids=["fp32-in", "ue8m0-in"])
+@pytest.mark.parametrize("out_block", OUT_BLOCKS, ids=str)
+@pytest.mark.parametrize("hidden", (*GENERIC_HIDDEN, 2048))
+def test_any_hidden_and_every_layout(hidden: int, out_block: tuple[int, int], packed_in: bool, out_layout: str,
+                                     num_tokens: int) -> None:
+    """Every (input, output) scale layout TileKernels takes, at hidden sizes built per size or not, into poisoned
+    outputs: the codes and scale values of the reference, and an exact round trip."""
+    if hidden == 2048 and not packed_in and out_layout == "row_major":
+        pytest.skip("the variant built for 2048: tested above")
+    x, x_sf = fp4_pair(num_tokens, hidden)
+    given_sf = ue8m0_words(x_sf) if packed_in else x_sf
+    poison_allocator(2 * num_tokens * hidden + 4096)
+    q, sf = quant.per_block_cast_lossless((x, given_sf), "e4m3", (1, 32), out_block, **LAYOUTS[out_layout])
+    ref_q, ref_sf = per_block_cast_lossless_ref(x, x_sf, out_block)
+    groups = -(-hidden // out_block[1])
+    if out_layout != "row_major":
+        assert sf.stride() == (1, -(-sf.shape[0] // 4) * 4) or num_tokens == 0
+    assert_same_codes_and_scales(q, read_scales(sf, groups), ref_q, ref_sf)
+    assert torch.equal(lossless_dequant(q, read_scales(sf, groups), out_block), fp4_dequant(x, x_sf))
+
+
+def test_row_major_ue8m0_words_are_read_too() -> None:
+    """Packed UE8M0 input words in a row-major tensor (not per_token_cast's column-major view) are copied, not
+    refused."""
+    x, x_sf = fp4_pair(33, 576)
+    words = ue8m0_words(x_sf).contiguous()
+    q, sf = quant.per_block_cast_lossless((x, words), "e4m3", (1, 32), (32, 32))
+    ref_q, ref_sf = per_block_cast_lossless_ref(x, x_sf, (32, 32))
+    assert_same_codes_and_scales(q, sf, ref_q, ref_sf)
 
 
 def _fn(t: torch.Tensor, x_sf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -64,7 +64,7 @@ def built(v: Variant) -> dict[str, object]:
     fmt, npc, out_dtype, hidden, sf_layout = v
     generic = hidden not in HIDDEN
     return {"fmt": fmt, "npc": 0 if npc == hidden else npc, "out_dtype": out_dtype, "hidden": 0 if generic else hidden,
-            "sf_layout": sf_layout}
+            "sf_layout": sf_layout, "block_m": 1}
 
 
 def random_codes(num_tokens: int, hidden: int, fmt: str) -> torch.Tensor:
@@ -239,7 +239,7 @@ def test_launcher_checks_every_tensor() -> None:
     q, sf = random_codes(16, 2048, "e2m1"), random_scales(16, 2048 // 16)
     out = torch.empty(16, 2048, dtype=torch.bfloat16, device="cuda")
     launch = runtime.get_kernel("per_token_cast_back").select(
-        fmt="e2m1", npc=16, out_dtype="bfloat16", hidden=2048, sf_layout="row_major"
+        fmt="e2m1", npc=16, out_dtype="bfloat16", hidden=2048, sf_layout="row_major", block_m=1
     )
     with pytest.raises(errors.KernelArgumentError, match=r"\bsf\b"):
         launch(q, sf[:, :64], out)
@@ -341,6 +341,31 @@ def test_cast_back_per_block_scales(out: str, fmt: str, block: tuple[int, int], 
                            want.view(torch.int16 if out == "bfloat16" else torch.int32))
 
 
+@pytest.mark.parametrize("num_tokens", [0, 1, 129, 4001])
+@pytest.mark.parametrize("hidden", [64, 576, 1088, 3072, 7168])
+@pytest.mark.parametrize(("fmt", "block"), [("e4m3", b) for b in [*BLOCKS, (128, 1), (32, 1)]]
+                         + [("e2m1", b) for b in BLOCKS])
+@pytest.mark.parametrize("out", ["bfloat16", "float32"])
+def test_cast_back_block_scales_at_any_hidden(out: str, fmt: str, block: tuple[int, int], hidden: int,
+                                               num_tokens: int) -> None:
+    """Row-major per-block and per-channel ((bm, 1), per_channel_cast's) scales, read in place by the variants of
+    their block_m, at hidden sizes whose last block is partial (576, 1088 with 128-wide blocks), into a poisoned
+    out; the column-major form of the same scales (spread to per-token ones) gives the same bits."""
+    bm, bk = block
+    q = random_codes(num_tokens, hidden, fmt)
+    sf = random_scales(-(-num_tokens // bm), -(-hidden // bk))
+    dtype, name = OUT[out]
+    view = torch.int16 if out == "bfloat16" else torch.int32
+    poisoned = torch.full((num_tokens, hidden), -1, dtype=view, device="cuda").view(dtype)
+    got = quant.cast_back((q, sf), name, block, out=poisoned)
+    assert got is poisoned
+    want = per_block_cast_back_ref(q, sf, name, block)
+    assert torch.equal(got.view(view), want.view(view))
+    if bk != 1:
+        spread = quant.cast_back((q, sf.t().contiguous().t()), name, block)
+        assert torch.equal(spread.view(view), want.view(view))
+
+
 @pytest.mark.parametrize(("fmt", "block"), [("e4m3", (128, 128)), ("e2m1", (32, 32))])
 def test_per_block_cast_round_trip(fmt: str, block: tuple[int, int]) -> None:
     if not hasattr(quant, "per_block_cast"):
@@ -357,6 +382,8 @@ def test_per_block_scale_errors_name_the_argument() -> None:
         quant.cast_back((q, torch.ones(1, 16, device="cuda")), "bf16", (32, 128))  # needs 2 token blocks
     with pytest.raises(NotImplementedError, match=r"x_block_size"):
         quant.cast_back((q, torch.ones(1, 16, device="cuda")), "bf16", (64, 128))
+    with pytest.raises(errors.KernelArgumentError, match=r"x\[1\] \(sf\)"):  # (128, 1): one scale per channel
+        quant.cast_back((q, torch.ones(1, 16, device="cuda")), "bf16", (128, 1))
 
 
 @pytest.mark.parametrize("num_tokens", [0, 1, 4001, 8192])

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.gpu
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 HIDDEN = (576, 2048, 3584, 7168)  # groups: any multiple of 64 (576 with npc 128: a partial last group)
-ROW_HIDDEN = (2048, 2560, 3072, 4096, 6144, 7168)  # one scale per row: built per hidden
+ROW_HIDDEN = (576, 2048, 2560, 3072, 4096, 6144, 7168)  # one scale per row: built per hidden (576: one warp a row)
 NPC = {"e4m3": (16, 32, 64, 128), "e2m1": (16, 32, 64, 128)}
 TOKENS = (0, 1, 4001)
 ERROR_BOUND = {"e4m3": 1e-3, "e2m1": 2e-2}
@@ -94,7 +94,7 @@ def test_one_scale_per_row(v: tuple[str, int, str, bool], num_tokens: int) -> No
 
 @pytest.mark.parametrize("num_tokens", [1, 5, 4001])
 @pytest.mark.parametrize("sf_layout", ["col_major", "ue8m0"])
-@pytest.mark.parametrize("v", [v for v in PER_ROW if v[1] in (2560, 7168) and v[3]], ids=vid)
+@pytest.mark.parametrize("v", [v for v in PER_ROW if v[1] in (576, 2560, 7168) and v[3]], ids=vid)
 def test_one_scale_per_row_in_the_column_major_layouts(v: tuple[str, int, str, bool], sf_layout: str,
                                                        num_tokens: int) -> None:
     """G = 1: a UE8M0 word holds the row's byte and three zero bytes (TileKernels' packing of G % 4 != 0)."""

@@ -32,7 +32,7 @@ tile_kernels_aot, quant, errors, runtime = installed_package()
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-HIDDEN = (2048, 2560, 4096, 6144, 7168)  # kernel_specs/quant_e5m6.yaml
+HIDDEN = (576, 2048, 2560, 3072, 4096, 6144, 7168)  # kernel_specs/quant_e5m6.yaml
 CAST = list(itertools.product(DTYPES, HIDDEN, (False, True)))  # (in_dtype, hidden, round_sf)
 BACK = list(itertools.product(DTYPES, HIDDEN))  # (out_dtype, hidden)
 POISON_BYTE = 0xFF  # codes 0xFFF (NaN) everywhere; no finite input produces them
@@ -74,7 +74,8 @@ def launch_cast_poisoned(x: torch.Tensor, v: tuple[str, int, bool]) -> tuple[tor
     num_tokens = x.shape[0]
     q = torch.full((num_tokens, hidden // 8 * 12), POISON_BYTE, dtype=torch.uint8, device="cuda")
     sf = torch.full((num_tokens, 1), float("nan"), device="cuda")
-    launch = runtime.get_kernel("per_token_cast_e5m6").select(in_dtype=in_dtype, hidden=hidden, round_sf=round_sf)
+    launch = runtime.get_kernel("per_token_cast_e5m6").select(in_dtype=in_dtype, hidden=hidden, round_sf=round_sf,
+                                                             sf_layout="float")
     launch(x, q.view(torch.int32), sf.view(-1))
     torch.cuda.synchronize()
     return q, sf
@@ -232,7 +233,7 @@ def test_cast_back_launcher_overwrites_poisoned_outputs(v: tuple[str, int], num_
     codes = torch.where((codes >> 6) & 0x1F == 0x1F, codes & ~0x40, codes)
     q, sf = e5m6_pack(codes), random_codes(num_tokens, hidden)[1]
     out = torch.full((num_tokens, hidden), float("nan"), dtype=DTYPES[out_dtype], device="cuda")
-    runtime.get_kernel("cast_back_e5m6").select(out_dtype=out_dtype, hidden=hidden)(q.view(torch.int32), sf.view(-1), out)
+    runtime.get_kernel("cast_back_e5m6").select(out_dtype=out_dtype, hidden=hidden, sf_layout="float")(q.view(torch.int32), sf.view(-1), out)
     torch.cuda.synchronize()
     ref = cast_back_e5m6_ref(q, sf, DTYPES[out_dtype])
     assert not torch.isnan(ref).any()
@@ -248,7 +249,7 @@ def test_cast_back_leaves_rows_past_the_end_alone(v: tuple[str, int], num_tokens
     out_dtype, hidden = v
     q, sf = random_codes(num_tokens, hidden)
     buffer = torch.full((num_tokens + 1, hidden), float("nan"), dtype=DTYPES[out_dtype], device="cuda")
-    runtime.get_kernel("cast_back_e5m6").select(out_dtype=out_dtype, hidden=hidden)(
+    runtime.get_kernel("cast_back_e5m6").select(out_dtype=out_dtype, hidden=hidden, sf_layout="float")(
         q.view(torch.int32), sf.view(-1), buffer[:num_tokens])
     torch.cuda.synchronize()
     assert torch.isnan(buffer[num_tokens]).all()
@@ -296,7 +297,7 @@ def test_cast_bad_arguments_name_the_argument() -> None:
     x = torch.ones(4, 2048, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="num_per_channels"):
         quant.per_token_cast_e5m6(x, 128)
-    with pytest.raises(NotImplementedError, match="use_packed_ue8m0"):
+    with pytest.raises(ValueError, match="use_packed_ue8m0"):
         quant.per_token_cast_e5m6(x, use_packed_ue8m0=True)
     with pytest.raises(ValueError, match=r"\bx\b"):
         quant.per_token_cast_e5m6(torch.ones(2048, device="cuda", dtype=torch.bfloat16))
@@ -322,8 +323,6 @@ def test_cast_back_bad_arguments_name_the_argument() -> None:
         quant.cast_back_e5m6((q, sf[:3]), "bf16")
     with pytest.raises(errors.KernelArgumentError, match=r"x\[1\]"):
         quant.cast_back_e5m6((q, sf.expand(4, 2)), "bf16")
-    with pytest.raises(NotImplementedError, match=r"x\[1\]"):
-        quant.cast_back_e5m6((q, sf.view(torch.int32)), "bf16")
     with pytest.raises((errors.VariantNotFoundError, errors.KernelArgumentError)):
         quant.cast_back_e5m6((q, sf.double()), "bf16")
     with pytest.raises(errors.VariantNotFoundError, match="hidden"):
@@ -392,3 +391,32 @@ def test_cast_back_of_a_token_slice() -> None:
     q, sf = quant.per_token_cast_e5m6(x)
     out = quant.cast_back_e5m6((q[1:], sf[1:]), "bf16")
     assert_same_output(out, cast_back_e5m6_ref(q[1:], sf[1:], torch.bfloat16))
+
+
+# --- packed UE8M0 scales (use_packed_ue8m0) --------------------------------------------------------------------
+
+
+def ue8m0_exponents(words: torch.Tensor) -> torch.Tensor:
+    """Byte 0 of each int32 word (the biased exponent); the other three bytes must be zero."""
+    assert bool(((words >> 8) == 0).all()), "UE8M0 bytes past the first are not zero"
+    return words & 0xFF
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 5, 4001])
+@pytest.mark.parametrize("v", [v for v in CAST if v[2]], ids=cast_id)
+def test_packed_ue8m0_scales(v: tuple[str, int, bool], num_tokens: int) -> None:
+    """The codes of the round_sf cast, and per token one int32 word holding its scale's exponent, column-major over
+    a (1, align(T, 4)) storage as TileKernels returns it; the cast back of the pair reads the words."""
+    in_dtype, hidden, _ = v
+    x = random_rows(num_tokens, hidden, DTYPES[in_dtype])
+    q, words = quant.per_token_cast_to_e5m6(x, hidden, True, True, True)
+    ref_q, ref_sf = per_token_cast_e5m6_ref(x, round_sf=True)
+    assert words.dtype == torch.int32 and words.shape == (num_tokens, 1)
+    assert words.stride() == (1, -(-num_tokens // 4) * 4) or num_tokens == 0
+    assert torch.equal(q, ref_q)
+    assert torch.equal(ue8m0_exponents(words), (ref_sf.view(torch.int32) >> 23) & 0xFF)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        back = quant.cast_back_e5m6((q, words), out_dtype)
+        want = cast_back_e5m6_ref(ref_q, ref_sf, out_dtype)
+        view = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(back.view(view), want.view(view))

@@ -119,7 +119,8 @@ def per_block_cast_lossless_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference per_block_cast_lossless of (x int8 (T, H / 2) packed FP4, x_sf fp32 (T, H / 32)).
 
-    Returns (q e4m3 (T, H), sf fp32 (ceil(T / bm), H / bk)); see the kernel template for the rule.
+    Returns (q e4m3 (T, H), sf fp32 (ceil(T / bm), ceil(H / bk))); see the kernel template for the rule. The
+    last block of a row is partial where bk does not divide H (its max over the input blocks there are).
     """
     if out_block not in LOSSLESS_OUT_BLOCKS:
         raise ValueError(f"out_block must be one of {LOSSLESS_OUT_BLOCKS}, got {out_block}")
@@ -129,12 +130,12 @@ def per_block_cast_lossless_ref(
         raise ValueError(f"x_sf must be (T, H / 32) = {(num_tokens, hidden // FP4_IN_BLOCK)}, got {tuple(x_sf.shape)}")
     e = _exponents(x_sf)  # (T, H / 32)
     per_k = block_k // FP4_IN_BLOCK  # input blocks per output block, along channels
-    rows = -(-num_tokens // block_m)
-    padded = e.new_zeros((rows * block_m, e.shape[1]))  # absent rows: exponent 0, never the max
-    padded[:num_tokens] = e
-    block_max = padded.reshape(rows, block_m, e.shape[1] // per_k, per_k).amax(dim=(1, 3))
+    rows, cols = -(-num_tokens // block_m), -(-e.shape[1] // per_k)
+    padded = e.new_zeros((rows * block_m, cols * per_k))  # absent rows and blocks: exponent 0, never the max
+    padded[:num_tokens, :e.shape[1]] = e
+    block_max = padded.reshape(rows, block_m, cols, per_k).amax(dim=(1, 3))
     out_e = torch.where(block_max >= LOSSLESS_SHIFT, block_max - LOSSLESS_SHIFT, torch.zeros_like(block_max))
-    out_e_per_in = out_e.repeat_interleave(block_m, dim=0)[:num_tokens].repeat_interleave(per_k, dim=1)
+    out_e_per_in = out_e.repeat_interleave(block_m, dim=0)[:num_tokens].repeat_interleave(per_k, dim=1)[:, :e.shape[1]]
     factor = _float_of_bits((e - out_e_per_in + 127) << 23)
     scaled = fp4_decode(x) * factor.repeat_interleave(FP4_IN_BLOCK, dim=1)
     return codes(scaled, "e4m3"), _float_of_bits(out_e << 23)
@@ -143,7 +144,7 @@ def per_block_cast_lossless_ref(
 def lossless_dequant(q: torch.Tensor, sf: torch.Tensor, out_block: tuple[int, int]) -> torch.Tensor:
     """float32 (T, H) = q * sf broadcast over (block_m, block_k) blocks."""
     block_m, block_k = out_block
-    scale = sf.repeat_interleave(block_m, dim=0)[: q.shape[0]].repeat_interleave(block_k, dim=1)
+    scale = sf.repeat_interleave(block_m, dim=0)[: q.shape[0]].repeat_interleave(block_k, dim=1)[:, : q.shape[1]]
     return q.float() * scale
 
 

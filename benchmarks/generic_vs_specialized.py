@@ -75,7 +75,8 @@ def _moe_cases(moe: Any) -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
 # answer None for every nonzero one, so that the op takes its variant for any size.
 COVERAGE_FINDS = {
     "quant._swiglu_forward_and_per_token_cast": 0, "quant._swiglu_backward_and_per_token_cast": 0,
-    "quant._per_token_cast_back": 3, "moe._topk_gate": 0,
+    "quant._per_token_cast_back": 3, "moe._topk_gate": 0, "quant._per_block_cast": 1,
+    "quant._per_block_cast_lossless": 0,
 }
 
 
@@ -109,6 +110,18 @@ def _coverage_cases(quant: Any, moe: Any) -> list[tuple[str, Any, list[tuple[Any
 
             cases.append((f"per_token_cast_back {fmt} npc={npc} bf16 H={hidden}",
                           lambda q, sf, n=npc: quant.per_token_cast_back((q, sf), "bf16", n), rotating_inputs(codes)))
+        for fmt, block in (("e4m3", (128, 128)), ("e2m1", (32, 32))):
+            cases.append((f"per_block_cast {fmt} {block[0]}x{block[1]} H={hidden}",
+                          lambda x, f=fmt, b=block: quant.per_block_cast(x, f, b, round_sf=True),
+                          rotating_inputs(lambda h=hidden: (torch.randn(TOKENS, h, device="cuda").bfloat16(),))))
+
+        def fp4_pair(h: int = hidden) -> tuple[Any, ...]:
+            return quant.per_token_cast(torch.randn(TOKENS, h, device="cuda").bfloat16(), "e2m1", 32, round_sf=True)
+
+        for block in ((1, 128), (128, 128)):
+            cases.append((f"per_block_cast_lossless -> {block[0]}x{block[1]} H={hidden}",
+                          lambda q, sf, b=block: quant.per_block_cast_lossless((q, sf), "e4m3", (1, 32), b),
+                          rotating_inputs(fp4_pair)))
     for experts in (64, 72, 256):
         cases.append((f"moe.topk_gate E={experts} K=6", lambda s: moe.topk_gate(s, 6),
                       rotating_inputs(lambda e=experts: (torch.randn(4 * TOKENS, e, device="cuda"),))))
@@ -159,7 +172,9 @@ def time_cases(label: str, out: Path, generic: bool, only: str = "all") -> None:
             results["cases"][_name(in_dtype, fmt, npc, flags, hidden)] = {"us": us, "bytes": moved}
             print(f"{label}: {_name(in_dtype, fmt, npc, flags, hidden)}: {us:.1f} us", flush=True)
     cases = _moe_cases(tile_kernels_aot.moe) if only in ("all", "moe") else []
-    cases += _coverage_cases(quant, tile_kernels_aot.moe) if only in ("all", "coverage") else []
+    if only in ("all", "coverage", "blocks"):  # blocks: the per-block casts of the coverage section alone
+        cases += [case for case in _coverage_cases(quant, tile_kernels_aot.moe)
+                  if only != "blocks" or case[0].startswith("per_block_cast")]
     for name, fn, inputs in cases:
         us = timer.median_us(fn, inputs)
         results["cases"][name] = {"us": us, "bytes": _bytes(inputs[0], fn(*inputs[0]))}
@@ -199,8 +214,8 @@ def main() -> int:
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--generic", action="store_true", help="time the variants for any hidden even where the "
                    "wheel has one built for the case's hidden")
-    t.add_argument("--only", choices=("all", "quant", "moe", "coverage"), default="all",
-                   help="time the per-token casts or the MoE ops only (a wheel built with --kernel)")
+    t.add_argument("--only", choices=("all", "quant", "moe", "coverage", "blocks"), default="all",
+                   help="time the per-token casts, the MoE ops, the coverage section or its per-block casts only")
     t.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     m = sub.add_parser("table")
     m.add_argument("specialized", type=Path)

@@ -62,6 +62,24 @@ def poisoned_outputs(
     return q, sf
 
 
+def poisoned_column_major_outputs(num_tokens: int, hidden: int, fmt: str, block_size: tuple[int, int], layout: str
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Poisoned (q, sf) in the storage TileKernels returns: fp32 column-major (G, align(ceil(T / block_m), 4)) or its
+    UE8M0 words, int32 (ceil(G / 4), same), G = ceil(hidden / block_k); sf the (rows, G or words) view."""
+    rows, groups = -(-num_tokens // block_size[0]), -(-hidden // block_size[1])
+    padded = -(-rows // 4) * 4
+    q_out, _ = poisoned_outputs(num_tokens, hidden, fmt, block_size)
+    if layout == "col_major":
+        return q_out, torch.full((groups, padded), float("nan"), device="cuda").T[:rows]
+    return q_out, torch.full((-(-groups // 4), padded), 0x7F7F7F7F, dtype=torch.int32, device="cuda").T[:rows]
+
+
+def word_bytes(sf: torch.Tensor) -> torch.Tensor:
+    """The four exponent bytes of each UE8M0 word of sf (rows, words), as int32 (rows, 4 * words)."""
+    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device="cuda")
+    return ((sf.unsqueeze(-1) >> shifts) & 0xFF).reshape(sf.shape[0], 4 * sf.shape[1])
+
+
 def assert_matches_reference(
     x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf: bool
 ) -> None:
@@ -120,13 +138,8 @@ def test_column_major_layouts(v: tuple[int, str, tuple[int, int], bool, str], nu
     hidden, fmt, block_size, round_sf, layout = v
     x = random_rows(num_tokens, hidden)
     x[num_tokens // 2:num_tokens // 2 + 1, 3] = float("nan")  # a NaN block: sf NaN, its UE8M0 byte 0xFF
-    rows, groups = -(-num_tokens // block_size[0]), hidden // block_size[1]
-    padded = -(-rows // 4) * 4
-    q_out, _ = poisoned_outputs(num_tokens, hidden, fmt, block_size)
-    if layout == "col_major":
-        sf_out = torch.full((groups, padded), float("nan"), device="cuda").T[:rows]
-    else:
-        sf_out = torch.full((-(-groups // 4), padded), 0x7F7F7F7F, dtype=torch.int32, device="cuda").T[:rows]
+    groups = hidden // block_size[1]
+    q_out, sf_out = poisoned_column_major_outputs(num_tokens, hidden, fmt, block_size, layout)
     q, sf = quant.per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf=True, round_sf=round_sf,
                                  use_packed_ue8m0=layout == "ue8m0", out=(q_out, sf_out))
     assert q is q_out and sf is sf_out
@@ -135,8 +148,7 @@ def test_column_major_layouts(v: tuple[int, str, tuple[int, int], bool, str], nu
         assert_same_codes_and_scales(q, sf.contiguous(), ref_q, ref_sf)
         return
     assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
-    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device="cuda")
-    got = ((sf.unsqueeze(-1) >> shifts) & 0xFF).reshape(rows, 4 * sf.shape[1])
+    got = word_bytes(sf)
     want = (ref_sf.view(torch.int32) >> 23) & 0xFF
     want = torch.where(ref_sf.isnan(), torch.full_like(want, 0xFF), want)
     assert torch.equal(got[:, :groups], want) and bool((got[:, groups:] == 0).all())
@@ -269,13 +281,8 @@ def test_any_hidden_column_major_layouts(v: tuple[torch.dtype, int, str, tuple[i
     dtype, hidden, fmt, block_size, _ = v
     num_tokens = 1001
     x = random_rows(num_tokens, hidden, dtype=dtype)
-    rows, groups = -(-num_tokens // block_size[0]), -(-hidden // block_size[1])
-    padded = -(-rows // 4) * 4
-    q_out, _ = poisoned_outputs(num_tokens, hidden, fmt, block_size)
-    if layout == "col_major":
-        sf_out = torch.full((groups, padded), float("nan"), device="cuda").T[:rows]
-    else:
-        sf_out = torch.full((-(-groups // 4), padded), 0x7F7F7F7F, dtype=torch.int32, device="cuda").T[:rows]
+    groups = -(-hidden // block_size[1])
+    q_out, sf_out = poisoned_column_major_outputs(num_tokens, hidden, fmt, block_size, layout)
     q, sf = quant.per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf=True, round_sf=True,
                                  use_packed_ue8m0=layout == "ue8m0", out=(q_out, sf_out))
     ref_q, ref_sf = per_block_cast_ref(x, fmt, block_size, True)
@@ -283,8 +290,7 @@ def test_any_hidden_column_major_layouts(v: tuple[torch.dtype, int, str, tuple[i
         assert_same_codes_and_scales(q, sf.contiguous(), ref_q, ref_sf)
         return
     assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
-    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device="cuda")
-    got = ((sf.unsqueeze(-1) >> shifts) & 0xFF).reshape(rows, 4 * sf.shape[1])
+    got = word_bytes(sf)
     assert torch.equal(got[:, :groups], (ref_sf.view(torch.int32) >> 23) & 0xFF)
     assert bool((got[:, groups:] == 0).all())
     # The allocating call returns the same bits.

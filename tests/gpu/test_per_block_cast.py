@@ -130,28 +130,39 @@ LAYOUT_CASES = [(h, f, b, r, layout) for h, f, b, r in FULL if b in ((128, 128),
                 for layout in ("col_major", "ue8m0") if r or layout == "col_major"]
 
 
-@pytest.mark.parametrize("num_tokens", [0, 1, 129, 4001])
-@pytest.mark.parametrize("v", LAYOUT_CASES, ids=lambda v: variant_id(v[:4]) + f"-{v[4]}")
-def test_column_major_layouts(v: tuple[int, str, tuple[int, int], bool, str], num_tokens: int) -> None:
+def assert_column_major_layout(x: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf: bool,
+                               layout: str) -> None:
     """The codes and scale values of the row-major cast, in the storage TileKernels returns (poisoned first): fp32
-    column-major (G, align(ceil(T / block_m), 4)), or its UE8M0 exponents four to an int32 word."""
-    hidden, fmt, block_size, round_sf, layout = v
-    x = random_rows(num_tokens, hidden)
-    x[num_tokens // 2:num_tokens // 2 + 1, 3] = float("nan")  # a NaN block: sf NaN, its UE8M0 byte 0xFF
-    groups = hidden // block_size[1]
+    column-major (G, align(ceil(T / block_m), 4)), or its UE8M0 exponents four to an int32 word (a NaN scale's
+    byte 0xFF, the bytes after the last block's in its word zeros); the allocating call gives the same bits."""
+    num_tokens, hidden = x.shape
+    groups = -(-hidden // block_size[1])
     q_out, sf_out = poisoned_column_major_outputs(num_tokens, hidden, fmt, block_size, layout)
-    q, sf = quant.per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf=True, round_sf=round_sf,
-                                 use_packed_ue8m0=layout == "ue8m0", out=(q_out, sf_out))
+    flags = {"use_tma_aligned_col_major_sf": True, "round_sf": round_sf, "use_packed_ue8m0": layout == "ue8m0"}
+    q, sf = quant.per_block_cast(x, fmt, block_size, **flags, out=(q_out, sf_out))
     assert q is q_out and sf is sf_out
     ref_q, ref_sf = per_block_cast_ref(x, fmt, block_size, round_sf)
     if layout == "col_major":
         assert_same_codes_and_scales(q, sf.contiguous(), ref_q, ref_sf)
-        return
-    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
-    got = word_bytes(sf)
-    want = (ref_sf.view(torch.int32) >> 23) & 0xFF
-    want = torch.where(ref_sf.isnan(), torch.full_like(want, 0xFF), want)
-    assert torch.equal(got[:, :groups], want) and bool((got[:, groups:] == 0).all())
+    else:
+        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+        got = word_bytes(sf)
+        want = (ref_sf.view(torch.int32) >> 23) & 0xFF
+        want = torch.where(ref_sf.isnan(), torch.full_like(want, 0xFF), want)
+        assert torch.equal(got[:, :groups], want) and bool((got[:, groups:] == 0).all())
+    q2, sf2 = quant.per_block_cast(x, fmt, block_size, **flags)
+    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(sf2.view(torch.int32), sf.view(torch.int32))
+    assert num_tokens == 0 or sf2.stride() == sf.stride()
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 129, 4001])
+@pytest.mark.parametrize("v", LAYOUT_CASES, ids=lambda v: variant_id(v[:4]) + f"-{v[4]}")
+def test_column_major_layouts(v: tuple[int, str, tuple[int, int], bool, str], num_tokens: int) -> None:
+    hidden, fmt, block_size, round_sf, layout = v
+    x = random_rows(num_tokens, hidden)
+    x[num_tokens // 2:num_tokens // 2 + 1, 3] = float("nan")  # a NaN block: sf NaN, its UE8M0 byte 0xFF
+    assert_column_major_layout(x, fmt, block_size, round_sf, layout)
 
 
 @pytest.mark.parametrize("v", [v for v in FULL if v[0] == 2048], ids=variant_id)
@@ -276,26 +287,9 @@ def test_any_hidden_and_fp32(v: tuple[torch.dtype, int, str, tuple[int, int], bo
                                and v[4]], ids=generic_id)
 @pytest.mark.parametrize("layout", ["col_major", "ue8m0"])
 def test_any_hidden_column_major_layouts(v: tuple[torch.dtype, int, str, tuple[int, int], bool], layout: str) -> None:
-    """The layouts TileKernels returns for the GEMM blocks, at sizes whose G is not a multiple of 4 (576 / 32 =
-    18, 576 / 128 = 5, 3584 / 128 = 28): the UE8M0 bytes after the last block's, in its word, are zeros."""
+    """At sizes whose G is not a multiple of 4 (576 / 32 = 18, 576 / 128 = 5, 3584 / 128 = 28)."""
     dtype, hidden, fmt, block_size, _ = v
-    num_tokens = 1001
-    x = random_rows(num_tokens, hidden, dtype=dtype)
-    groups = -(-hidden // block_size[1])
-    q_out, sf_out = poisoned_column_major_outputs(num_tokens, hidden, fmt, block_size, layout)
-    q, sf = quant.per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf=True, round_sf=True,
-                                 use_packed_ue8m0=layout == "ue8m0", out=(q_out, sf_out))
-    ref_q, ref_sf = per_block_cast_ref(x, fmt, block_size, True)
-    if layout == "col_major":
-        assert_same_codes_and_scales(q, sf.contiguous(), ref_q, ref_sf)
-        return
-    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
-    got = word_bytes(sf)
-    assert torch.equal(got[:, :groups], (ref_sf.view(torch.int32) >> 23) & 0xFF)
-    assert bool((got[:, groups:] == 0).all())
-    # The allocating call returns the same bits.
-    q2, sf2 = quant.per_block_cast(x, fmt, block_size, True, True, True)
-    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8)) and torch.equal(sf2, sf)
+    assert_column_major_layout(random_rows(1001, hidden, dtype=dtype), fmt, block_size, True, layout)
 
 
 @pytest.mark.parametrize("v", [v for v in GENERIC if not v[4] and v[1] in (576, 1088, 3584)], ids=generic_id)

@@ -157,8 +157,8 @@ _BLOCK_SIDES = (32, 128)  # per-block scales: (32 | 128) x (32 | 128) blocks, as
 
 
 def _block_scales(x: object, num_per_tokens: int, num_per_channels: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], tuple[int, int]]:
-    """(q, sf, the fp32 scales' shape, the UE8M0 words' shape) of per-block or per-channel scales, or an error
+                  ) -> tuple[torch.Tensor, torch.Tensor, int, tuple[int, int], tuple[int, int]]:
+    """(q, sf, hidden, the fp32 scales' shape, the UE8M0 words' shape) of per-block or per-channel scales, or an error
     naming what is wrong: blocks (32 | 128) x (32 | 128 | 1); sf (ceil(T / bm), ceil(H / bk)) fp32 or, for
     blocks, packed UE8M0 int32 words (ceil(T / bm), ceil(H / bk / 4))."""
     if num_per_tokens not in _BLOCK_SIDES or num_per_channels not in (*_BLOCK_SIDES, 1):
@@ -171,7 +171,7 @@ def _block_scales(x: object, num_per_tokens: int, num_per_channels: int
         raise ValueError(f"x[0] (q): hidden ({hidden}) must be a multiple of 64")
     expected = (-(-num_tokens // num_per_tokens), -(-hidden // num_per_channels))
     words = (expected[0], (expected[1] + 3) // 4)
-    return q, sf, expected, words
+    return q, sf, hidden, expected, words
 
 
 def _per_token_scales(
@@ -184,7 +184,7 @@ def _per_token_scales(
     32-channel groups), so per_token_cast_back computes the same fp32 product decode(q) * sf per
     element, bit for bit.
     """
-    q, sf, expected, words = _block_scales(x, num_per_tokens, num_per_channels)
+    q, sf, _, expected, words = _block_scales(x, num_per_tokens, num_per_channels)
     if sf.dtype == torch.int32 and tuple(sf.shape) == words and num_per_channels != 1:  # UE8M0, four to a word
         sf = ue8m0_values(sf, expected[1])
     if sf.dtype != torch.float32 or tuple(sf.shape) != expected:
@@ -210,12 +210,11 @@ def _cast_back_blocks(
     """cast_back of row-major fp32 per-block (bm, bk) or per-channel (bm, 1) scales, read in place by the variant of
     that block_m: out = decode(q) * sf[t / bm, c / bk] per element (one fp32 multiply, as the per-token path)."""
     num_per_tokens, num_per_channels = x_block_size
-    q, sf, expected, _ = _block_scales(x, num_per_tokens, num_per_channels)
+    q, sf, hidden, expected, _ = _block_scales(x, num_per_tokens, num_per_channels)
     if tuple(sf.shape) != expected:
         raise KernelArgumentError(f"x[1] (sf): expected float32 scales of shape {expected} for codes of shape "
                                   f"{tuple(q.shape)} and blocks {tuple(x_block_size)}, got {tuple(sf.shape)}")
     out_dtype = output_dtype(fmt)
-    hidden = int(q.shape[1]) * (2 if q.dtype == torch.int8 else 1)
     # Grid order: fmt, npc, out_dtype, hidden, sf_layout, block_m; the launcher checks sf's dtype and strides.
     launcher = _kernel.variant(_IN_FORMATS[q.dtype], num_per_channels, dtype_name(out_dtype), 0, "row_major",
                                num_per_tokens)

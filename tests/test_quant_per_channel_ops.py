@@ -72,6 +72,8 @@ BAD_CALLS: list[tuple[str, Callable[[dict[str, ModuleType]], Any], type[Exceptio
     ("fused pair npc 64", lambda m: m["per_channel_cast"].per_channel_cast_fused(fp8_pair(128, 256), "e4m3", 128,
                                                                                  num_per_channels=64),
      ValueError, "num_per_channels"),
+    ("fused pair hidden 576", lambda m: m["per_channel_cast"].per_channel_cast_fused(
+        (fp8_pair(128, 576)[0], torch.ones(128, 5)), "e4m3", 128, num_per_channels=128), ValueError, "x"),
     ("fused pair dtype", lambda m: m["per_channel_cast"].per_channel_cast_fused(
         (bf16(128, 256), torch.ones(128, 2)), "e4m3", 128, num_per_channels=128), TypeError, "x"),
     ("fused triple", lambda m: m["per_channel_cast"].per_channel_cast_fused(
@@ -142,6 +144,13 @@ def test_per_channel_cast_selects_and_allocates(ops: dict[str, ModuleType], laun
     assert name == "per_channel_cast_fused"
     assert values == {"in_dtype": "float32", "hidden": 0, "expand": False, "round_sf": True}
     assert args[0] is x and args[1] is q and args[2] is sf
+
+
+def test_a_plain_x_takes_any_multiple_of_64(ops: dict[str, ModuleType], launches: list[Any]) -> None:
+    q, sf = ops["per_channel_cast"].per_channel_cast(bf16(128, 576), "e4m3", 128)
+    assert q.shape == (128, 576) and sf.shape == (1, 576)
+    (name, values, _), = launches
+    assert values == {"in_dtype": "bfloat16", "hidden": 0, "expand": False, "round_sf": False}
 
 
 def test_fused_passes_tensors_in_prim_func_order(ops: dict[str, ModuleType], launches: list[Any]) -> None:

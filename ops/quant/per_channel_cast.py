@@ -67,7 +67,8 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     """Cast x (num_tokens, hidden) to FP8 with one scale per channel and 128 tokens.
 
     Args:
-        x: bf16 or fp32 CUDA tensor (num_tokens, hidden), contiguous; num_tokens % 128 == 0.
+        x: bf16 or fp32 CUDA tensor (num_tokens, hidden), contiguous; num_tokens % 128 == 0,
+            hidden % 64 == 0.
         fmt: ``'e4m3'``.
         num_per_tokens: tokens sharing one scale; 128.
         round_sf: round each scale up to a power of two.
@@ -99,9 +100,9 @@ def per_channel_cast_fused(
     """Per-channel cast with an optional row gather and an optional FP8 input.
 
     Args:
-        x: bf16 or fp32 (num_tokens, hidden), or a pair ``(q, sf)`` of float8_e4m3fn
-            (num_tokens, hidden) codes and their float32 (num_tokens, hidden / 128) scales,
-            dequantized as ``q * sf`` first.
+        x: bf16 or fp32 (num_tokens, hidden) with hidden % 64 == 0, or a pair ``(q, sf)`` of
+            float8_e4m3fn (num_tokens, hidden) codes and their float32 (num_tokens, hidden / 128)
+            scales (hidden % 128 == 0), dequantized as ``q * sf`` first.
         fmt: ``'e4m3'``.
         num_per_tokens: tokens sharing one output scale; 128.
         round_sf: round each output scale up to a power of two.
@@ -132,6 +133,9 @@ def per_channel_cast_fused(
         if num_per_channels is None or positive_int("num_per_channels", num_per_channels) != IN_SF_BLOCK:
             raise ValueError(f"num_per_channels: a (q, sf) input needs {IN_SF_BLOCK} channels per scale, "
                              f"got {num_per_channels!r}")
+        if x.shape[1] % IN_SF_BLOCK != 0:  # TileKernels' rule: whole 1 x 128 input blocks
+            raise ValueError(f"x: the hidden of a (q, sf) pair ({x.shape[1]}) must be a multiple of {IN_SF_BLOCK}, "
+                             f"one input scale per {IN_SF_BLOCK} channels")
     else:
         x = _plain("x", x)
         if num_per_channels is not None:

@@ -7,7 +7,9 @@ same ``pytest`` command runs on CI machines without a GPU.
 from __future__ import annotations
 
 import importlib
+import lzma
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -110,3 +112,10 @@ def tensor_reader(request: pytest.FixtureRequest, small_package: ModuleType) -> 
         yield request.param
     finally:
         runtime.use_exchange(True)
+
+
+def packed_cubin(wheel: zipfile.ZipFile, package: str, variant: dict) -> bytes:
+    """A variant's cubin read out of its wheel as the loader reads it: ``variant["bytes"]`` bytes at
+    ``variant["offset"]`` of its xz pack (the manifest's ``cubin``), decompressed."""
+    pack = lzma.decompress(wheel.read(f"{package}/{variant['cubin']}"), format=lzma.FORMAT_XZ)
+    return pack[variant["offset"]:variant["offset"] + variant["bytes"]]

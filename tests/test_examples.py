@@ -40,7 +40,8 @@ def test_the_example_builds_a_wheel_per_arch_with_its_own_module(example_wheels:
         assert wheel.name.startswith(f"my_kernels-0.1.0+{arch}-")
         names = zipfile.ZipFile(wheel).namelist()
         assert "my_kernels/norm/_rmsnorm.py" in names and "my_kernels/_op.py" in names
-        assert sum(n.startswith("my_kernels/cubins/rmsnorm_") for n in names) == 2  # hidden 1024 and 4096
+        assert sum(n.startswith("my_kernels/_kernels/rmsnorm/rmsnorm_") for n in names) == 2  # hidden 1024 and 4096
+        assert [n for n in names if n.startswith("my_kernels/cubins/")] == ["my_kernels/cubins/rmsnorm.0.xz"]
 
 
 def test_the_example_imports_without_gpu_and_names_bad_arguments(example_wheels: dict[str, Path],

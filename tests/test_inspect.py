@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import zipfile
 from pathlib import Path
 
@@ -38,25 +39,40 @@ def test_inspect_reads_arch_registers_and_shared_memory(small_build: tuple[Build
                 assert c.occupancy[symbol] == str(expected) and expected.blocks >= 1
 
 
+def _flipped_in_pack(pack: bytes, at: int) -> bytes:
+    """A pack of cubins with byte ``at`` of its decompressed contents flipped, recompressed (a valid xz stream)."""
+    data = bytearray(lzma.decompress(pack))
+    data[at] ^= 0xFF
+    return lzma.compress(bytes(data), format=lzma.FORMAT_XZ)
+
+
 def test_tampered_cubin_fails_naming_the_file(small_build: tuple[BuildOptions, list[ArchSummary]],
                                               tmp_path: Path) -> None:
+    """A cubin changed inside its pack fails naming the pack and the cubin's bytes; a damaged pack (no valid xz
+    stream) fails naming the pack."""
     _, summaries = small_build
     original = summaries[0].wheel
+    with zipfile.ZipFile(original) as wheel:
+        root = next(n for n in wheel.namelist() if n.endswith("/manifest.json")).split("/")[0]
+        variant = json.loads(wheel.read(f"{root}/manifest.json"))["kernels"]["per_token_cast"]["variants"][-1]
+        victim = f"{root}/{variant['cubin']}"
+        pack = wheel.read(victim)
+    end = variant["offset"] + variant["bytes"]
     tampered = tmp_path / original.name
     with zipfile.ZipFile(original) as src, zipfile.ZipFile(tampered, "w") as dst:
-        victim = next(n for n in src.namelist() if n.endswith(".cubin"))
         for info in src.infolist():
-            data = src.read(info)
-            if info.filename == victim:
-                data = data[:-1] + bytes([data[-1] ^ 0xFF])
-            dst.writestr(info, data)
+            dst.writestr(info, _flipped_in_pack(pack, end - 1) if info.filename == victim else src.read(info))
     ok = CliRunner().invoke(main, ["inspect", str(original)])
     assert ok.exit_code == 0 and ok.output.strip().endswith("ok")
     bad = CliRunner().invoke(main, ["inspect", str(tampered)])
     assert bad.exit_code == 1
-    assert f"problem: {victim}: sha256" in bad.output
+    assert f"problem: {victim} (bytes {variant['offset']}..{end}): sha256" in bad.output
+    assert bad.output.count(": sha256 ") == 1  # the pack's other cubins are intact
     as_json = CliRunner().invoke(main, ["inspect", "--json", str(tampered)])
     assert as_json.exit_code == 1 and json.loads(as_json.output)["ok"] is False
+    damaged = _rewritten(original, tmp_path / "d.whl", {victim: pack[:-1] + bytes([pack[-1] ^ 0xFF])})
+    out = CliRunner().invoke(main, ["inspect", str(damaged)])
+    assert out.exit_code == 1 and f"problem: {victim}: not a pack of cubins" in out.output
 
 
 def test_launch_module_and_wheel_tag_must_agree(small_build: tuple[BuildOptions, list[ArchSummary]],
@@ -102,18 +118,18 @@ def test_inspect_checks_the_record_and_the_launchers_against_the_manifest(
         manifest = json.loads(wheel.read(f"{root}/manifest.json"))
         variant = manifest["kernels"]["per_token_cast"]["variants"][0]
         cubin = f"{root}/{variant['cubin']}"
-        data = wheel.read(cubin)
-        forged = data[:-1] + bytes([data[-1] ^ 0xFF])
-        launcher = f"{root}/_kernels/per_token_cast/{Path(variant['cubin']).stem}.py"
+        forged = _flipped_in_pack(wheel.read(cubin), variant["offset"] + variant["bytes"] - 1)
+        launcher = f"{root}/_kernels/per_token_cast/{variant['id']}.py"
         source = wheel.read(launcher).decode()
-    variant["sha256"] = hashlib.sha256(forged).hexdigest()
+    start = variant["offset"]
+    variant["sha256"] = hashlib.sha256(lzma.decompress(forged)[start:start + variant["bytes"]]).hexdigest()
     consistent = _rewritten(original, tmp_path / "a.whl", {cubin: forged, f"{root}/manifest.json":
                                                            json.dumps(manifest).encode()})
     out = CliRunner().invoke(main, ["inspect", str(consistent)]).output
     assert f"problem: {cubin}: its hash or size differs from the wheel's RECORD" in out
     assert f"problem: {launcher}: its cubin or hash differs from the manifest's" in out
     edited = _rewritten(original, tmp_path / "b.whl", {launcher: source.replace(
-        variant["cubin"].removeprefix("cubins/"), "other.cubin", 1).encode()})
+        f'"{variant["cubin"].removeprefix("cubins/")}"', '"other.0.xz"', 1).encode()})
     out = CliRunner().invoke(main, ["inspect", str(edited)]).output
     assert f"problem: {launcher}: its hash or size differs" in out and "differs from the manifest's" in out
 
@@ -143,14 +159,14 @@ def test_inspect_checks_every_arch_of_a_multi_arch_wheel(small_multi_build: tupl
     assert len(report.cubins) == sum(s.variants for s in summaries)
     targets = {s.arch.name: s.arch.target for s in summaries}
     for c in report.cubins:
-        arch = c.path.split("/")[2]  # tkc_small_kernels/cubins/<arch>/<variant>.cubin
+        arch = c.path.split("/")[2]  # tkc_small_kernels/cubins/<arch>/<kernel>.<n>.xz (bytes a..b)
         assert c.target == targets[arch] and c.sha256_ok and c.occupancy
     with zipfile.ZipFile(original) as wheel:
         victim = next(n for n in wheel.namelist() if n.startswith("tkc_small_kernels/cubins/sm100/"))
         data = wheel.read(victim)
-    tampered = _rewritten(original, tmp_path / "a.whl", {victim: data[:-1] + bytes([data[-1] ^ 0xFF])})
+    tampered = _rewritten(original, tmp_path / "a.whl", {victim: _flipped_in_pack(data, 0)})
     out = CliRunner().invoke(main, ["inspect", str(tampered)])
-    assert out.exit_code == 1 and f"problem: {victim}: sha256" in out.output
+    assert out.exit_code == 1 and f"problem: {victim} (bytes 0.." in out.output and ": sha256" in out.output
     with zipfile.ZipFile(original) as src, zipfile.ZipFile(tmp_path / "b.whl", "w") as dst:
         for info in src.infolist():
             if info.filename != "tkc_small_kernels/manifests/sm90.json":

@@ -20,6 +20,8 @@ from tkc.fsutil import sha256_bytes
 from tkc.native import SOURCES
 from tkc.package import RUNTIME_FILES, public_names
 
+from tests.conftest import packed_cubin
+
 pytestmark = pytest.mark.slow
 
 
@@ -67,11 +69,11 @@ def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, lis
                          "quant/_per_token_cast.py", "quant/_scales.py", "transpose/__init__.py",
                          "transpose/_batched_transpose.py"):
             assert f"tkc_small_kernels/{required}" in names
-        # One launcher module per variant, named like its cubin.
-        cubins = {n.removeprefix("tkc_small_kernels/cubins/").removesuffix(".cubin") for n in names if n.endswith(".cubin")}
+        # One launcher module per variant; the cubins in one xz pack per kernel (the small spec's are small).
+        packs = {n.removeprefix("tkc_small_kernels/cubins/") for n in names if n.startswith("tkc_small_kernels/cubins/")}
+        assert packs == {"per_token_cast.0.xz", "batched_transpose.0.xz"}
         launchers = {n.rsplit("/", 1)[1].removesuffix(".py") for n in names
                      if n.startswith("tkc_small_kernels/_kernels/") and n.count("/") == 3} - {"__init__"}
-        assert launchers == cubins and cubins
         # Nothing of the build machine travels: no TileLang sources, no CUDA sources.
         assert not [n for n in names if n.endswith((".cu", ".j2"))]
         manifest = json.loads(wheel.read("tkc_small_kernels/manifest.json"))
@@ -80,10 +82,10 @@ def test_wheel_contents_manifest_and_cubins(small_build: tuple[BuildOptions, lis
         requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
         assert requires == ["Requires-Dist: torch>=2.4"]
         variants = [v for k in manifest["kernels"].values() for v in k["variants"]]
-        assert len(variants) == 3
+        assert len(variants) == 3 and launchers == {v["id"] for v in variants}
         for v in variants:
-            cubin = wheel.read(f"tkc_small_kernels/{v['cubin']}")
-            assert sha256_bytes(cubin) == v["sha256"]
+            cubin = packed_cubin(wheel, "tkc_small_kernels", v)
+            assert len(cubin) == v["bytes"] and sha256_bytes(cubin) == v["sha256"]
             assert cubin_target(cubin) == target
             (launch,) = v["contract"]["launches"]
             assert launch["block"][0] > 0 and launch["grid"]
@@ -401,13 +403,14 @@ def test_the_multi_arch_wheel_holds_every_archs_cubins_under_a_plain_version(
                     assert f"tkc_small_kernels/_kernels/{kernel}/{arch}.bin" in names
                     theirs = {v["id"]: v for v in alone["kernels"][kernel]["variants"]}
                     for v in entry["variants"]:
-                        assert v["cubin"] == f"cubins/{arch}/{v['id']}.cubin"
-                        cubin = wheel.read(f"tkc_small_kernels/{v['cubin']}")
-                        assert cubin == single.read(f"tkc_small_kernels/cubins/{v['id']}.cubin")
+                        assert v["cubin"] == f"cubins/{arch}/{kernel}.0.xz"
+                        cubin = packed_cubin(wheel, "tkc_small_kernels", v)
+                        assert cubin == packed_cubin(single, "tkc_small_kernels", theirs[v["id"]])
                         assert sha256_bytes(cubin) == v["sha256"] and cubin_target(cubin) == target
                         assert v["contract"] == theirs[v["id"]]["contract"]
                         launcher = wheel.read(f"tkc_small_kernels/_kernels/{kernel}/{arch}/{v['id']}.py").decode()
-                        assert f'Cubin("{arch}/{v["id"]}.cubin", "{v["sha256"]}", "{arch}")' in launcher
+                        assert (f'_CUBIN = Cubin(\n    "{arch}/{kernel}.0.xz",\n    "{v["sha256"]}",\n    "{arch}",\n'
+                                f'    offset={v["offset"]},\n    size={v["bytes"]},\n)') in launcher
                         assert "from ...._runtime import" in launcher and f'table("{kernel}/{arch}")' in launcher
         for kernel in ("per_token_cast", "batched_transpose"):
             index = wheel.read(f"tkc_small_kernels/_kernels/{kernel}/__init__.py").decode()

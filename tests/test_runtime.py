@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib
+import lzma
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -692,20 +693,31 @@ def test_a_tampered_cubin_is_refused_before_the_driver_sees_it(package: ModuleTy
     kernel = runtime.get_kernel("per_token_cast")
     cubins = [sys.modules[launch.__module__]._CUBIN for launch in kernel.variants.values()]
     manifest = json.loads((runtime._CUBIN_DIR.parent / "manifest.json").read_text())
-    recorded = {v["cubin"].removeprefix("cubins/"): v["sha256"] for v in manifest["kernels"]["per_token_cast"]["variants"]}
-    assert cubins and {c.filename: c.sha256 for c in cubins} == recorded
+    recorded = {(v["cubin"].removeprefix("cubins/"), v["offset"], v["bytes"]): v["sha256"]
+                for v in manifest["kernels"]["per_token_cast"]["variants"]}
+    assert cubins and {(c.filename, c.offset, c.size): c.sha256 for c in cubins} == recorded
     for cubin in cubins:
         assert hashlib.sha256(cubin.data()).hexdigest() == cubin.sha256
+    first, second = sorted(cubins, key=lambda c: c.offset)[:2]  # two cubins of one pack
+    assert first.filename == second.filename
     tampered = tmp_path / "cubins"
     shutil.copytree(runtime._CUBIN_DIR, tampered)
-    data = bytearray((tampered / cubins[0].filename).read_bytes())
-    data[len(data) // 2] ^= 0x40
-    (tampered / cubins[0].filename).write_bytes(bytes(data))
+    data = bytearray(lzma.decompress((tampered / first.filename).read_bytes()))
+    data[first.offset + first.size // 2] ^= 0x40
+    (tampered / first.filename).write_bytes(lzma.compress(bytes(data), format=lzma.FORMAT_XZ))
     monkeypatch.setattr(runtime, "_CUBIN_DIR", tampered)
     monkeypatch.setattr(runtime, "driver", lambda: pytest.fail("the driver was asked to load a tampered cubin"))
-    with pytest.raises(errors.CorruptPackageError, match=rf"{cubins[0].filename}: not the cubin .* reinstall it"):
-        runtime.Cubin(cubins[0].filename, cubins[0].sha256)._load()
-    assert runtime.Cubin(cubins[1].filename, cubins[1].sha256).data() == (tampered / cubins[1].filename).read_bytes()
+    again = runtime.Cubin(first.filename, first.sha256, offset=first.offset, size=first.size)
+    with pytest.raises(errors.CorruptPackageError, match=rf"{first.filename} \(bytes {first.offset}\.\.\d+\): not the "
+                       r"cubin .* reinstall it"):
+        again._load()
+    intact = runtime.Cubin(second.filename, second.sha256, offset=second.offset, size=second.size)
+    assert intact.data() == data[second.offset:second.offset + second.size]
+    # A pack that is no xz stream at all (truncated, say) is refused the same way, naming it.
+    (tampered / first.filename).write_bytes(b"not xz")
+    runtime._pack.cache_clear()  # packs are read once per process
+    with pytest.raises(errors.CorruptPackageError, match=rf"{first.filename}: not a pack of cubins .* reinstall it"):
+        runtime.Cubin(first.filename, first.sha256, offset=first.offset, size=first.size).data()
 
 
 class _FakeDriver:
@@ -812,7 +824,7 @@ def test_devices_of_two_archs_in_one_process_select_their_own_cubins(multi_packa
         launcher = per_device.launcher(device)
         assert launcher.__module__ == f"tkc_small_kernels._kernels.per_token_cast.{arch}.{kernel.modules[key]}"
         cubin = sys.modules[launcher.__module__]._CUBIN
-        assert cubin.filename == f"{arch}/{kernel.modules[key]}.cubin" and cubin.arch == arch
+        assert cubin.filename == f"{arch}/per_token_cast.0.xz" and cubin.arch == arch
         assert hashlib.sha256(cubin.data()).hexdigest() == cubin.sha256
     # A launcher never launches on another arch's device (its cubins check the device before the driver).
     with pytest.raises(errors.ArchMismatchError, match="the sm_100a cubins were asked to run on cuda:0"):

@@ -53,8 +53,11 @@ class LauncherSource:
     planned: str = ""
     # (variable, index) of each contract entry in the kernel module's table (set by tkc.package)
     table: tuple[tuple[str, int], ...] = ()
-    # the cubin's sha256, which the loader checks before loading it (set by tkc.package)
+    # the cubin's sha256, which the loader checks before loading it, and where it is in its pack (``cubin``, under
+    # cubins/): cubin_size bytes at cubin_offset of the decompressed pack (set by tkc.package)
     cubin_sha256: str = ""
+    cubin_offset: int = 0
+    cubin_size: int = -1
 
 
 def torch_dtype(name: str) -> str:

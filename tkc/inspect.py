@@ -4,7 +4,7 @@ Per cubin: size, the arch in its ELF header, registers and static shared memory
 from its ``.nv.info`` / ``.nv.shared`` sections, dynamic shared memory from the
 launch contract, spills from the ptxas report in the manifest, the resident blocks
 per SM those resources allow (and which one bounds them); and every sha256
-is checked against the manifest. For the wheel: whether it carries the compiled
+is checked against the manifest (cubins are read out of their packs, ``cubins/<kernel>.<n>.xz``). For the wheel: whether it carries the compiled
 launch module (``_launch.abi3.so``, its CPU) and whether its tag says so. Any
 mismatch makes the result not ``ok``.
 
@@ -20,6 +20,7 @@ import csv
 import hashlib
 import io
 import json
+import lzma
 import re
 import struct
 import zipfile
@@ -178,8 +179,8 @@ def _report(path: Path, wheel: zipfile.ZipFile, root: str, manifest: dict) -> Wh
         reports = _cubins(wheel, root, manifest, problems, listed)
         _check_launchers(wheel, root, manifest, problems)
     for name in wheel.namelist():
-        if name.endswith(".cubin") and name not in listed:
-            problems.append(f"{name}: a cubin the manifest does not list")
+        if name.startswith(f"{root}/cubins/") and not name.endswith("/") and name not in listed:
+            problems.append(f"{name}: a pack of cubins the manifest does not list")
     _check_record(wheel, problems)
     launch_module = _launch_module(wheel, root, problems)
     return WheelReport(wheel=str(path), package=manifest["package"], version=manifest["version"],
@@ -192,15 +193,23 @@ def _cubins(wheel: zipfile.ZipFile, root: str, manifest: dict, problems: list[st
     """The reports of the cubins one arch's manifest lists (their members added to ``listed``)."""
     arch = ARCHS.get(manifest["arch"])  # None: an arch this tkc does not know (no occupancy then)
     reports = []
+    packs: dict[str, bytes | None] = {}  # member -> decompressed bytes; None: missing or damaged (reported once)
     for kernel, entry in sorted(manifest["kernels"].items()):
         for v in entry["variants"]:
             member = f"{root}/{v['cubin']}"
             listed.add(member)
-            try:
-                data = wheel.read(member)
-            except KeyError:
-                problems.append(f"{member}: listed in the manifest but missing from the wheel")
+            if member not in packs:
+                packs[member] = _read_pack(wheel, member, problems)
+            pack = packs[member]
+            if pack is None:
                 continue
+            offset, size = int(v.get("offset", 0)), int(v["bytes"])
+            data = pack[offset:offset + size]
+            if offset < 0 or len(data) != size:
+                problems.append(f"{member}: holds {len(pack)} bytes, but the manifest puts {v['id']} at bytes "
+                                f"{offset}..{offset + size}; rebuild")
+                continue
+            member = f"{member} (bytes {offset}..{offset + size})"
             sha_ok = sha256_bytes(data) == v["sha256"]
             if not sha_ok:
                 problems.append(f"{member}: sha256 {sha256_bytes(data)[:16]}... does not match the manifest "
@@ -232,6 +241,22 @@ def _cubins(wheel: zipfile.ZipFile, root: str, manifest: dict, problems: list[st
     return reports
 
 
+def _read_pack(wheel: zipfile.ZipFile, member: str, problems: list[str]) -> bytes | None:
+    """A pack's cubins, decompressed (a plain file's bytes); None, with the problem, where it is missing or not xz."""
+    try:
+        data = wheel.read(member)
+    except KeyError:
+        problems.append(f"{member}: listed in the manifest but missing from the wheel")
+        return None
+    if not member.endswith(".xz"):
+        return data
+    try:
+        return lzma.decompress(data, format=lzma.FORMAT_XZ)
+    except lzma.LZMAError as exc:
+        problems.append(f"{member}: not a pack of cubins ({exc}); the wheel was modified: rebuild")
+        return None
+
+
 def _check_record(wheel: zipfile.ZipFile, problems: list[str]) -> None:
     """Every file of the wheel is in its RECORD with the hash and size it has (PEP 376 / 427)."""
     records = [n for n in wheel.namelist() if n.endswith(".dist-info/RECORD")]
@@ -255,7 +280,9 @@ def _check_record(wheel: zipfile.ZipFile, problems: list[str]) -> None:
         problems.append(f"{name}: in the RECORD but missing from the wheel")
 
 
-_CUBIN_LINE = re.compile(r'^_\w+ = Cubin\("([^"]+)", "([0-9a-f]*)"(?:, "\w+")?\)$', re.MULTILINE)
+# A launcher module's cubin, as variant_module.py.j2 writes it: pack, sha256, [arch,] offset, size.
+_CUBIN_LINE = re.compile(r'^_\w+ = Cubin\(\n    "([^"]+)",\n    "([0-9a-f]*)",\n(?:    "\w+",\n)?'
+                         r'    offset=(\d+),\n    size=(-?\d+),\n\)$', re.MULTILINE)
 _INDEX_ENTRY = re.compile(r'^        \(.*\): "(\w+)",$', re.MULTILINE)  # a kernel index's key: "module" lines
 
 
@@ -272,19 +299,20 @@ def _check_launchers(wheel: zipfile.ZipFile, root: str, manifest: dict, problems
         if index not in names:
             problems.append(f"{index}: missing: the manifest lists kernel {kernel}")
             continue
-        expected = {Path(v["cubin"]).stem: v["sha256"] for v in entry["variants"]}
+        expected = {v["id"]: (v["cubin"].removeprefix("cubins/"), v["sha256"], str(v.get("offset", 0)),
+                              str(v["bytes"])) for v in entry["variants"]}
         indexed = set(_INDEX_ENTRY.findall(wheel.read(index).decode()))
         modules = {Path(n).stem for n in names if n.rpartition("/")[0] == folder} - {"__init__"}
         for what, found in (("its index names", indexed), ("its launcher modules are", modules)):
             if found != set(expected):
                 odd = sorted(found ^ set(expected))[0]
                 problems.append(f"{index}: {what} not the manifest's variants (e.g. {odd}); rebuild with tkc build")
-        for variant, sha256 in sorted(expected.items()):
+        for variant, written in sorted(expected.items()):  # (pack, sha256, offset, size) as the launcher has them
             member = f"{folder}/{variant}.py"
             if member not in names:
                 continue  # reported above
-            loaded = dict(_CUBIN_LINE.findall(wheel.read(member).decode()))
-            if loaded != {f"{arch}/{variant}.cubin" if arch_dir else f"{variant}.cubin": sha256}:
+            loaded = _CUBIN_LINE.findall(wheel.read(member).decode())
+            if loaded != [written] or (arch_dir and not written[0].startswith(f"{arch}/")):
                 problems.append(f"{member}: its cubin or hash differs from the manifest's; rebuild with tkc build")
 
 

@@ -23,6 +23,7 @@ remembered call signatures) and ``_driver`` (libcuda, devices, streams, SM count
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import sys
 import threading
@@ -111,14 +112,38 @@ def table(kernel: str) -> list[bytes | None]:
     return entries
 
 
+@functools.lru_cache(maxsize=4)
+def _pack(path: Path) -> bytes:
+    """The decompressed bytes of a pack of cubins (``cubins/<kernel>.<n>.xz``, xz: the cubins of neighbouring
+    variants concatenated), or a plain file's bytes. The last few stay: a kernel's variants share packs."""
+    data = path.read_bytes()
+    if path.suffix != ".xz":
+        return data
+    try:
+        import lzma
+    except ImportError:
+        raise RuntimeError(f"{path}: this Python has no lzma module (xz), which {info.PACKAGE}'s cubins are "
+                           "compressed with; use a Python built with liblzma (python.org's and most "
+                           "distributions' are)") from None
+    try:
+        return lzma.decompress(data, format=lzma.FORMAT_XZ)
+    except lzma.LZMAError as exc:
+        raise CorruptPackageError(f"{path}: not a pack of cubins ({exc}); the installed package is damaged or was "
+                                  f"modified: reinstall it (pip install --force-reinstall {info.PACKAGE})") from None
+
+
 class Cubin:
     """One cubin of the package, loaded lazily as a context-independent library, after its bytes are checked
-    against the sha256 the build recorded (``sha256``; once, before the driver sees them)."""
+    against the sha256 the build recorded (``sha256``; once, before the driver sees them). Its bytes are
+    ``size`` bytes at ``offset`` of the file ``filename`` (under ``cubins/``), decompressed where it is a
+    pack; ``size`` -1: the rest of the file."""
 
-    def __init__(self, filename: str, sha256: str = "", arch: str = "") -> None:
+    def __init__(self, filename: str, sha256: str = "", arch: str = "", *, offset: int = 0, size: int = -1) -> None:
         self.filename = filename
         self.sha256 = sha256
         self.arch = arch  # in a multi-arch package: the arch whose devices it runs on
+        self.offset = offset
+        self.size = size
         self._lock = threading.Lock()
         self._library: ctypes.c_void_p | None = None
         self._kernels: dict[str, ctypes.c_void_p] = {}
@@ -128,9 +153,11 @@ class Cubin:
         import hashlib
 
         path = _CUBIN_DIR / self.filename
-        data = path.read_bytes()
+        pack = _pack(path)
+        data = pack[self.offset:] if self.size < 0 else pack[self.offset:self.offset + self.size]
         if self.sha256 and hashlib.sha256(data).hexdigest() != self.sha256:
-            raise CorruptPackageError(f"{path}: not the cubin {info.PACKAGE} {info.VERSION} was built with (its "
+            where = path if self.size < 0 else f"{path} (bytes {self.offset}..{self.offset + self.size})"
+            raise CorruptPackageError(f"{where}: not the cubin {info.PACKAGE} {info.VERSION} was built with (its "
                                       "sha256 differs from the build's); the installed package is damaged or was "
                                       f"modified: reinstall it (pip install --force-reinstall {info.PACKAGE})")
         return data

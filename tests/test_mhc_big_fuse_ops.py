@@ -54,18 +54,23 @@ def test_launches(ops: tuple[ModuleType, ModuleType, Any], lead: tuple[int, ...]
     for call in (big_fuse.mhc_pre_big_fuse, modeling.mhc_pre_big_fuse):
         runtime.LAUNCHES.clear()
         post, comb, layer_input = call(residual, fn, scale, base, *OPTIONS)
-        (n_w, v_w, l_w), (n_d, v_d, l_d), (n_f, v_f, l_f) = runtime.LAUNCHES
+        (n_w, v_w, l_w), (n_d, v_d, l_d), (n_f, v_f, l_f), (n_m, v_m, l_m) = runtime.LAUNCHES
         assert (n_w, v_w, l_w[0], l_w[3]) == ("mhc_norm_fn_weights", {"stage": "weights", "mhc_mult": 4}, fn, 0)
         assert (n_d, v_d) == gemm
         assert l_d[0].shape == (t, 4 * hidden) and l_d[0].data_ptr() == residual.data_ptr() and l_d[1] is l_w[2]
-        assert (n_f, v_f) == ("mhc_pre_big_fuse", {"mhc_mult": 4, "vec": vec})
+        # The stream mix: the split sums, scale and base, the streams -> layer_input (rms_eps, pre_eps).
+        assert (n_f, v_f) == ("mhc_pre_big_fuse", {"stage": "stream", "mhc_mult": 4, "vec": vec})
         assert l_f[0] is l_d[2] and l_f[1] is l_d[3] and l_f[2] is scale and l_f[3] is base
         assert l_f[4].shape == (t, 4, hidden) and l_f[4].data_ptr() == residual.data_ptr()
-        assert [a.shape for a in l_f[5:8]] == [(t, 4, 1), (t, 4, 4), (t, hidden)]
-        assert l_f[8:] == OPTIONS
+        assert l_f[5].shape == (t, hidden) and l_f[6:] == OPTIONS[:2]
+        # The mixes: the same split sums -> post and comb (K = 4 * hidden, rms_eps, sinkhorn_eps, post_mult, repeat).
+        assert (n_m, v_m) == ("mhc_pre_big_fuse_mixes", {"stage": "mixes", "mhc_mult": 4})
+        assert l_m[0] is l_d[2] and l_m[1] is l_d[3] and l_m[2] is scale and l_m[3] is base
+        assert [a.shape for a in l_m[4:6]] == [(t, 4, 1), (t, 4, 4)]
+        assert l_m[6:] == (4 * hidden, OPTIONS[0], *OPTIONS[2:])
         assert (post.shape, comb.shape, layer_input.shape) == ((*lead, 4, 1), (*lead, 4, 4), (*lead, hidden))
         assert (post.dtype, comb.dtype, layer_input.dtype) == (torch.float32, torch.float32, torch.bfloat16)
-        assert [post.data_ptr(), comb.data_ptr(), layer_input.data_ptr()] == [a.data_ptr() for a in l_f[5:8]]
+        assert [post.data_ptr(), comb.data_ptr(), layer_input.data_ptr()] == [a.data_ptr() for a in (*l_m[4:6], l_f[5])]
 
 
 BAD = {

@@ -3,9 +3,10 @@
 TileKernels' ``mhc_pre_big_fuse`` (KERNELS.md, "mHC"; its modeling layer's function, which
 ``modeling.mhc.ops.mhc_pre_big_fuse`` re-exports): mhc_pre_norm_fn (without an RMSNorm weight, as there),
 mhc_pre_split_mixes, sinkhorn_normalize on comb and mhc_pre_apply_mix, with outputs equal to those ops' bit
-for bit. Three launches: the norm's GEMM stages (kernels/mhc/norm_fn_fwd.py.j2's ``weights``, then ``mma`` or ``dots``,
-kernel_specs/mhc_norm.yaml, the split count chosen as mhc_pre_norm_fn chooses it) and the fused rest
-(kernels/mhc/big_fuse.py.j2, kernel_specs/mhc_big_fuse.yaml). The token count and hidden are runtime sizes;
+for bit. Four launches: the norm's GEMM stages (kernels/mhc/norm_fn_fwd.py.j2's ``weights``, then ``mma`` or ``dots``,
+kernel_specs/mhc_norm.yaml, the split count chosen as mhc_pre_norm_fn chooses it) and the fused rest in two kernels
+(kernels/mhc/big_fuse.py.j2, kernel_specs/mhc_big_fuse.yaml: the stream mix per column tile, the post and comb
+mixes per token). The token count and hidden are runtime sizes;
 leading dimensions are flattened into tokens through the op itself.
 """
 
@@ -21,6 +22,7 @@ from ._norm import gemm_outputs, gemm_plans, rows, streams
 __all__ = ["mhc_pre_big_fuse"]
 
 _fuse = get_kernel("mhc_pre_big_fuse")
+_mixes = get_kernel("mhc_pre_big_fuse_mixes")
 
 
 def _mix_vector(name: str, t: object, length: int) -> torch.Tensor:
@@ -77,6 +79,9 @@ def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.
     outputs = (empty(torch.float32, size(residual, 0), m, 1), empty(torch.float32, size(residual, 0), m, m),
                empty(torch.bfloat16, size(residual, 0), size(residual, 2)), fn_eff, dots, sqrsum)
     plans = gemm_plans(x, m, fn, None, fn_eff=3, dots=4, sqrsum=5, outputs=outputs)
-    plans.append(launch(_fuse.variant(m, 8 if hidden % 8 == 0 else 1), out(4), out(5), scale, base, residual,
-                        out(0), out(1), out(2), *eps, repeat, then=_results))
+    rms_eps, pre_eps, sinkhorn_eps, post_mult = eps
+    plans.append(launch(_fuse.variant("stream", m, 8 if hidden % 8 == 0 else 1), out(4), out(5), scale, base,
+                        residual, out(2), rms_eps, pre_eps))
+    plans.append(launch(_mixes.variant("mixes", m), out(4), out(5), scale, base, out(0), out(1), m * hidden, rms_eps,
+                        sinkhorn_eps, post_mult, repeat, then=_results))
     return plans

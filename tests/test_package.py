@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import lzma
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from tkc.build import ArchSummary, BuildOptions
 from tkc.compile import cubin_target
 from tkc.fsutil import sha256_bytes
 from tkc.native import SOURCES
-from tkc.package import RUNTIME_FILES, public_names
+from tkc.package import RUNTIME_FILES, compress_pack, public_names
 
 from tests.conftest import packed_cubin
 
@@ -420,3 +421,15 @@ def test_the_multi_arch_wheel_holds_every_archs_cubins_under_a_plain_version(
         assert not [n for n in names if n.startswith("tkc_small_kernels/cubins/") and n.count("/") == 2]
     project = options.build_dir / "pkg" / "tkc_small_kernels" / "sm90-sm100-sm103"
     assert 'version = "0.0.1"' in (project / "pyproject.toml").read_text()
+
+
+def test_compressed_packs_are_kept_by_content_and_a_damaged_one_is_redone(tmp_path: Path) -> None:
+    raw = bytes(range(256)) * 1000
+    first = compress_pack(raw, tmp_path)
+    (kept,) = tmp_path.iterdir()
+    assert kept.name == f"{sha256_bytes(raw)}.xz" and kept.read_bytes() == first == compress_pack(raw)
+    assert lzma.decompress(first) == raw
+    kept.write_bytes(first[:-8])  # truncated: not used, written again
+    assert compress_pack(raw, tmp_path) == first and kept.read_bytes() == first
+    kept.write_bytes(compress_pack(raw[:-1]))  # a valid stream of other bytes under this name: not used either
+    assert compress_pack(raw, tmp_path) == first

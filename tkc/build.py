@@ -380,11 +380,12 @@ def _build(options: BuildOptions, progress: Callable[[int], None] | None, cached
     if options.multi_arch:  # one project and wheel for all archs; the summary still has a row per arch
         multi = write_multi_arch_package(options.specs, options.archs, [b for a in options.archs for b in by_arch[a]],
                                          packages / "-".join(a.name for a in options.archs), options.dist_dir,
-                                         toolchain_info, launch_module)
+                                         toolchain_info, launch_module, options.build_dir / "cache" / "packs")
     summaries = []
     for arch, built in by_arch.items():
         result: PackageResult = multi or write_package(options.specs, arch, built, packages / arch.name,
-                                                       options.dist_dir, toolchain_info, launch_module)
+                                                       options.dist_dir, toolchain_info, launch_module,
+                                                       options.build_dir / "cache" / "packs")
         summaries.append(ArchSummary(
             arch=arch, variants=len(built), compiled=sum(not b.cached for b in built),
             cached=sum(b.cached for b in built), seconds=compiled.seconds[arch.name],

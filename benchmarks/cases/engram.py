@@ -3,6 +3,11 @@ H = 7168, against torch written from the same formulas (tests/reference/engram_g
 forward, the closed-form gradients below for the backward), eager and torch.compile. Bytes: every
 input and output once (x, k, v, the fp32 fused weight, the statistics; the backward's partial weight
 gradients, one row per block). Target (issue 32): 90% of the byte-mix ceiling.
+
+Then the three small kernels at TileKernels' benchmark shapes (tests/reference/engram.py): the hash (T = 8192, 3-grams,
+2 layers, 8 tables), the fused weight and the weight-gradient reduction (one partial row per SM, as the gate
+backward leaves them; it accumulates in place and returns nothing, so its bytes are those read and its bits are not
+compared with TileKernels').
 """
 
 from __future__ import annotations
@@ -70,4 +75,37 @@ def rows(timer: Timer, copy_gb_s: float, tk: Any) -> list[Row]:
         timer, copy_gb_s, "engram_gate_bwd", shape, make_bwd,
         (lambda *a: bwd(*a, CLAMP)) if bwd else None, lambda *a: gate_bwd_torch(*a, CLAMP),
         "" if bwd else "ours n/a: the wheel has no engram.engram_gate_bwd"))
-    return result
+    return result + small_rows(timer, copy_gb_s, engram)
+
+
+def small_rows(timer: Timer, copy_gb_s: float, engram: Any) -> list[Row]:
+    from tests.reference.engram import engram_hash_ref, fused_weight_ref, grad_w_reduce_torch_ref, make_offsets
+
+    def op(name: str) -> Any:
+        return getattr(engram, name, None)
+
+    def missing(name: str) -> str:
+        return "" if op(name) else f"ours n/a: the wheel has no engram.{name}"
+
+    def make_hash() -> tuple[torch.Tensor, ...]:
+        ids = torch.randint(0, 100000, (T, 3), dtype=torch.int32, device="cuda")
+        multipliers = torch.randint(0, 100000, (2, 3), dtype=torch.int64, device="cuda")
+        vocab = torch.randint(100000, 1000000, (2, 2, 8), dtype=torch.int32, device="cuda")
+        return ids, multipliers, vocab, make_offsets(vocab)
+
+    def make_weights() -> tuple[torch.Tensor, ...]:
+        return tuple(torch.randn(HC, H, device="cuda").bfloat16() for _ in range(2))
+
+    def make_reduce() -> tuple[torch.Tensor, ...]:
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        return (torch.randn(sms, HC, H, device="cuda"), *make_weights(), torch.randn(HC, H, device="cuda"),
+                torch.randn(HC, H, device="cuda"))
+
+    return [
+        bench_case(timer, copy_gb_s, "engram_hash", f"T={T} n=3 layers=2 tables=8", make_hash, op("engram_hash"),
+                   engram_hash_ref, missing("engram_hash")),
+        bench_case(timer, copy_gb_s, "fused_weight", f"hc={HC} H={H} bf16", make_weights, op("fused_weight"),
+                   fused_weight_ref, missing("fused_weight")),
+        bench_case(timer, copy_gb_s, "grad_w_reduce", f"P=SMs hc={HC} H={H} fp32", make_reduce, op("grad_w_reduce"),
+                   grad_w_reduce_torch_ref, missing("grad_w_reduce")),
+    ]

@@ -33,7 +33,8 @@ class _Kernel:
     def __init__(self, name):
         self.name = name
         self.keys = KEYS.get(name, ())
-        self.variants = {}
+        # As the real Kernel.variants: every built key (its launcher once asked for); the stub launches any key.
+        self.variants = dict.fromkeys(BUILT.get(name, ()))
 
     def variant(self, *values):
         # As the real Kernel.variant: one dict lookup once the variant has been asked for.
@@ -45,6 +46,9 @@ class _Kernel:
     def find(self, *values):
         # As the real Kernel.find: None for a variant the shipped specs do not build.
         return self.variant(*values) if values in BUILT.get(self.name, ()) else None
+
+    def has(self, *values):
+        return values in BUILT.get(self.name, ())
 
     def select(self, **values):
         def launch(*args):
@@ -213,6 +217,9 @@ class WritingKernel:
     def find(self, *values: Any) -> Any:
         return self.variant(*values)
 
+    def has(self, *values: Any) -> bool:
+        return True
+
     def select(self, **values: Any) -> Any:
         launch = self.kernel.select(**values)
 
@@ -236,6 +243,9 @@ class CheckingKernel:
 
     def find(self, *values: Any) -> Any:
         return self.variant(*values)
+
+    def has(self, *values: Any) -> bool:
+        return True
 
     def select(self, **values: Any) -> Any:
         launch = self.kernel.select(**values)

@@ -51,7 +51,10 @@ class ReferenceKernel:
         return self.select(**dict(zip(self.keys, values)))
 
     def find(self, *values: Any) -> Any:
-        return self.variant(*values) if self.built is None or values in self.built else None
+        return self.variant(*values) if self.has(*values) else None
+
+    def has(self, *values: Any) -> bool:
+        return self.built is None or values in self.built
 
     def select(self, **values: Any) -> Any:
         launch = self.kernel.select(**values)

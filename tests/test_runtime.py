@@ -73,6 +73,8 @@ def test_a_kernel_imports_a_variants_launcher_on_its_first_use(package: ModuleTy
     try:
         kernel = runtime.Kernel(kernel.name, kernel.spec, kernel.keys, dict(kernel.modules))
         assert len(kernel.variants) == len(modules) and first[0] in kernel.variants
+        # has() answers from the index alone: what traced code (torch.compile) may ask.
+        assert kernel.has(*first[0]) and not kernel.has("float16", 1, "e4m3", 128, True, "row_major")
         assert not any(name in sys.modules for name in modules)
         launcher = kernel.variant(*first[0])
         assert launcher.__name__ == first[1] and launcher.__module__ == modules[0] and modules[0] in sys.modules
@@ -805,7 +807,8 @@ def test_find_in_a_multi_arch_package_is_none_for_an_unbuilt_key(multi_package: 
     missing = tuple(-1 for _ in kernel.keys)
     for capabilities in ([(9, 0)], [(9, 0), (10, 0)]):
         _fake_devices(monkeypatch, capabilities)
-        assert kernel.find(*missing) is None
+        assert kernel.find(*missing) is None and not kernel.has(*missing)
+        assert kernel.has(*next(iter(kernel.modules)))
         with pytest.raises(errors.VariantNotFoundError, match="no prebuilt variant"):
             kernel.select(**dict(zip(kernel.keys, missing)))
 

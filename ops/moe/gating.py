@@ -94,12 +94,12 @@ def topk_gating(gate_logits: torch.Tensor, k: int, *, normalize: bool = True) ->
     if num_topk > num_experts:
         raise ValueError(f"k: expected at most num_experts ({num_experts}, gate_logits' last dimension), "
                          f"got {num_topk}")
-    if _topk_kernel.find(num_experts, num_topk) is None:
+    if not _topk_kernel.has(num_experts, num_topk):
         raise VariantNotFoundError(
             f"gate_logits: topk_gating is not built for num_experts={num_experts} with k={num_topk} (topk_gate is "
             f"built for num_experts {_built(_topk_kernel, 0)} and num_topk {_built(_topk_kernel, 1)}); add them to "
             f"the grid of kernel topk_gate in {_topk_kernel.spec} and rebuild (tkc build)")
-    if normalize and _normalize_kernel.find(num_topk) is None:
+    if normalize and not _normalize_kernel.has(num_topk):
         raise VariantNotFoundError(
             f"k: normalize_weight is not built for num_topk={num_topk} (built: {_built(_normalize_kernel, 0)}); add "
             f"it to the grid of kernel normalize_weight in {_normalize_kernel.spec} and rebuild, or pass "

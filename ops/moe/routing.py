@@ -52,8 +52,7 @@ _INDEXED = (list, tuple, torch.nn.ModuleList)
 def _serves(kernel: Any, forms: tuple[tuple[object, ...], ...], multiple: int, hidden: int) -> bool:
     """Whether one of ``forms`` is built for ``hidden``, or for any hidden (grid value 0) and hidden is a multiple
     of ``multiple``."""
-    return any(kernel.find(hidden, *rest) is not None
-               or (hidden % multiple == 0 and kernel.find(0, *rest) is not None) for rest in forms)
+    return any(kernel.has(hidden, *rest) or (hidden % multiple == 0 and kernel.has(0, *rest)) for rest in forms)
 
 
 def _sizes(kernel: Any, forms: tuple[tuple[object, ...], ...]) -> set[int]:
@@ -67,7 +66,7 @@ def _check_hidden(hidden: int) -> None:
     if all(_serves(kernel, forms, multiple, hidden) for kernel, forms, multiple in needed):
         return
     shared = set.intersection(*(_sizes(kernel, forms) for kernel, forms, _ in needed))
-    generic = all(any(kernel.find(0, *rest) is not None for rest in forms) for kernel, forms, _ in needed)
+    generic = all(any(kernel.has(0, *rest) for rest in forms) for kernel, forms, _ in needed)
     raise VariantNotFoundError(
         f"hidden_states: moe_routing is not built for hidden size {hidden} (built: "
         f"{', '.join(str(h) for h in sorted(shared)) or 'none'}: the sizes the bf16 moe_expand and the weighted and "
@@ -78,7 +77,7 @@ def _check_hidden(hidden: int) -> None:
 
 def _mapping_experts(num_experts: int) -> int:
     """The built num_experts of get_fused_mapping that serves a routing of num_experts experts."""
-    if _mapping_kernel.find(num_experts) is not None:
+    if _mapping_kernel.has(num_experts):
         return num_experts
     larger = [key[0] for key in _mapping_kernel.variants if key[0] > num_experts]
     if larger:

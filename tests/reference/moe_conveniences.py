@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tests.reference.moe_gate import sequential_sum, stable_topk_idx
+from tests.reference.numeric import fma_f32
 
 Experts = Callable[[int, torch.Tensor], torch.Tensor] | Sequence[Callable[[torch.Tensor], torch.Tensor]]
 
@@ -39,8 +40,9 @@ def _call(experts: Experts, expert: int, rows: torch.Tensor) -> torch.Tensor:
 
 def moe_routing_ref(hidden_states: torch.Tensor, expert_idx: torch.Tensor, expert_weights: torch.Tensor,
                     experts: Experts | None = None, num_experts: int | None = None) -> torch.Tensor:
-    """out[t] = sum_k w[t, k] * expert_{idx[t, k]}(x[t]) in fp32 from +0.0 in k order, slots with an id
-    outside [0, num_experts) skipped; result in hidden_states' dtype and shape.
+    """out[t] = sum_k w[t, k] * expert_{idx[t, k]}(x[t]) in fp32 from +0.0 in k order, each step one fused
+    multiply-add (acc = fma(row, w, acc), reduce_fused's rounding), slots with an id outside [0, num_experts)
+    skipped; result in hidden_states' dtype and shape.
 
     num_experts defaults to len(experts) for a sequence, else the largest id + 1 (at least 1).
     Each expert runs once, on the rows of its (token, k) slots in ascending flat order.
@@ -70,5 +72,5 @@ def moe_routing_ref(hidden_states: torch.Tensor, expert_idx: torch.Tensor, exper
     routed = (idx >= 0) & (idx < num_experts)
     acc = torch.zeros((num_tokens, hidden), dtype=torch.float32, device=x.device)
     for k in range(num_topk):
-        acc = torch.where(routed[:, k, None], acc + w[:, k, None].float() * rows[:, k].float(), acc)
+        acc = torch.where(routed[:, k, None], fma_f32(rows[:, k].float(), w[:, k, None].float(), acc), acc)
     return acc.to(hidden_states.dtype).reshape(shape)

@@ -302,6 +302,11 @@ class Kernel:
             launcher = self._load(values)
         return launcher
 
+    def has(self, *values: Any) -> bool:
+        """Whether a variant is built for ``values`` (grid order), without loading it: what code that torch.compile
+        traces asks (dynamo keeps one view of sys.modules a frame, so a second new launcher module there is a miss)."""
+        return values in self.modules
+
     def select(self, **values: Any) -> Callable[..., None]:
         """The launcher of the variant built for ``values`` (every grid key, by name)."""
         key = _grid_key(self.name, self.keys, values)
@@ -419,6 +424,14 @@ class ArchKernels:
         if launcher is not None:
             self._launchers[values] = launcher
         return launcher
+
+    def has(self, *values: Any) -> bool:
+        """Whether a variant is built for ``values`` (grid order) where ``find`` would look: the process's one arch,
+        else any arch; nothing is loaded."""
+        arch = process_arch()
+        if arch is not None:
+            return arch in self.archs and self.of(arch).has(*values)
+        return values in self.modules
 
     def select(self, **values: Any) -> Callable[..., None]:
         """The launcher of the variant built for ``values`` (every grid key, by name), as ``find``; where there is

@@ -434,3 +434,22 @@ def test_the_public_modules_type_check(tmp_path: Path) -> None:
                            "--python-version", "3.10", "-p", "lint_pkg.moe.gating", "-p", "lint_pkg.moe.routing"],
                           cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_references_fused_add_has_the_fma_bits_and_the_plain_gradient() -> None:
+    """moe_routing_ref adds each weighted row by one rounding, as reduce_fused does, and autograd still runs through
+    it (the end-to-end GPU test differentiates the reference)."""
+    from tests.reference.moe_conveniences import _fma
+    from tests.reference.numeric import fma_f32
+
+    gen = torch.Generator().manual_seed(3)
+    a, b, c = (torch.randn(4096, generator=gen) * 10.0 ** torch.randint(-6, 6, (4096,), generator=gen)
+               for _ in range(3))
+    c[:64] = -(a[:64] * b[:64])  # exact cancellation: the plain sum's rounding error is all that is left
+    leaves = [t.clone().requires_grad_() for t in (a, b, c)]
+    got = _fma(*leaves)
+    assert torch.equal(got.detach().view(torch.int32), fma_f32(a, b, c).view(torch.int32))
+    assert not torch.equal(got.detach(), a * b + c)  # the two roundings differ somewhere: the test can fail
+    got.sum().backward()
+    assert torch.equal(leaves[0].grad, b) and torch.equal(leaves[1].grad, a) and torch.equal(leaves[2].grad,
+                                                                                             torch.ones_like(c))

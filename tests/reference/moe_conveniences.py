@@ -38,6 +38,14 @@ def _call(experts: Experts, expert: int, rows: torch.Tensor) -> torch.Tensor:
     return experts(expert, rows)  # type: ignore[operator]
 
 
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 a * b + c rounded once (fma_f32's bits), differentiable as a * b + c: where that is finite the two differ
+    by at most an ulp, so their difference is exact and adding it back gives the fused value itself."""
+    plain = a * b + c
+    fused = fma_f32(a.detach(), b.detach(), c.detach())
+    return torch.where(plain.isfinite(), plain + (fused - plain).detach(), fused)
+
+
 def moe_routing_ref(hidden_states: torch.Tensor, expert_idx: torch.Tensor, expert_weights: torch.Tensor,
                     experts: Experts | None = None, num_experts: int | None = None) -> torch.Tensor:
     """out[t] = sum_k w[t, k] * expert_{idx[t, k]}(x[t]) in fp32 from +0.0 in k order, each step one fused
@@ -72,5 +80,5 @@ def moe_routing_ref(hidden_states: torch.Tensor, expert_idx: torch.Tensor, exper
     routed = (idx >= 0) & (idx < num_experts)
     acc = torch.zeros((num_tokens, hidden), dtype=torch.float32, device=x.device)
     for k in range(num_topk):
-        acc = torch.where(routed[:, k, None], fma_f32(rows[:, k].float(), w[:, k, None].float(), acc), acc)
+        acc = torch.where(routed[:, k, None], _fma(rows[:, k].float(), w[:, k, None].float(), acc), acc)
     return acc.to(hidden_states.dtype).reshape(shape)

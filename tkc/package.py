@@ -8,7 +8,7 @@ inputs give byte-identical wheels.
 
 Cubins travel in packs (``cubins/<kernel>.<n>.xz``): the cubins of a kernel's neighbouring variants, which
 differ in a few instructions, concatenated and xz-compressed. Deflated one by one in the zip they took a
-quarter of their size (a wheel of the 1381-variant catalog: 11.1 MB); packed, a sixteenth (2.8 MB). A pack holds
+quarter of their size (a wheel of the 1381-variant catalog: 11.1 MB); packed, a fourteenth (2.8 MB). A pack holds
 at most ``PACK_BYTES`` of cubins, so the first use of a variant decompresses a few milliseconds' worth, not its
 whole kernel's.
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import tkc.build
-from tests.conftest import small_options
+from tests.conftest import SMALL_SPEC, small_options
 from tkc.build import ArchSummary, BuildOptions, build, plan
 from tkc.errors import ToolchainError
 
@@ -330,3 +330,38 @@ def test_the_multi_arch_wheel_is_byte_identical_across_builds(
     assert second[0].wheel.read_bytes() == first[0].wheel.read_bytes()
     again = build(options)  # nothing changed: the wheel in dist is reused, not rebuilt
     assert again[0].wheel.read_bytes() == first[0].wheel.read_bytes()
+
+
+def test_an_edit_of_comments_or_layout_reuses_the_entries_and_a_code_edit_does_not(
+        small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template whose code is unchanged (a comment added, a line rewrapped) keys a new cache entry, which is a copy
+    of the entry built from the same syntax tree: neither TileLang nor nvcc runs, and the wheels are the same bytes.
+    A change of its code is a miss."""
+    import shutil
+
+    from tkc.spec import load_specs
+
+    options, first = small_build
+    templates = tmp_path / "kernels"
+    shutil.copytree(options.templates, templates)
+    shutil.copytree(options.build_dir / "cache", tmp_path / "build" / "cache")
+    moved = dataclasses.replace(options, templates=templates, specs=load_specs([SMALL_SPEC], templates, options.specs.ops),
+                                build_dir=tmp_path / "build", dist_dir=tmp_path / "dist")
+    assert all(s.compiled == 0 for s in build(moved))  # the same text: the entries themselves (and now indexed)
+    template = templates / "transpose" / "batched_transpose.py.j2"
+    text = template.read_text()
+    template.write_text("# a comment, then the same code\n" + text.replace("import tilelang.language as T",
+                                                                          "import tilelang.language as T  # layout"))
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an edit of comments only must not lower or compile")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tkc.build, "lower", forbidden)
+        patched.setattr(tkc.build, "compile_cubin", forbidden)
+        again = build(moved)
+    assert all(s.compiled == 0 and s.cached == s.variants for s in again)
+    assert [s.wheel.read_bytes() for s in again] == [s.wheel.read_bytes() for s in first]
+    template.write_text(text.replace("import tilelang.language as T", "import tilelang.language as T\n\nUNUSED = 1"))
+    changed = build(moved)
+    assert sum(s.compiled for s in changed) == sum(1 for v, _ in plan(moved) if v.kernel.name == "batched_transpose")

@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 import torch
 
+from tests.conftest import packed_cubin
 from tkc.build import ArchSummary, BuildOptions
 from tkc.compile import cubin_target
 from tkc.fsutil import sha256_bytes
 from tkc.native import SOURCES
 from tkc.package import RUNTIME_FILES, compress_pack, public_names
-
-from tests.conftest import packed_cubin
 
 pytestmark = pytest.mark.slow
 

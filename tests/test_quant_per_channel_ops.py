@@ -150,6 +150,7 @@ def test_a_plain_x_takes_any_multiple_of_64(ops: dict[str, ModuleType], launches
     q, sf = ops["per_channel_cast"].per_channel_cast(bf16(128, 576), "e4m3", 128)
     assert q.shape == (128, 576) and sf.shape == (1, 576)
     (name, values, _), = launches
+    assert name == "per_channel_cast_fused"
     assert values == {"in_dtype": "bfloat16", "hidden": 0, "expand": False, "round_sf": False}
 
 

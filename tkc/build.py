@@ -11,6 +11,7 @@ interrupted build leaves no half-written entry.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -98,14 +99,32 @@ def tilelang_version() -> str:
 
 
 def cache_key(rendered: RenderedKernel, toolchain: Toolchain) -> str:
+    """The cache entry of a variant: a digest of everything that makes its cubin (its rendered module's text)."""
+    return _key(rendered, toolchain, lambda text: text)
+
+
+def _code(text: str) -> str:
+    """A Python module as its syntax tree: what TileLang builds the kernel from, without comments or layout (the
+    docstrings stay: they are part of the tree)."""
+    return hashlib.sha256(ast.dump(ast.parse(text), include_attributes=False).encode()).hexdigest()
+
+
+def code_key(rendered: RenderedKernel, toolchain: Toolchain) -> str:
+    """``cache_key`` with the rendered module and its helpers as their syntax trees: two variants with one code key
+    lower to the same kernel, so an edit of a template's comments or layout reuses the entries built before it
+    (``cache/code/``) instead of lowering and compiling its variants again."""
+    return _key(rendered, toolchain, _code)
+
+
+def _key(rendered: RenderedKernel, toolchain: Toolchain, text: Callable[[str], str]) -> str:
     spec = rendered.variant.kernel
     # The shared helper modules the rendered source imports are part of its source; a variant without helpers
     # keys as it did before helpers existed.
-    helpers = {"helpers": {h.module: h.source for h in rendered.helpers}} if rendered.helpers else {}
+    helpers = {"helpers": {h.module: text(h.source) for h in rendered.helpers}} if rendered.helpers else {}
     material = json.dumps({
         **helpers,
         "format": CACHE_FORMAT,
-        "source": rendered.source,
+        "source": text(rendered.source),
         "pass_configs": [list(p) for p in spec.pass_configs],
         "arch": rendered.arch.target,
         "gencode": rendered.arch.gencode,
@@ -289,6 +308,7 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
     """Render everything, then lower and compile the cache misses (in a pool when jobs > 1)."""
     cache = options.build_dir / "cache"
     jobs: list[Job] = []
+    indexed: list[tuple[Path, str]] = []  # (code index, the entry key it names), written once the entries exist
     hits: dict[tuple[str, str], bool] = {}
     entries: dict[tuple[str, str], Path] = {}
     seconds: dict[str, float] = {arch.name: 0.0 for arch in options.archs}
@@ -297,6 +317,12 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
         key = cache_key(rendered, toolchain)
         entry = cache / key[:2] / key
         hit = _intact(entry, arch)
+        # A line table records the template's lines: such entries are never shared. The syntax tree costs some
+        # 20 ms a variant: it is taken for misses, and once for an entry built before the index existed.
+        if not toolchain.line_info and not (hit and (cache / "code" / "indexed" / key).is_file()):
+            index = cache / "code" / code_key(rendered, toolchain)
+            hit = hit or _reuse(index, cache, entry, arch)
+            indexed.append((index, key))
         hits[(variant.id, arch.name)] = hit
         entries[(variant.id, arch.name)] = entry
         if hit:
@@ -328,7 +354,41 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
                                          "if memory is short") from None
                 if progress:
                     progress(1)
+    for index, key in indexed:
+        if not index.is_file():
+            index.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(index, key)
+        marker = cache / "code" / "indexed" / key
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(marker, index.name)
     return _Compiled(entries=entries, hits=hits, seconds=seconds)
+
+
+def _reuse(index: Path, cache: Path, entry: Path, arch: Arch) -> bool:
+    """Whether ``entry`` could be made a copy of the intact entry that ``index`` names (one built from the same
+    code); a missing or damaged one is no hit."""
+    try:
+        key = index.read_text().strip()
+    except OSError:
+        return False
+    if not (len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
+        return False
+    source = cache / key[:2] / key
+    if source == entry or not _intact(source, arch):
+        return False
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}."))
+    try:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        try:
+            os.replace(tmp, entry)
+        except OSError:
+            if not (entry / "meta.json").is_file():  # another build put it there first: keep theirs
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return _intact(entry, arch)
 
 
 @contextmanager

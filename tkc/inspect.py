@@ -4,9 +4,9 @@ Per cubin: size, the arch in its ELF header, registers and static shared memory
 from its ``.nv.info`` / ``.nv.shared`` sections, dynamic shared memory from the
 launch contract, spills from the ptxas report in the manifest, the resident blocks
 per SM those resources allow (and which one bounds them); and every sha256
-is checked against the manifest (cubins are read out of their packs, ``cubins/<kernel>.<n>.xz``). For the wheel: whether it carries the compiled
-launch module (``_launch.abi3.so``, its CPU) and whether its tag says so. Any
-mismatch makes the result not ``ok``.
+is checked against the manifest (cubins are read out of their packs, ``cubins/<kernel>.<n>.xz``). For the
+wheel: whether it carries the compiled launch module (``_launch.abi3.so``, its CPU) and whether its tag says
+so. Any mismatch makes the result not ``ok``.
 
 A multi-arch wheel (``tkc build --multi-arch``) is checked arch by arch: its ``manifest.json`` names each
 arch's manifest (``manifests/<arch>.json``), whose cubins (``cubins/<arch>/``) and launchers

@@ -235,9 +235,8 @@ def run_job(job: Job) -> float:
     if problem is not None:
         raise ToolchainError(f"nvcc gave no usable cubin for {job.rendered.variant.id} ({job.rendered.arch.target}): "
                              f"{problem}; check the nvcc at {job.toolchain.nvcc}")
-    job.entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=job.entry.parent, prefix=f".{job.entry.name}."))
-    try:
+
+    def fill(tmp: Path) -> None:
         (tmp / "kernel.cu").write_text(lowered.cuda_source)
         (tmp / "kernel.cubin").write_bytes(compiled.cubin)
         (tmp / "ptxas.log").write_text(compiled.log)
@@ -250,15 +249,26 @@ def run_job(job: Job) -> float:
         meta = json.loads(json.dumps(meta))
         (tmp / "meta.json").write_text(json.dumps({**meta, "meta_sha256": meta_sha256(meta)}, indent=1,
                                                   sort_keys=True))
+
+    _install(job.entry, fill)
+    return time.perf_counter() - start
+
+
+def _install(entry: Path, fill: Callable[[Path], object]) -> None:
+    """Make ``entry`` the folder ``fill`` writes, atomically: filled beside it, then renamed into place (a folder
+    another build renamed there first is kept)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}."))
+    try:
+        fill(tmp)
         try:
-            os.replace(tmp, job.entry)
+            os.replace(tmp, entry)
         except OSError:
-            if not (job.entry / "meta.json").is_file():  # another build put it there first: keep theirs
+            if not (entry / "meta.json").is_file():  # another build put it there first: keep theirs
                 raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return time.perf_counter() - start
 
 
 @contextmanager
@@ -376,18 +386,7 @@ def _reuse(index: Path, cache: Path, entry: Path, arch: Arch) -> bool:
     source = cache / key[:2] / key
     if source == entry or not _intact(source, arch):
         return False
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}."))
-    try:
-        shutil.copytree(source, tmp, dirs_exist_ok=True)
-        try:
-            os.replace(tmp, entry)
-        except OSError:
-            if not (entry / "meta.json").is_file():  # another build put it there first: keep theirs
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    _install(entry, lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))
     return _intact(entry, arch)
 
 

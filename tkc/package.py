@@ -256,7 +256,7 @@ def pack_cubins(kernel: str, built: list[BuiltVariant], layout: _Layout,
     groups: list[list[BuiltVariant]] = []
     size = 0
     for b in built:
-        if not groups or (size + len(b.cubin) > PACK_BYTES and groups[-1]):
+        if not groups or size + len(b.cubin) > PACK_BYTES:
             groups.append([])
             size = 0
         groups[-1].append(b)

@@ -81,7 +81,37 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         bias = torch.randn(256, device="cuda") * 0.1
         return lambda: moe.top2_sum_gate(logits, bias, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid")
 
+    def mhc_post_bwd() -> Callable[[], object]:
+        # bench.py's mhc_post_bwd row: T 8192, m 4, H 7168.
+        from tile_kernels_aot.modeling.mhc.ops import mhc_post_bwd as post_bwd
+
+        m = 4
+        x, g = (torch.randn(1, TOKENS, *shape, device="cuda").bfloat16() for shape in ((HIDDEN,), (m, HIDDEN)))
+        residual = torch.randn(1, TOKENS, m, HIDDEN, device="cuda").bfloat16()
+        post, comb = torch.rand(1, TOKENS, m, 1, device="cuda"), torch.rand(1, TOKENS, m, m, device="cuda")
+        return lambda: post_bwd(x, residual, post, comb, g, fuse_grad_acc=False)
+
+    def engram_gate_bwd() -> Callable[[], object]:
+        # bench.py's engram_gate_bwd row: T 8192, hc 4, H 7168, clamp 10.
+        from tile_kernels_aot import engram
+
+        hc = 4
+        x, k, grad = (torch.randn(TOKENS, hc, HIDDEN, device="cuda").bfloat16() for _ in range(3))
+        v, w = torch.randn(TOKENS, HIDDEN, device="cuda").bfloat16(), torch.randn(hc, HIDDEN, device="cuda")
+        _, dot, gate, rstd_x, rstd_k = engram.engram_gate_fwd(x, k, v, w, 1e-6, 10.0)
+        return lambda: engram.engram_gate_bwd(grad, x, k, v, w, dot, gate, rstd_x, rstd_k, 10.0)
+
+    def sinkhorn_bwd(repeat: int) -> Callable[[], object]:
+        from tile_kernels_aot.modeling.mhc.ops import sinkhorn_normalize
+
+        comb = torch.randn(1, TOKENS, 4, 4, device="cuda").requires_grad_()
+        grad = torch.randn(1, TOKENS, 4, 4, device="cuda")
+        return lambda: torch.autograd.grad(sinkhorn_normalize(comb, repeat, 1e-6), comb, grad)
+
     return {
+        "mhc_post_bwd": mhc_post_bwd,
+        "engram_gate_bwd": engram_gate_bwd,
+        "sinkhorn_bwd": lambda: sinkhorn_bwd(20),
         "per_block_cast_e4m3": lambda: block_cast("e4m3", (128, 128)),
         "per_block_cast_e2m1": lambda: block_cast("e2m1", (32, 32)),
         "batched_transpose_e4m3": transpose_e4m3,

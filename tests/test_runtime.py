@@ -116,6 +116,35 @@ def test_a_variants_first_use_may_come_under_torch_compile(package: ModuleType) 
         torch._dynamo.reset()
 
 
+def test_one_traced_frame_may_load_several_new_launchers(package: ModuleType) -> None:
+    """A traced op that picks two variants neither used before (mhc_pre's norm weights and GEMM, moe_routing's
+    expand and reduce) loads both in one frame: dynamo's view of sys.modules is fixed for the frame, so the
+    launchers are read from the index module's attributes."""
+    import sys
+
+    import torch
+
+    runtime = importlib.import_module("tkc_small_kernels._runtime")
+    kernel = runtime.get_kernel("per_token_cast")
+    keys = list(kernel.modules)
+    assert len(keys) == 2
+    prefix = "tkc_small_kernels._kernels.per_token_cast."
+    saved_launchers = dict(kernel._launchers)
+    modules = {name: sys.modules.pop(name) for name in list(sys.modules) if name.startswith(prefix)}
+    kernel._launchers.clear()
+    try:
+        torch._dynamo.reset()
+        names = torch.compile(lambda x: (x + 1, [kernel.variant(*key).__name__ for key in keys]), fullgraph=True,
+                              backend="eager")(torch.zeros(2))[1]
+        assert names == [kernel.modules[key] for key in keys]
+        assert all(prefix + kernel.modules[key] in sys.modules for key in keys)
+    finally:
+        kernel._launchers.clear()
+        kernel._launchers.update(saved_launchers)
+        sys.modules.update(modules)
+        torch._dynamo.reset()
+
+
 def test_variant_takes_the_grid_values_in_order(package: ModuleType) -> None:
     runtime = importlib.import_module("tkc_small_kernels._runtime")
     errors = importlib.import_module("tkc_small_kernels.errors")

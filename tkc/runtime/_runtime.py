@@ -284,6 +284,12 @@ class Kernel:
         self.modules = variants
         self.variants: Mapping[tuple[Any, ...], Callable[..., None]] = _Launchers(self)
         self._launchers: dict[tuple[Any, ...], Callable[..., None]] = {}
+        # The index module, which holds each launcher module as an attribute once imported: read there, not from
+        # sys.modules, because dynamo keeps one view of sys.modules a frame (the second launcher module a traced
+        # frame imports would be a miss), while a module's attributes it reads as they are.
+        folder = f"{name}.{arch}" if arch else name
+        self._path = f"{__package__}._kernels.{folder}"
+        self._index = sys.modules.get(self._path)
 
     def variant(self, *values: Any) -> Callable[..., None]:
         """The launcher of the variant built for ``values``, given in grid order (``keys``).
@@ -327,10 +333,9 @@ class Kernel:
     def _load(self, key: tuple[Any, ...]) -> Callable[..., None]:
         """Import the launcher module of the variant built for ``key`` (once; importing is thread-safe)."""
         module_name = self.modules[key]
-        folder = f"{self.name}.{self.arch}" if self.arch else self.name
-        path = f"{__package__}._kernels.{folder}.{module_name}"
-        _import(path)
-        launcher: Callable[..., None] = getattr(sys.modules[path], module_name)
+        _import(f"{self._path}.{module_name}")
+        index = self._index if self._index is not None else sys.modules[self._path]
+        launcher: Callable[..., None] = getattr(getattr(index, module_name), module_name)
         # Remembered eagerly only: under torch.compile the store would be a side effect on the real dict that dynamo
         # replays after the graph, which it cannot for a launcher it got as a constant (the next eager use stores it).
         if not torch.compiler.is_compiling():
@@ -375,6 +380,8 @@ class ArchKernels:
         self.spec = spec
         self.keys = keys
         self.archs = archs
+        self._path = f"{__package__}._kernels.{name}"
+        self._index = sys.modules.get(self._path)
         self.variants: Mapping[tuple[Any, ...], Callable[..., None]] = _Launchers(self)
         self._kernels: dict[str, Kernel] = {}
         self._launchers: dict[tuple[Any, ...], Callable[..., None]] = {}
@@ -389,8 +396,9 @@ class ArchKernels:
                     f"{self.name}: {info.PACKAGE} {info.VERSION} has no variant for {info.ARCHS[arch][2]} (built "
                     f"for {', '.join(self.archs)}); add {arch} to the archs of kernel {self.name} in {self.spec} "
                     "and rebuild (tkc build)")
-            module = importlib.import_module(f"{__package__}._kernels.{self.name}.{arch}")
-            kernel = self._kernels[arch] = module.KERNEL
+            _import(f"{self._path}.{arch}")  # read from the index module's attributes, as Kernel._load does
+            index = self._index if self._index is not None else sys.modules[self._path]
+            kernel = self._kernels[arch] = getattr(index, arch).KERNEL
         return kernel
 
     @property

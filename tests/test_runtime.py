@@ -145,6 +145,38 @@ def test_one_traced_frame_may_load_several_new_launchers(package: ModuleType) ->
         torch._dynamo.reset()
 
 
+def test_a_traced_plan_may_read_the_sm_count_first(package: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A persistent kernel's plan sizes its grid from the device's SM count; where a traced call is the first to
+    ask, dynamo calls the driver for real (ctypes is not traceable) and keeps the count as a constant."""
+    import torch
+
+    drv = importlib.import_module("tkc_small_kernels._driver")
+
+    class Lib:
+        def cuDeviceGet(self, device: Any, index: int) -> int:
+            device._obj.value = index
+            return 0
+
+        def cuDeviceGetAttribute(self, value: Any, attribute: int, device: int) -> int:
+            value._obj.value = 132
+            return 0
+
+    class Driver:
+        lib = Lib()
+
+        def check(self, result: int, what: str) -> None:
+            assert result == 0, what
+
+    monkeypatch.setattr(drv, "driver", lambda: Driver())
+    monkeypatch.setattr(drv, "_sm_counts", {})
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(lambda x: x + drv.sm_count(3), fullgraph=True, backend="eager")(torch.zeros(2))
+        assert out.tolist() == [132.0, 132.0] and drv._sm_counts == {3: 132}
+    finally:
+        torch._dynamo.reset()
+
+
 def test_variant_takes_the_grid_values_in_order(package: ModuleType) -> None:
     runtime = importlib.import_module("tkc_small_kernels._runtime")
     errors = importlib.import_module("tkc_small_kernels.errors")

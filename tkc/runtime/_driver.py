@@ -185,6 +185,11 @@ def _device_sm_count(index: int) -> int:
     return count
 
 
+# A device's SM count is fixed: torch.compile calls this for real and keeps the int (as process_arch), where
+# the driver calls through ctypes would be a graph break (an op's plan sizes its persistent grid while traced).
+_device_sm_count._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 # torch's raw getters: the public torch.cuda.current_stream(...).cuda_stream builds a Stream
 # object per call (several microseconds); fall back to it where the private getter is missing.
 _current_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)

@@ -83,6 +83,9 @@ SWEEPS = {
                                 {"cast_back_e5m6": {"row_pieces": 4, "piece_rows": 2}},
                                 overrides=(("cast_back_e5m6", "hidden", 6144, {"row_pieces": 6}),
                                            ("cast_back_e5m6", "hidden", 7168, {"row_pieces": 7}))),
+    # mhc_post_bwd at T 8192, H 7168: columns per lane and step, warps per block, a cp.async ring.
+    "tkc_tuning_post": Sweep("tkc_tuning_post", "post_bwd.yaml",
+                             {"mhc_post_bwd": {"chunk": 8, "warps": 4, "stages": 0}}),
 }
 DEFAULT_PACKAGE = "tkc_tuning_example"
 
@@ -249,6 +252,14 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return swiglu_backward_case(problem)
     if kernel == "normalize_weight":
         return normalize_case(problem)
+    if kernel == "mhc_post_bwd":
+        return post_bwd_case(problem)
+    if kernel == "mhc_expand":
+        return mhc_expand_case(problem)
+    if kernel == "engram_gate_bwd":
+        return engram_gate_bwd_case(problem)
+    if kernel in ("mhc_pre_split_mixes_fwd", "mhc_head_compute_mix_fwd"):
+        return mix_case(kernel, problem)
     raise SystemExit(f"sweep.py does not know kernel {kernel!r}; add a case for it")
 
 
@@ -793,6 +804,95 @@ def normalize_case(problem: dict[str, Any]) -> Case:
         outputs=lambda args: args[1:3],
         reference=(lambda x: tuple(ref(x[0]))) if ref else None,
     )
+
+
+def post_bwd_case(problem: dict[str, Any]) -> Case:
+    """mhc_post_bwd as in benchmarks/cases/mhc.py: T 8192 tokens, m streams of H 7168. x_grad and residual_grad
+    are per element (every variant must give the baseline's bytes); post_grad and comb_grad are row sums whose
+    order follows the lanes' columns, so each variant is checked against the reference (fp32 sums of 7168 products
+    of unit normals: 1e-4 relative, 1e-3 absolute)."""
+    m, tokens = problem["mhc_mult"], TOKENS
+    ref = _reference("mhc_post", "post_bwd_formula")
+
+    def inputs(scale: float = 1.0) -> Inputs:
+        g, residual = (torch.randn(tokens, m, HIDDEN, device=DEVICE).mul(scale).bfloat16() for _ in range(2))
+        x = torch.randn(tokens, HIDDEN, device=DEVICE).bfloat16()
+        return g, x, residual, torch.rand(tokens, m, device=DEVICE), torch.rand(tokens, m, m, device=DEVICE)
+
+    def make(x: Inputs) -> Inputs:
+        g = x[0]
+        return (*x, torch.empty_like(x[1]), torch.empty_like(g), torch.empty(tokens, m, device=DEVICE),
+                torch.empty(tokens, m, m, device=DEVICE))
+
+    def reference(x: Inputs) -> tuple[torch.Tensor, ...]:
+        g, xs, residual, post, comb = x
+        return ref(xs, residual, post[..., None], comb, g)
+
+    def matches(out: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> bool:
+        return same_bytes(out[:2], want[:2]) and all(
+            torch.allclose(a.reshape(b.shape), b, rtol=1e-4, atol=1e-3) for a, b in zip(out[2:], want[2:]))
+
+    return Case(make=make, new_x=inputs, check_x=lambda: inputs(1e3), outputs=lambda args: args[5:],
+                reference=reference if ref else None, matches=matches, order_free=lambda out: out[:2])
+
+
+def mhc_expand_case(problem: dict[str, Any]) -> Case:
+    """expand_to_mhc forward as in benchmarks/cases/mhc.py: x (T 8192, H 7168) bf16 -> (T, 4, H), a copy."""
+    assert problem["direction"] == "fwd", problem
+    m = 4
+
+    def inputs(x: torch.Tensor) -> Inputs:
+        return (x.bfloat16(),)
+
+    return Case(make=lambda x: (x[0], torch.empty(x[0].shape[0], m, x[0].shape[1], device=DEVICE,
+                                                  dtype=torch.bfloat16)),
+                new_x=lambda: inputs(random_matrix(TOKENS, HIDDEN)), check_x=lambda: inputs(check_matrix(TOKENS, HIDDEN)),
+                outputs=lambda args: args[1:], reference=lambda x: (x[0][:, None].expand(-1, m, -1).contiguous(),))
+
+
+def engram_gate_bwd_case(problem: dict[str, Any]) -> Case:
+    """engram_gate_bwd as in benchmarks/cases/engram.py: T 8192, hc 4, H 7168, the forward's statistics from the
+    reference, grad_w_partial's rows as the op sizes them (two blocks an SM). The knobs change no order of
+    summation: every output must equal the baseline's bytes (the check input: the same random draw)."""
+    engram = _benchmark_case("engram")
+    ref = _reference("engram_gate", "engram_gate_ref")
+    tokens, hc, hidden = engram.T, engram.HC, problem["hidden"]
+    rows = min(tokens, torch.cuda.get_device_properties(0).multi_processor_count * 2 // hc)
+
+    def inputs() -> Inputs:
+        x, k, go = (torch.randn(tokens, hc, hidden, device=DEVICE).bfloat16() for _ in range(3))
+        v, w = torch.randn(tokens, hidden, device=DEVICE).bfloat16(), torch.randn(hc, hidden, device=DEVICE)
+        _, dot, gate, rstd_x, rstd_k = ref(x, k, v, w, torch.ones_like(w), engram.CLAMP, engram.EPS)
+        return go, x, k, v, w, dot, gate, rstd_x, rstd_k
+
+    def make(x: Inputs) -> Inputs:
+        return (*x, torch.empty_like(x[1]), torch.empty_like(x[1]), torch.empty_like(x[3]),
+                torch.empty(rows, hc, hidden, device=DEVICE), engram.CLAMP)
+
+    return Case(make=make, new_x=inputs, check_x=inputs, outputs=lambda args: args[9:13], reference=None,
+                counted=lambda args: args[:13])
+
+
+def mix_case(kernel: str, problem: dict[str, Any]) -> Case:
+    """The split and head mixes as in benchmarks/cases/mhc.py: T 8192 tokens of fp32 mixes (m 4), scales, bases;
+    per-token arithmetic, so every variant must give the baseline's bytes."""
+    m, tokens = problem["mhc_mult"], TOKENS
+    if kernel == "mhc_pre_split_mixes_fwd":
+        n = 2 * m + m * m
+
+        def split() -> Inputs:
+            return (torch.randn(tokens, n, device=DEVICE), torch.randn(3, device=DEVICE), torch.randn(n, device=DEVICE))
+
+        return Case(make=lambda x: (*x, torch.empty(tokens, m, device=DEVICE), torch.empty(tokens, m, device=DEVICE),
+                                    torch.empty(tokens, m * m, device=DEVICE), 2.0, 1e-6),
+                    new_x=split, check_x=split, outputs=lambda args: args[3:6], reference=None,
+                    counted=lambda args: args[:6])
+
+    def head() -> Inputs:
+        return torch.randn(tokens, m, device=DEVICE), torch.randn(1, device=DEVICE), torch.randn(m, device=DEVICE)
+
+    return Case(make=lambda x: (*x, torch.empty(tokens, m, device=DEVICE), 1e-6), new_x=head, check_x=head,
+                outputs=lambda args: args[3:4], reference=None, counted=lambda args: args[:4])
 
 
 def same_bytes(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:

@@ -133,7 +133,7 @@ def stride_bytes_multiple(argument, dim, multiple):
     return ("stride_bytes_multiple", argument, dim, multiple)
 '''
 
-# The build constants op modules read (an sm90 package's values).
+# The build constants op modules read (an sm90 package's values; KERNELS, the shipped specs' kernels, is added).
 STUB_BUILD_INFO = "ARCH = 'sm90'\nALIGNMENT = 16\n"
 
 
@@ -165,7 +165,7 @@ def stub_package(root: Path, package: str, family: str,
     (base / family / "__init__.py").write_text("")
     (base / "_runtime.py").write_text(STUB_RUNTIME + f"\n\n# kernel -> grid keys, from the shipped specs\nKEYS = {grid_keys()!r}\n"
                                       f"# kernel -> its variants' grid values\nBUILT = {built_variants()!r}\n")
-    (base / "_build_info.py").write_text(STUB_BUILD_INFO)
+    (base / "_build_info.py").write_text(f"{STUB_BUILD_INFO}KERNELS = {tuple(grid_keys())!r}\n")
     for shared in ("_args.py", "_op.py", "_plan.py", "errors.py"):
         shutil.copy(REPO / "tkc" / "runtime" / shared, base / shared)
     for op in ops:

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from tests.op_stub import WritingKernel, grid_keys, marked, poisoned, stub_package
+from tests.op_stub import WritingKernel, built_variants, grid_keys, marked, poisoned, stub_package
 from tests.reference.quant import (
     dequant,
     per_token_cast_ref,
@@ -30,7 +30,7 @@ from tests.reference.quant import (
     ue8m0_pack,
     ue8m0_unpack,
 )
-from tests.reference.quant_cast_back import per_block_cast_back_ref, per_token_cast_back_ref
+from tests.reference.quant_cast_back import per_block_cast_back_ref, per_token_cast_back_ref, requant_ref
 from tkc.build import ArchSummary, BuildOptions
 
 pytestmark = pytest.mark.slow
@@ -124,12 +124,34 @@ def _fake_back(v: dict[str, Any], q: torch.Tensor, sf_arg: torch.Tensor, out: to
     out.copy_(per_token_cast_back_ref(q, sf, out.dtype, v["npc"] or v["hidden"]))
 
 
+def _fake_requant(v: dict[str, Any], codes: torch.Tensor, x_sf_arg: torch.Tensor, q: torch.Tensor,
+                  sf_arg: torch.Tensor) -> None:
+    """What the fused re-quantization writes, from the reference, reading the tensors it is handed as its contract
+    says: the input scales fp32 (R, G_in), or the bytes (W, P, 4) of the UE8M0 words' column storage; the outputs
+    as the cast's."""
+    rows = -(-codes.shape[0] // v["x_block_m"])
+    x_sf = x_sf_arg.reshape(x_sf_arg.shape[0], -1).view(torch.int32).T[:rows] if v["x_sf_layout"] == "ue8m0" \
+        else x_sf_arg
+    ref_q, ref_sf = requant_ref((codes, x_sf), (v["x_block_m"], v["x_block_k"]), v["fmt"], v["npc"], v["round_sf"],
+                                v["sf_layout"])
+    q.copy_(ref_q)
+    words = sf_arg.reshape(sf_arg.shape[0], -1).view(torch.int32) if v["sf_layout"] == "ue8m0" else None
+    target = sf_arg if words is None else words[:, :codes.shape[0]].T
+    target.copy_(ref_sf)
+
+
 class _FakeKernel:
     """Launchers that compute with ``launch``; ``selected`` holds the grid values of each call of
-    one, in order (recorded at the call, not at select: the ops keep the launchers they selected)."""
+    one, in order (recorded at the call, not at select: the ops keep the launchers they selected).
+    ``built``: the variants ``has`` reports (None: every one)."""
 
-    def __init__(self, launch: Callable[..., None], keys: tuple[str, ...]) -> None:
+    def __init__(self, launch: Callable[..., None], keys: tuple[str, ...],
+                 built: set[tuple[Any, ...]] | None = None) -> None:
         self.launch, self.keys, self.selected = launch, keys, []  # type: list[dict[str, Any]]
+        self.built = built
+
+    def has(self, *values: Any) -> bool:
+        return self.built is None or values in self.built
 
     def variant(self, *values: Any) -> Callable[..., None]:
         return self.select(**dict(zip(self.keys, values)))
@@ -166,6 +188,9 @@ def ops(small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path_factory: p
         keys = grid_keys()
         cast._kernel, cast._HAS_LAYOUTS = _FakeKernel(_fake_cast, keys["per_token_cast"]), True  # type: ignore[attr-defined]
         back._kernel = _FakeKernel(_fake_back, keys["per_token_cast_back"])  # type: ignore[attr-defined]
+        # The small package has no fused re-quantization (cast._requant is None there): the shipped spec's variants.
+        cast._requant = _FakeKernel(_fake_requant, keys["per_token_cast_requant"],  # type: ignore[attr-defined]
+                                    built_variants()["per_token_cast_requant"])
         yield cast, back
     finally:
         sys.path.remove(str(root))
@@ -221,6 +246,103 @@ def test_requantization_dequantizes_first(ops: tuple[ModuleType, ModuleType]) ->
         _same(q, ref_q)
         _same(sf, ref_sf)
         assert cast._kernel.selected[-1]["in_dtype"] == "float32"  # the dequantized fp32 tensor
+
+
+def _quantized_pair(num_tokens: int, hidden: int, x_fmt: str, block: tuple[int, int], layout: str
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes of random rows with scales per block: arbitrary fp32 ones (row_major), or powers of two as UE8M0
+    words in TileKernels' column-major storage (ue8m0)."""
+    q, _ = per_token_cast_ref(torch.randn(num_tokens, hidden), x_fmt, 32)
+    shape = (-(-num_tokens // block[0]), -(-hidden // block[1]))
+    if layout == "row_major":
+        return q, torch.rand(shape) * 4 + 2.0**-3
+    exponents = torch.randint(100, 140, shape, dtype=torch.int32)
+    return q, tma_aligned_col_major(ue8m0_pack((exponents << 23).view(torch.float32)))
+
+
+# (codes format, x_block_size, scale layout in and out, fmt, npc): the shipped spec's fused variants
+REQUANT_CASES = [
+    ("e4m3", (128, 128), "row_major", "e2m1", 32),
+    ("e2m1", (32, 32), "row_major", "e4m3", 128),
+    ("e4m3", (32, 32), "ue8m0", "e4m3", 32),
+    ("e2m1", (128, 128), "ue8m0", "e2m1", 128),
+    ("e4m3", (1, 128), "row_major", "e2m1", 32),
+    ("e4m3", (1, 128), "ue8m0", "e2m1", 32),
+]
+
+
+def _requant_flags(layout: str) -> dict[str, bool]:
+    return {"round_sf": True, **({"use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": True}
+                                 if layout == "ue8m0" else {})}
+
+
+@pytest.mark.parametrize("hidden", [2560, 576])
+@pytest.mark.parametrize("num_tokens", [0, 1, 300])
+@pytest.mark.parametrize("case", REQUANT_CASES, ids=lambda c: f"{c[0]}{c[1][0]}x{c[1][1]}-{c[2]}-{c[3]}-{c[4]}")
+def test_requantization_is_one_fused_launch(ops: tuple[ModuleType, ModuleType], case: tuple[Any, ...],
+                                            num_tokens: int, hidden: int) -> None:
+    """A pair of a built combination takes the fused variant alone (no cast back, no fp32 cast), handed the scales
+    as the kernel reads them, and returns what the two-launch path returns."""
+    cast, back = ops
+    x_fmt, block, layout, fmt, npc = case
+    pair = _quantized_pair(num_tokens, hidden, x_fmt, block, layout)
+    flags = _requant_flags(layout)
+    before = (len(cast._kernel.selected), len(back._kernel.selected))
+    q, sf = cast.per_token_cast(pair, fmt, npc, x_block_size=block, **flags)
+    assert (len(cast._kernel.selected), len(back._kernel.selected)) == before
+    assert cast._requant.selected[-1] == {"x_fmt": x_fmt, "x_block_m": block[0], "x_block_k": block[1],
+                                          "x_sf_layout": layout, "fmt": fmt, "npc": npc, "round_sf": True,
+                                          "sf_layout": layout}
+    ref_q, ref_sf = requant_ref(pair, block, fmt, npc, True, layout)
+    _same(q, ref_q)
+    _same(sf, ref_sf)
+    fused, cast._requant = cast._requant, None  # as a package built without the fused kernel
+    try:
+        two_step = cast.per_token_cast(pair, fmt, npc, x_block_size=block, **flags)
+    finally:
+        cast._requant = fused
+    assert cast._kernel.selected[-1]["in_dtype"] == "float32"
+    _same(two_step[0], q)
+    _same(two_step[1], sf)
+    # UE8M0 words in another layout than TileKernels' (here row-major) are copied into a column storage first.
+    if layout == "ue8m0" and num_tokens:
+        q2, sf2 = cast.per_token_cast((pair[0], pair[1].contiguous()), fmt, npc, x_block_size=block, **flags)
+        _same(q2, ref_q)
+        _same(sf2, ref_sf)
+
+
+def test_requantization_falls_back_to_two_launches(ops: tuple[ModuleType, ModuleType]) -> None:
+    """What no fused variant takes (other flags, layouts, blocks or formats; the sf-only and given-sf forms) is
+    dequantized with the cast back and cast as fp32, as before; malformed pairs get the two-launch path's errors."""
+    cast, back = ops
+    pair = _quantized_pair(300, 2560, "e4m3", (128, 128), "row_major")
+    fused_calls = len(cast._requant.selected)
+    calls = {
+        "round_sf False": lambda: cast.per_token_cast(pair, "e2m1", 32, x_block_size=(128, 128)),
+        "col_major out": lambda: cast.per_token_cast(pair, "e2m1", 32, (128, 128), True, True),
+        "col_major in": lambda: cast.per_token_cast((pair[0], pair[1].t().contiguous().t()), "e2m1", 32, (128, 128),
+                                                    round_sf=True),
+        "block not built": lambda: cast.per_token_cast((pair[0], torch.rand(3, 80)), "e2m1", 32, (128, 32),
+                                                       round_sf=True),
+        "npc 64": lambda: cast.per_token_cast(pair, "e2m1", 64, (128, 128), round_sf=True),
+    }
+    for name, call in calls.items():
+        selected = len(back._kernel.selected)
+        call()
+        assert len(back._kernel.selected) == selected + 1, name
+        assert cast._kernel.selected[-1]["in_dtype"] == "float32", name
+    values = per_block_cast_back_ref(*pair, torch.float32, (128, 128))
+    sf = cast.per_token_cast_with_sf_only(pair, "e2m1", 32, (128, 128), round_sf=True)
+    _same(sf, per_token_cast_ref(values, "e2m1", 32, True)[1])
+    q = cast.per_token_cast_with_precomputed_sf(pair, "e2m1", 32, sf, (128, 128), round_sf=True)
+    _same(q, precomputed_sf_cast_ref(values, "e2m1", 32, sf))
+    assert len(cast._requant.selected) == fused_calls
+    errors = importlib.import_module("tkc_small_kernels.errors")
+    with pytest.raises(errors.KernelArgumentError, match=r"^x\[1\] \(sf\): expected float32 scales of shape \(3, 20\)"):
+        cast.per_token_cast((pair[0], pair[1][:, :-1]), "e2m1", 32, (128, 128), round_sf=True)
+    with pytest.raises(ValueError, match=r"^x\[0\] \(q\): hidden \(2528\) must be a multiple of 64"):
+        cast.per_token_cast((pair[0][:, :2528], pair[1]), "e2m1", 32, (128, 128), round_sf=True)
+    assert len(cast._requant.selected) == fused_calls
 
 
 @pytest.mark.parametrize("block", [(32, 32), (32, 128), (128, 32), (128, 128)], ids=str)
@@ -301,7 +423,7 @@ def test_out_errors_name_the_argument(ops: tuple[ModuleType, ModuleType]) -> Non
         cast.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True, out=(q, sf[:, :40]))
     with pytest.raises(NotImplementedError, match=r"^fmt: "):  # routed as without out; no _e5m6 module here
         cast.per_token_cast(x, "e5m6", 2560, out=(q, sf))
-    with pytest.raises(ValueError, match=r"^out: a quantized \(data, sf\) pair"):
+    with pytest.raises(ValueError, match=r"^out: not for a quantized \(data, sf\) pair"):
         cast.per_token_cast((q, sf), "e4m3", 128, x_block_size=(1, 32), out=(q, sf))
 
 
@@ -402,6 +524,34 @@ def test_calls_dispatch_cannot_replay_still_run(stubbed: tuple[dict[str, ModuleT
     assert runtime.LAUNCHES[0][0] == "per_token_cast_e5m6"
 
 
+def test_fused_requantization_is_one_launch_of_its_tensors(stubbed: tuple[dict[str, ModuleType], Any]) -> None:
+    """A pair of a built combination (the shipped specs') is one launch of per_token_cast_requant: the codes as
+    given, the UE8M0 words' column storage as bytes in place, q and the bytes of the returned sf's storage. It is
+    not remembered for dispatch (x is a pair): each such call runs its plan."""
+    modules, runtime = stubbed
+    cast = modules["per_token_cast"]
+    codes = torch.zeros(300, 2560, dtype=torch.float8_e4m3fn)
+    words = tma_aligned_col_major(torch.zeros(3, 5, dtype=torch.int32))  # 20 blocks of 128 over ceil(300 / 128) rows
+    q, sf = _logged(runtime, lambda: cast.per_token_cast((codes, words), "e2m1", 32, (128, 128), True, True, True))
+    ((name, values, args),) = runtime.LAUNCHES
+    assert name == "per_token_cast_requant" and values == {
+        "x_fmt": "e4m3", "x_block_m": 128, "x_block_k": 128, "x_sf_layout": "ue8m0", "fmt": "e2m1", "npc": 32,
+        "round_sf": True, "sf_layout": "ue8m0"}
+    assert args[0] is codes and args[1].dtype == torch.uint8 and args[1].shape == (5, 4, 4)
+    assert args[1].data_ptr() == words.data_ptr()
+    assert args[2] is q and q.shape == (300, 1280) and q.dtype == torch.int8
+    assert sf.shape == (300, 20) and sf.stride() == (1, 300) and sf.dtype == torch.int32
+    assert args[3].shape == (20, 300, 4) and args[3].data_ptr() == sf.data_ptr()
+    assert runtime.REMEMBERED == []
+    scales = torch.ones(10, 80)  # fp32 per (32, 32) block of FP4 codes, row-major
+    fp4 = torch.zeros(300, 1280, dtype=torch.int8)
+    q, sf = _logged(runtime, lambda: cast.per_token_cast((fp4, scales), "e4m3", 128, (32, 32), round_sf=True))
+    ((name, values, args),) = runtime.LAUNCHES
+    assert name == "per_token_cast_requant" and (values["x_fmt"], values["x_sf_layout"]) == ("e2m1", "row_major")
+    assert args[0] is fp4 and args[1] is scales and args[2] is q and args[3] is sf
+    assert q.shape == (300, 2560) and q.dtype == torch.float8_e4m3fn and sf.shape == (300, 20) and sf.is_contiguous()
+
+
 def test_option_errors_fire_before_any_launch_or_memory(stubbed: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = stubbed
     cast = modules["per_token_cast"]
@@ -421,7 +571,7 @@ def test_option_errors_fire_before_any_launch_or_memory(stubbed: tuple[dict[str,
          errors.KernelArgumentError, r"^sf: expected torch.float32 of shape \(5, 16\)"),
         (lambda: cast.per_token_cast(x, "e4m3", 128, out=q), TypeError, r"^out: expected \(q, sf\)"),
         (lambda: cast.per_token_cast(col, "e4m3", 128, x_block_size=(1, 128), out=col), ValueError,
-         r"^out: a quantized \(data, sf\) pair"),
+         r"^out: not for a quantized \(data, sf\) pair"),
         (lambda: cast.per_token_cast(x, "e5m6", 2048, x_block_size=(1, 2048)), ValueError, r"^x_block_size: fmt"),
         (lambda: cast.per_token_cast(x, "e3m2", 128), ValueError, r"^fmt: "),
         (lambda: cast.per_token_cast_with_sf_only(x, "e5m6", 2048), ValueError, r"^fmt: "),

@@ -128,4 +128,4 @@ def ue8m0_values(words: torch.Tensor, groups: int) -> torch.Tensor:
     (torch integer ops on the small scale tensor; the codes are not touched)."""
     shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=words.device)
     exponents = (words.unsqueeze(-1) >> shifts) & 0xFF  # (R, W, 4); the AND undoes the sign's arithmetic shift
-    return (exponents.reshape(words.shape[0], -1)[:, :groups] << 23).contiguous().view(torch.float32)
+    return (exponents.reshape(words.shape[0], 4 * words.shape[1])[:, :groups] << 23).contiguous().view(torch.float32)

@@ -10,6 +10,13 @@ and the three scale layouts of KERNELS.md: (a) row-major fp32,
 (b) ``use_tma_aligned_col_major_sf`` (fp32, column-major, token dimension padded to a multiple
 of 4) and (c) ``use_packed_ue8m0`` (int32 words of four UE8M0 exponents, laid out as (b)). The
 launcher checks the tensors, this module the other arguments, each error naming the argument.
+
+A quantized (data, sf) pair x is re-quantized in one launch of the fused kernel
+(``per_token_cast_requant``) where the package holds a variant for the pair's format, scale block and
+scale layout and the call's format, npc and layout (kernel_specs/quant.yaml lists TileKernels' tests'
+combinations); any other pair, and the sf-only and given-sf forms, dequantize with per_token_cast_back
+into an fp32 tensor that the fp32 variant then casts. Both give the same bits: the fused kernel keeps
+that fp32 tensor in registers.
 """
 
 from __future__ import annotations
@@ -19,17 +26,19 @@ from typing import Any
 
 import torch
 
-from .._args import matrix, not_built, one_of, out_tensors, positive_int
-from .._build_info import ALIGNMENT
+from .._args import column_storage, matrix, not_built, one_of, out_tensors, positive_int
+from .._build_info import ALIGNMENT, KERNELS
 from .._op import Empty, Plan, Result, empty, launch, op, result, size, stride_multiple
 from .._op import out as output  # the plans take a parameter named out
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
-from ._scales import ColumnMajor, check_scales, given_scales, scale_layout, storage_view
+from ._scales import ColumnMajor, check_scales, given_scales, scale_layout, storage_view, word_bytes
 
 __all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]
 
 _kernel = get_kernel("per_token_cast")
+# The fused re-quantization of (data, sf) pairs; a package built without it re-quantizes in two launches.
+_requant = get_kernel("per_token_cast_requant") if "per_token_cast_requant" in KERNELS else None
 
 _FORMATS = ("e4m3", "e2m1", "e5m6")
 _KERNEL_FORMATS = _FORMATS[:2]  # what this module's kernel casts; e5m6 has its own op
@@ -38,6 +47,8 @@ _GROUPS = (16, 32, 64, 128)  # npc of the grouped casts (TileKernels' domain), b
 _MODE_CAST, _MODE_SF_ONLY, _MODE_GIVEN_SF = 0, 1, 2
 # Packages built from a spec without the sf_layout grid key hold the row-major layout only.
 _HAS_LAYOUTS = "sf_layout" in _kernel.keys
+# dtype of a pair's codes -> their format (int8: FP4 two to a byte, element 2i in the low nibble)
+_CODE_FORMATS = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
 
 
 def _codes(x: torch.Tensor, fmt: str) -> Empty:
@@ -67,6 +78,63 @@ def _dequantized(x: object, x_block_size: object) -> object:
         raise not_built("x_block_size", "re-quantization (it dequantizes with per_token_cast_back)",
                         "per_token_cast") from None
     return cast_back(tuple(x), "fp32", x_block_size)  # type: ignore[arg-type]
+
+
+def _requant_plan(x: object, fmt: str, num_per_channels: object, x_block_size: object, col_major: bool,
+                  round_sf: bool, packed: bool) -> Plan | None:
+    """The one launch of the fused kernel for a quantized pair x, or None where the package has no variant for it
+    or anything about it is not what that variant reads (the two-launch path then casts it, or names what is
+    wrong as it always has).
+
+    The variant is keyed by the pair's code format, scale block (x_block_size) and scale layout, and the call's
+    fmt, npc, round_sf and scale layout. The pair's scales are fp32 (ceil(T / bm), ceil(H / bk)), contiguous
+    (row_major), or their UE8M0 int32 words (ceil(T / bm), ceil(ceil(H / bk) / 4)) in any layout (ue8m0: the
+    kernel reads the bytes of a column-major storage, which per_token_cast and TileKernels return; other layouts
+    are copied into one, a small tensor).
+    """
+    if _requant is None or fmt not in _KERNEL_FORMATS or not isinstance(num_per_channels, int):
+        return None
+    if not (isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, torch.Tensor) for t in x)):
+        return None
+    if not (isinstance(x_block_size, (tuple, list)) and len(x_block_size) == 2
+            and all(type(b) is int and b > 0 for b in x_block_size)):
+        return None
+    codes, x_sf = x
+    fp4x2 = getattr(torch, "float4_e2m1fn_x2", None)
+    if fp4x2 is not None and codes.dtype == fp4x2:
+        codes = codes.view(torch.int8)  # same bytes, same nibble order
+    x_fmt = _CODE_FORMATS.get(codes.dtype)
+    if x_fmt is None or codes.dim() != 2 or not codes.is_contiguous() or x_sf.dim() != 2:
+        return None
+    block_m, block_k = x_block_size
+    shape = (int(codes.shape[0]), int(codes.shape[1]) * (2 if x_fmt == "e2m1" else 1))  # (num_tokens, hidden)
+    if shape[1] % 64 != 0:
+        return None
+    x_sf_layout = "ue8m0" if x_sf.dtype == torch.int32 else "row_major" if x_sf.is_contiguous() else None
+    if x_sf_layout is None:
+        return None
+    try:
+        check_scales(x_sf, shape, block_k, x_sf_layout, block_m=block_m, name="x[1] (sf)")
+        sf_layout = scale_layout(col_major, round_sf, packed)
+    except (KernelArgumentError, ValueError):
+        return None  # the two-launch path raises it, naming the argument
+    key = (x_fmt, block_m, block_k, x_sf_layout, fmt, num_per_channels, bool(round_sf), sf_layout)
+    if not _requant.has(*key):
+        return None
+    launcher = _requant.variant(*key)
+    if x_sf_layout == "ue8m0":
+        storage = column_storage(x_sf)
+        if storage is None:  # words in another layout (or none to read): a (columns, R) copy, fresh strides
+            storage = x_sf.new_empty((x_sf.shape[1], x_sf.shape[0])).copy_(x_sf.t())
+        x_sf = word_bytes(storage)
+    if sf_layout == "row_major":
+        hidden = shape[1]
+        outputs = (empty(torch.float8_e4m3fn if fmt == "e4m3" else torch.int8, size(codes, 0),
+                         hidden // (1 if fmt == "e4m3" else 2)),
+                   empty(torch.float32, size(codes, 0), -(-hidden // num_per_channels)))
+        return launch(launcher, codes, x_sf, output(0), output(1), outputs=outputs)
+    return launch(launcher, codes, x_sf, output(0), output(1, view=storage_view(sf_layout)),
+                  outputs=ColumnMajor(fmt, num_per_channels, sf_layout, fp4_x=x_fmt == "e2m1"))  # type: ignore[arg-type]
 
 
 def _check_options(x: object, fmt: str, num_per_channels: int, x_block_size: object, col_major: bool,
@@ -166,8 +234,10 @@ def per_token_cast(
         num_per_channels: channels sharing one scale factor (npc): 16, 32, 64, 128 (any hidden that is a
             multiple of 64; the last group is partial where npc does not divide hidden) or hidden.
         x_block_size: for a quantized input x = (data, sf) (fp8 e4m3 or packed e2m1 codes with
-            scales as per_token_cast returns them), its scale block (1, npc_in); the pair is
-            dequantized to fp32 first (KERNELS.md), then cast. None for a plain tensor.
+            scales as per_token_cast returns them, or per-block ones as per_block_cast and TileKernels'
+            torch.cast make them), its scale block (1, npc_in) or (bm, bk); the pair is dequantized to
+            fp32 first (KERNELS.md), then cast, in one launch where the package has the fused variant
+            for the combination. None for a plain tensor.
         use_tma_aligned_col_major_sf: return sf column-major with the token dimension padded to
             a multiple of 4 (TMA-aligned), strides (1, align(num_tokens, 4)).
         round_sf: round each scale up to a power of two.
@@ -198,7 +268,12 @@ def per_token_cast(
         return _e5m6(x, num_per_channels, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
                      round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0, out=out)
     if out is not None and x_block_size is not None:
-        raise ValueError("out: a quantized (data, sf) pair x is cast through an fp32 copy; pass None")
+        raise ValueError("out: not for a quantized (data, sf) pair x (which may be cast through an fp32 copy); "
+                         "pass None")
+    fused = _requant_plan(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                          use_packed_ue8m0)
+    if fused is not None:
+        return fused
     return _cast(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                  _MODE_CAST, out)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.reference.quant import dequant, fp4_decode
+from tests.reference.quant import dequant, fp4_decode, per_token_cast_ref, ue8m0_unpack
 
 # The input format follows from the codes' dtype, as in the op.
 IN_FORMATS: dict[torch.dtype, str] = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
@@ -73,3 +73,20 @@ def per_block_cast_back_ref(
     rows = torch.arange(num_tokens, device=q.device) // bm
     cols = torch.arange(hidden, device=q.device) // bk
     return (values * sf[rows[:, None], cols[None, :]]).to(out_dtype_of(fmt))
+
+
+def requant_ref(x: tuple[torch.Tensor, torch.Tensor], x_block_size: tuple[int, int], fmt: str, npc: int,
+                round_sf: bool = False, sf_layout: str = "row_major") -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_cast of a quantized pair (KERNELS.md, "Re-quantization"): dequantize first, then cast.
+
+    x = (q, sf) with sf per (bm, bk) = x_block_size block: float32 (ceil(T / bm), ceil(H / bk)) in any strides,
+    or its UE8M0 int32 words (ceil(T / bm), ceil(ceil(H / bk) / 4)). The dequantized tensor is
+    per_block_cast_back_ref's fp32 one (decode(q) * sf, one fp32 multiply per element), then cast by
+    per_token_cast_ref: (q, sf) as it returns them for fmt, npc, round_sf and sf_layout.
+    """
+    q, sf = x
+    hidden = q.shape[1] * (2 if in_format(q) == "e2m1" else 1)
+    if sf.dtype == torch.int32:
+        sf = ue8m0_unpack(sf, -(-hidden // x_block_size[1]))
+    values = per_block_cast_back_ref(q, sf, torch.float32, x_block_size)
+    return per_token_cast_ref(values, fmt, npc, round_sf, sf_layout)

@@ -488,6 +488,26 @@ def test_declaring_ops_imports_no_compiler(toy: tuple[ModuleType, ModuleType]) -
     assert done.stdout.strip() == "False", done.stderr
 
 
+def test_template_ids_are_the_same_in_every_process(toy: tuple[ModuleType, ModuleType]) -> None:
+    """A traced plan's template id is what the compiled graph keeps; inductor caches graphs on disk across
+    processes, so two processes registering the same templates in different orders must give each the same id
+    (launchers and views are module-level functions, recipes values)."""
+    import subprocess
+
+    ops, _ = toy
+    root = Path(ops.__file__).parents[2]
+    script = (f"import sys, math, operator, collections; sys.path.insert(0, {str(root)!r}); import torch\n"
+              f"from {PACKAGE} import _op\n"
+              "Recipe = collections.namedtuple('Recipe', 'fmt npc')\n"
+              "keys = {'a': (((math.sqrt, (('t', 0, None), ('o', 1, operator.neg), ('c', 2.5, None))),), "
+              "((torch.float32, (4, (0, 1, 1, 0, 1))),)),\n"
+              "        'b': (((math.floor, (('t', 0, None),)),), Recipe('e4m3', 128))}\n"
+              "print(sorted((name, _op._template_id(keys[name])) for name in sys.argv[1].split(',')))")
+    seen = [subprocess.run([sys.executable, "-c", script, order], capture_output=True, text=True, check=True).stdout
+            for order in ("a,b", "b,a")]
+    assert seen[0] == seen[1] and seen[0].count("(") == 2, seen
+
+
 def test_placeholders_are_one_set_per_device_and_key(toy: tuple[ModuleType, ModuleType]) -> None:
     args = importlib.import_module(f"{PACKAGE}._args")
     cache: dict[object, tuple[torch.Tensor, ...]] = {}

@@ -83,9 +83,6 @@ SWEEPS = {
                                 {"cast_back_e5m6": {"row_pieces": 4, "piece_rows": 2}},
                                 overrides=(("cast_back_e5m6", "hidden", 6144, {"row_pieces": 6}),
                                            ("cast_back_e5m6", "hidden", 7168, {"row_pieces": 7}))),
-    # mhc_post_bwd at T 8192, H 7168: columns per lane and step, warps per block, a cp.async ring.
-    "tkc_tuning_post": Sweep("tkc_tuning_post", "post_bwd.yaml",
-                             {"mhc_post_bwd": {"chunk": 8, "warps": 4, "stages": 0}}),
 }
 DEFAULT_PACKAGE = "tkc_tuning_example"
 
@@ -852,12 +849,12 @@ def mhc_expand_case(problem: dict[str, Any]) -> Case:
 
 def engram_gate_bwd_case(problem: dict[str, Any]) -> Case:
     """engram_gate_bwd as in benchmarks/cases/engram.py: T 8192, hc 4, H 7168, the forward's statistics from the
-    reference, grad_w_partial's rows as the op sizes them (two blocks an SM). The knobs change no order of
-    summation: every output must equal the baseline's bytes (the check input: the same random draw)."""
+    reference, grad_w_partial's rows as the op sizes them (``sm_blocks`` an SM, default two). The knobs change
+    no order of summation: every output must equal the baseline's bytes (the check input: the same random draw)."""
     engram = _benchmark_case("engram")
     ref = _reference("engram_gate", "engram_gate_ref")
     tokens, hc, hidden = engram.T, engram.HC, problem["hidden"]
-    rows = min(tokens, torch.cuda.get_device_properties(0).multi_processor_count * 2 // hc)
+    rows = min(tokens, torch.cuda.get_device_properties(0).multi_processor_count * problem.get("sm_blocks", 2) // hc)
 
     def inputs() -> Inputs:
         x, k, go = (torch.randn(tokens, hc, hidden, device=DEVICE).bfloat16() for _ in range(3))

@@ -27,6 +27,7 @@ torch.compile keys a traced plan by them (a closure cannot be a key of the compi
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -110,16 +111,43 @@ def _allocate(plans: Sequence[Plan]) -> list[torch.Tensor]:
 # The compile route: a plan seen while tracing becomes a template (launchers, argument slots,
 # output recipe over the custom op's tensor list) with an id; the graph calls the op's custom op
 # with its tensors and that id, and the custom op and its fake kernel rebuild the call from it.
-_templates: list[tuple[Any, ...]] = []
+# The id is a hash of the template's description, not a count: inductor caches compiled graphs on
+# disk across processes, and a graph that one process traced with id n must mean the same template
+# in another that loads it (a count gave each process its own numbering, and a cached graph's
+# output strides from the other process's template).
+_templates: dict[int, tuple[Any, ...]] = {}
 _template_ids: dict[tuple[Any, ...], int] = {}
+
+
+def _describe(value: Any) -> str:
+    """A description of a template key's part that is the same in every process: module-level functions by
+    qualified name, value types (named tuples, dtypes, numbers, strings) by their repr, tuples part by part."""
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # a NamedTuple recipe: a value
+        return repr(value)
+    if isinstance(value, tuple):
+        return "(" + ",".join(_describe(v) for v in value) + ")"
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return repr(value)
+    name = getattr(value, "__qualname__", None)
+    if name is not None and "<" not in name:  # a module-level function or class, never a closure or lambda
+        return f"{value.__module__}.{name}"
+    described = getattr(value, "template_description", None)  # a launcher object (_runtime._PerDevice)
+    if described is not None:
+        return str(described())
+    # Anything else (a test's closure) by identity: its id then means something in this process only.
+    return f"<{type(value).__qualname__} at {id(value):#x}>"
 
 
 def _template_id(key: tuple[Any, ...]) -> int:
     """The id of a template: torch.compile calls this for real while tracing and keeps the int."""
     index = _template_ids.get(key)
     if index is None:
-        index = _template_ids[key] = len(_templates)
-        _templates.append(key)
+        digest = hashlib.sha256(_describe(key).encode()).digest()
+        index = int.from_bytes(digest[:7], "little")
+        if _templates.get(index, key) != key:
+            raise RuntimeError(f"torch.compile route: two templates share id {index}: {_describe(key)}")
+        _templates[index] = key
+        _template_ids[key] = index
     return index
 
 

@@ -468,6 +468,10 @@ class _PerDevice:
         self._by_device: dict[int, Callable[..., None]] = {}
         self._last: Callable[..., None] | None = None
 
+    def template_description(self) -> str:
+        """What a traced plan's key says of this launcher (the same in every process: _op._describe)."""
+        return f"{__package__}._PerDevice({self.kernel.name!r}, {self.key!r})"
+
     def launcher(self, device: int) -> Callable[..., None]:
         """The launcher of the variant for cuda:``device``'s arch (-1: no CUDA tensor; the first arch's, whose
         checks then name the argument); ArchMismatchError or VariantNotFoundError naming what is missing."""

@@ -843,18 +843,20 @@ def mhc_expand_case(problem: dict[str, Any]) -> Case:
 
     return Case(make=lambda x: (x[0], torch.empty(x[0].shape[0], m, x[0].shape[1], device=DEVICE,
                                                   dtype=torch.bfloat16)),
-                new_x=lambda: inputs(random_matrix(TOKENS, HIDDEN)), check_x=lambda: inputs(check_matrix(TOKENS, HIDDEN)),
+                new_x=lambda: inputs(random_matrix(TOKENS, HIDDEN)),
+                check_x=lambda: inputs(check_matrix(TOKENS, HIDDEN)),
                 outputs=lambda args: args[1:], reference=lambda x: (x[0][:, None].expand(-1, m, -1).contiguous(),))
 
 
 def engram_gate_bwd_case(problem: dict[str, Any]) -> Case:
     """engram_gate_bwd as in benchmarks/cases/engram.py: T 8192, hc 4, H 7168, the forward's statistics from the
-    reference, grad_w_partial's rows as the op sizes them (``sm_blocks`` an SM, default two). The knobs change
-    no order of summation: every output must equal the baseline's bytes (the check input: the same random draw)."""
+    reference, grad_w_partial's rows as the op sizes them (two blocks an SM: ops/engram/gate.py's
+    _BWD_BLOCKS_PER_SM). The knobs change no order of summation: every output must equal the baseline's bytes (the
+    check input: the same random draw)."""
     engram = _benchmark_case("engram")
     ref = _reference("engram_gate", "engram_gate_ref")
     tokens, hc, hidden = engram.T, engram.HC, problem["hidden"]
-    rows = min(tokens, torch.cuda.get_device_properties(0).multi_processor_count * problem.get("sm_blocks", 2) // hc)
+    rows = min(tokens, torch.cuda.get_device_properties(0).multi_processor_count * 2 // hc)
 
     def inputs() -> Inputs:
         x, k, go = (torch.randn(tokens, hc, hidden, device=DEVICE).bfloat16() for _ in range(3))

@@ -29,6 +29,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -284,12 +285,9 @@ class Kernel:
         self.modules = variants
         self.variants: Mapping[tuple[Any, ...], Callable[..., None]] = _Launchers(self)
         self._launchers: dict[tuple[Any, ...], Callable[..., None]] = {}
-        # The index module, which holds each launcher module as an attribute once imported: read there, not from
-        # sys.modules, because dynamo keeps one view of sys.modules a frame (the second launcher module a traced
-        # frame imports would be a miss), while a module's attributes it reads as they are.
         folder = f"{name}.{arch}" if arch else name
         self._path = f"{__package__}._kernels.{folder}"
-        self._index = sys.modules.get(self._path)
+        self._index = sys.modules.get(self._path)  # the index module constructing this (None: built elsewhere)
 
     def variant(self, *values: Any) -> Callable[..., None]:
         """The launcher of the variant built for ``values``, given in grid order (``keys``).
@@ -309,8 +307,8 @@ class Kernel:
         return launcher
 
     def has(self, *values: Any) -> bool:
-        """Whether a variant is built for ``values`` (grid order), without loading it: what code that torch.compile
-        traces asks (dynamo keeps one view of sys.modules a frame, so a second new launcher module there is a miss)."""
+        """Whether a variant is built for ``values`` (grid order), without loading its launcher: for ops that only
+        ask which variants exist (find loads the one it returns)."""
         return values in self.modules
 
     def select(self, **values: Any) -> Callable[..., None]:
@@ -333,9 +331,7 @@ class Kernel:
     def _load(self, key: tuple[Any, ...]) -> Callable[..., None]:
         """Import the launcher module of the variant built for ``key`` (once; importing is thread-safe)."""
         module_name = self.modules[key]
-        _import(f"{self._path}.{module_name}")
-        index = self._index if self._index is not None else sys.modules[self._path]
-        launcher: Callable[..., None] = getattr(getattr(index, module_name), module_name)
+        launcher: Callable[..., None] = getattr(_submodule(self._index, self._path, module_name), module_name)
         # Remembered eagerly only: under torch.compile the store would be a side effect on the real dict that dynamo
         # replays after the graph, which it cannot for a launcher it got as a constant (the next eager use stores it).
         if not torch.compiler.is_compiling():
@@ -347,6 +343,16 @@ def _import(module: str) -> bool:
     """Import a launcher module (once: later calls find it in sys.modules)."""
     importlib.import_module(module)
     return True
+
+
+def _submodule(index: ModuleType | None, path: str, name: str) -> ModuleType:
+    """Submodule ``name`` of the kernel index module at ``path`` (``index``, or None where the Kernel was not built
+    by its index module), imported on first use. Read as the index module's attribute, not from sys.modules:
+    dynamo keeps one view of sys.modules a traced frame (the second launcher module a frame imports would be a
+    miss), while a module's attributes it reads as they are."""
+    _import(f"{path}.{name}")
+    module: ModuleType = getattr(index if index is not None else sys.modules[path], name)
+    return module
 
 
 # A variant's first use may come while torch.compile traces an op, which cannot trace an import: dynamo calls
@@ -396,9 +402,7 @@ class ArchKernels:
                     f"{self.name}: {info.PACKAGE} {info.VERSION} has no variant for {info.ARCHS[arch][2]} (built "
                     f"for {', '.join(self.archs)}); add {arch} to the archs of kernel {self.name} in {self.spec} "
                     "and rebuild (tkc build)")
-            _import(f"{self._path}.{arch}")  # read from the index module's attributes, as Kernel._load does
-            index = self._index if self._index is not None else sys.modules[self._path]
-            kernel = self._kernels[arch] = getattr(index, arch).KERNEL
+            kernel = self._kernels[arch] = _submodule(self._index, self._path, arch).KERNEL
         return kernel
 
     @property

@@ -16,7 +16,15 @@ from .._args import column_storage
 from ..errors import KernelArgumentError
 
 __all__ = ["ColumnMajor", "check_scales", "column_major_storage", "given_scales", "scale_layout", "scale_width",
-           "storage_view", "ue8m0_bytes", "ue8m0_values", "word_bytes"]
+           "storage_view", "stored_codes", "ue8m0_bytes", "ue8m0_values", "word_bytes"]
+
+_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)  # torch's packed FP4 dtype, where this torch has it
+
+
+def stored_codes(q: torch.Tensor) -> torch.Tensor:
+    """Quantized codes as the kernels read them: torch's packed FP4 dtype viewed as int8 (the same bytes, element
+    2i in the low nibble); any other dtype as it is."""
+    return q.view(torch.int8) if _FP4X2 is not None and q.dtype == _FP4X2 else q
 
 
 def scale_layout(col_major: bool, round_sf: bool, packed: bool) -> str:

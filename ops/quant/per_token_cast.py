@@ -32,7 +32,7 @@ from .._op import Empty, Plan, Result, empty, launch, op, result, size, stride_m
 from .._op import out as output  # the plans take a parameter named out
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
-from ._scales import ColumnMajor, check_scales, given_scales, scale_layout, storage_view, word_bytes
+from ._scales import ColumnMajor, check_scales, given_scales, scale_layout, storage_view, stored_codes, word_bytes
 
 __all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]
 
@@ -99,10 +99,7 @@ def _requant_plan(x: object, fmt: str, num_per_channels: object, x_block_size: o
     if not (isinstance(x_block_size, (tuple, list)) and len(x_block_size) == 2
             and all(type(b) is int and b > 0 for b in x_block_size)):
         return None
-    codes, x_sf = x
-    fp4x2 = getattr(torch, "float4_e2m1fn_x2", None)
-    if fp4x2 is not None and codes.dtype == fp4x2:
-        codes = codes.view(torch.int8)  # same bytes, same nibble order
+    codes, x_sf = stored_codes(x[0]), x[1]
     x_fmt = _CODE_FORMATS.get(codes.dtype)
     if x_fmt is None or codes.dim() != 2 or not codes.is_contiguous() or x_sf.dim() != 2:
         return None

@@ -26,7 +26,7 @@ from .._op import Plan, Result, empty, launch, op, pair, result, size
 from .._op import out as output
 from .._runtime import dtype_name, get_kernel
 from ..errors import KernelArgumentError
-from ._scales import ue8m0_values
+from ._scales import stored_codes, ue8m0_values
 
 __all__ = ["cast_back", "per_token_cast_back"]
 
@@ -56,9 +56,7 @@ def _pair(x: object) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError(f"x: expected a (q, sf) pair of tensors, got {type(x).__name__}")
     q = matrix("x[0] (q)", x[0], "(num_tokens, ...)")
     sf = matrix("x[1] (sf)", x[1], "(num_tokens, ...)")
-    fp4x2 = getattr(torch, "float4_e2m1fn_x2", None)
-    if fp4x2 is not None and q.dtype == fp4x2:
-        q = q.view(torch.int8)  # same bytes, same nibble order
+    q = stored_codes(q)
     if q.dtype not in _IN_FORMATS:
         raise KernelArgumentError(f"x[0] (q): expected float8_e4m3fn (e4m3) or int8 (packed e2m1) codes, got {q.dtype}")
     return q, sf

@@ -110,10 +110,38 @@ def _coverage_cases(quant: Any, moe: Any, hidden_sizes: tuple[int, ...]) -> list
 
             cases.append((f"per_token_cast_back {fmt} npc={npc} bf16 H={hidden}",
                           lambda q, sf, n=npc: quant.per_token_cast_back((q, sf), "bf16", n), rotating_inputs(codes)))
+        # The other cast backs built per hidden: groups of 32 and 16, fp32 out, UE8M0 scales, one scale per row.
+        for fmt, npc, out_dtype, flags in (("e4m3", 32, "bf16", {}), ("e2m1", 16, "bf16", {}),
+                                           ("e4m3", 128, "fp32", {}),
+                                           ("e4m3", 128, "bf16", {"use_tma_aligned_col_major_sf": True,
+                                                                  "round_sf": True, "use_packed_ue8m0": True}),
+                                           ("e4m3", hidden, "bf16", {})):
+            def coded(h: int = hidden, f: str = fmt, n: int = npc, k: dict = flags) -> tuple[Any, ...]:
+                return quant.per_token_cast(torch.randn(TOKENS, h, device="cuda").bfloat16(), f, n, **k)
+
+            layout = " ue8m0" if flags else ""
+            cases.append((f"per_token_cast_back {fmt} npc={'H' if npc == hidden else npc}{layout} {out_dtype} H={hidden}",
+                          lambda q, sf, n=npc, o=out_dtype: quant.per_token_cast_back((q, sf), o, n),
+                          rotating_inputs(coded)))
         for fmt, block in (("e4m3", (128, 128)), ("e2m1", (32, 32))):
             cases.append((f"per_block_cast {fmt} {block[0]}x{block[1]} H={hidden}",
                           lambda x, f=fmt, b=block: quant.per_block_cast(x, f, b, round_sf=True),
                           rotating_inputs(lambda h=hidden: (torch.randn(TOKENS, h, device="cuda").bfloat16(),))))
+        # The other e4m3 shapes and scale layouts built per hidden (whether the variant for any hidden can serve them).
+        for block, flags in (((32, 32), {}), ((32, 128), {}), ((128, 32), {}), ((128, 128), {"round_sf": False}),
+                             ((128, 128), {"use_tma_aligned_col_major_sf": True}),
+                             ((128, 128), {"use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": True}),
+                             ((32, 32), {"use_tma_aligned_col_major_sf": True, "use_packed_ue8m0": True})):
+            layout = "ue8m0" if flags.get("use_packed_ue8m0") else "col_major" if flags.get(
+                "use_tma_aligned_col_major_sf") else "row_major"
+            rounding = "" if flags.get("round_sf", True) else " exact sf"
+            cases.append((f"per_block_cast e4m3 {block[0]}x{block[1]} {layout}{rounding} H={hidden}",
+                          lambda x, b=block, k=flags: quant.per_block_cast(x, "e4m3", b, **{"round_sf": True, **k}),
+                          rotating_inputs(lambda h=hidden: (torch.randn(TOKENS, h, device="cuda").bfloat16(),))))
+        cases.append((f"per_block_cast_with_precomputed_sf e4m3 128x128 H={hidden}",
+                      lambda x, sf: quant.per_block_cast_with_precomputed_sf(x, "e4m3", (128, 128), sf),
+                      rotating_inputs(lambda h=hidden: (torch.randn(TOKENS, h, device="cuda").bfloat16(),
+                                                        torch.rand(TOKENS // 128, h // 128, device="cuda") + 0.5))))
 
         def fp4_pair(h: int = hidden) -> tuple[Any, ...]:
             return quant.per_token_cast(torch.randn(TOKENS, h, device="cuda").bfloat16(), "e2m1", 32, round_sf=True)

@@ -8,8 +8,9 @@ and gather through torch, normalize_weight through ``NormalizeWeight`` (a torch 
 since the kernel has none). The ids are integers: no gradient.
 
 Built sizes are those of topk_gate and normalize_weight (kernel_specs/moe_gate.yaml: E in
-{16, 64, 72, 256}, k in {1, 2, 6, 8}); other sizes raise VariantNotFoundError naming the
-argument and the built values.
+{16, 64, 72, 256} or any other multiple of 4 up to 256 through topk_gate's variant for any E,
+k in {1, 2, 6, 8}); other sizes raise VariantNotFoundError naming the argument and the built
+values.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ __all__ = ["NormalizeWeight", "topk_gating"]
 _topk_kernel = get_kernel("topk_gate")
 _normalize_kernel = get_kernel("normalize_weight")
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# topk_gate's variant for any E (grid value 0) takes E up to this, a multiple of 4 (kernel_specs/moe_gate.yaml's
+# requires of topk_gate).
+_ANY_EXPERTS_MAX, _ANY_EXPERTS_MULTIPLE = 256, 4
 
 
 class NormalizeWeight(torch.autograd.Function):
@@ -57,6 +61,21 @@ def _built(kernel: Any, position: int) -> str:
     return ", ".join(str(v) for v in sorted({key[position] for key in kernel.variants}))
 
 
+def _topk_serves(num_experts: int, num_topk: int) -> bool:
+    """Whether topk_gate runs (num_experts, num_topk): a variant built for that E, or its variant for any E."""
+    return _topk_kernel.has(num_experts, num_topk) or (
+        num_experts % _ANY_EXPERTS_MULTIPLE == 0 and num_experts <= _ANY_EXPERTS_MAX and _topk_kernel.has(0, num_topk))
+
+
+def _topk_built_experts() -> str:
+    """topk_gate's num_experts values, its variant for any E spelled out, for an error message."""
+    values = sorted({key[0] for key in _topk_kernel.variants})
+    named = [str(v) for v in values if v != 0]
+    if 0 in values:
+        named.append(f"any multiple of {_ANY_EXPERTS_MULTIPLE} up to {_ANY_EXPERTS_MAX}")
+    return ", ".join(named)
+
+
 def topk_gating(gate_logits: torch.Tensor, k: int, *, normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick k experts per token from router logits: ``(expert_idx, expert_weights)``.
 
@@ -69,8 +88,8 @@ def topk_gating(gate_logits: torch.Tensor, k: int, *, normalize: bool = True) ->
 
     Args:
         gate_logits: CUDA tensor (num_tokens, num_experts) or (batch, seq, num_experts),
-            float32, bfloat16 or float16, any strides; num_experts a built value (16, 64, 72,
-            256 in the default specs).
+            float32, bfloat16 or float16, any strides; num_experts a built value (in the default
+            specs 16, 64, 72, 256, or any other multiple of 4 up to 256).
         k: experts per token, 1 <= k <= num_experts; a built value (1, 2, 6, 8).
         normalize: renormalize the k selected scores to sum to one (default), or keep them as
             softmax probabilities over all experts.
@@ -94,10 +113,10 @@ def topk_gating(gate_logits: torch.Tensor, k: int, *, normalize: bool = True) ->
     if num_topk > num_experts:
         raise ValueError(f"k: expected at most num_experts ({num_experts}, gate_logits' last dimension), "
                          f"got {num_topk}")
-    if not _topk_kernel.has(num_experts, num_topk):
+    if not _topk_serves(num_experts, num_topk):
         raise VariantNotFoundError(
             f"gate_logits: topk_gating is not built for num_experts={num_experts} with k={num_topk} (topk_gate is "
-            f"built for num_experts {_built(_topk_kernel, 0)} and num_topk {_built(_topk_kernel, 1)}); add them to "
+            f"built for num_experts {_topk_built_experts()} and num_topk {_built(_topk_kernel, 1)}); add them to "
             f"the grid of kernel topk_gate in {_topk_kernel.spec} and rebuild (tkc build)")
     if normalize and not _normalize_kernel.has(num_topk):
         raise VariantNotFoundError(

@@ -80,7 +80,8 @@ COVERAGE_FINDS = {
 }
 
 
-def _coverage_cases(quant: Any, moe: Any, hidden_sizes: tuple[int, ...]) -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
+def _coverage_cases(quant: Any, moe: Any,
+                    hidden_sizes: tuple[int, ...]) -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
     """(name, op, rotating inputs) of the ops whose variants for any size the coverage work added, at the sizes
     their specialized variants are built for."""
     import torch
@@ -120,7 +121,8 @@ def _coverage_cases(quant: Any, moe: Any, hidden_sizes: tuple[int, ...]) -> list
                 return quant.per_token_cast(torch.randn(TOKENS, h, device="cuda").bfloat16(), f, n, **k)
 
             layout = " ue8m0" if flags else ""
-            cases.append((f"per_token_cast_back {fmt} npc={'H' if npc == hidden else npc}{layout} {out_dtype} H={hidden}",
+            groups = "H" if npc == hidden else npc
+            cases.append((f"per_token_cast_back {fmt} npc={groups}{layout} {out_dtype} H={hidden}",
                           lambda q, sf, n=npc, o=out_dtype: quant.per_token_cast_back((q, sf), o, n),
                           rotating_inputs(coded)))
         for fmt, block in (("e4m3", (128, 128)), ("e2m1", (32, 32))):

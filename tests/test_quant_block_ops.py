@@ -80,22 +80,24 @@ def _same_call(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 # --- per_block_cast ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("fmt", "block", "q_width", "sf_shape"), [
-    ("e4m3", (128, 128), 2048, (1, 16)), ("e2m1", (32, 32), 1024, (2, 64))])
+# bf16 -> e4m3 takes the variant for any hidden (grid hidden 0), bf16 -> e2m1 the one built for 2048.
+@pytest.mark.parametrize(("fmt", "block", "q_width", "sf_shape", "grid_hidden"), [
+    ("e4m3", (128, 128), 2048, (1, 16), 0), ("e2m1", (32, 32), 1024, (2, 64), 2048)])
 def test_cast_selects_and_allocates(op: ModuleType, stub: tuple[dict[str, ModuleType], Any], fmt: str,
-                                    block: tuple[int, int], q_width: int, sf_shape: tuple[int, int]) -> None:
+                                    block: tuple[int, int], q_width: int, sf_shape: tuple[int, int],
+                                    grid_hidden: int) -> None:
     x = _x()
     q, sf = op.per_block_cast(x, fmt, block, round_sf=True)
     assert q.shape == (33, q_width) and sf.shape == sf_shape and sf.dtype == torch.float32
     ((name, values, args),) = _launches(stub)
-    assert name == "per_block_cast" and values == dict(in_dtype="bfloat16", hidden=2048, fmt=fmt, block_m=block[0],
+    assert name == "per_block_cast" and values == dict(in_dtype="bfloat16", hidden=grid_hidden, fmt=fmt, block_m=block[0],
                                                        block_k=block[1], round_sf=True, precomputed_sf=False,
                                                        sf_layout="row_major")
     assert args[0] is x and args[1] is q and args[2] is sf
 
 
 @pytest.mark.parametrize(("hidden", "dtype", "grid_hidden"), [
-    (576, torch.bfloat16, 0), (2048, torch.float32, 0), (2048, torch.bfloat16, 2048)])
+    (576, torch.bfloat16, 0), (2048, torch.float32, 0), (2048, torch.bfloat16, 0)])
 def test_cast_any_hidden_takes_the_generic_variant(op: ModuleType, stub: tuple[dict[str, ModuleType], Any],
                                                    hidden: int, dtype: torch.dtype, grid_hidden: int) -> None:
     # 576 = 4.5 blocks of 128: the last block of each row is partial, and sf has ceil(576 / 128) = 5 columns.

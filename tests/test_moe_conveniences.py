@@ -177,7 +177,7 @@ def test_topk_gating_names_the_built_sizes(moe: Any, monkeypatch: pytest.MonkeyP
     gating, _, runtime = moe
     errors = importlib.import_module("moe_conv_pkg.errors")
     monkeypatch.setattr(gating, "_topk_kernel", ReferenceKernel(gating._topk_kernel, _topk_gate,
-                                                                [(16, 2), (64, 2), (16, 6)]))
+                                                                [(16, 2, 256), (64, 2, 256), (16, 6, 256)]))
     monkeypatch.setattr(gating, "_normalize_kernel", ReferenceKernel(gating._normalize_kernel, _normalize, [(2,)]))
     with pytest.raises(errors.VariantNotFoundError, match=r"gate_logits: topk_gating is not built for num_experts=32 "
                        r"with k=2 \(topk_gate is built for num_experts 16, 64 and num_topk 2, 6\); add them to the "
@@ -196,12 +196,12 @@ def test_topk_gating_takes_the_variant_for_any_e(moe: Any, monkeypatch: pytest.M
     gating, _, runtime = moe
     errors = importlib.import_module("moe_conv_pkg.errors")
     monkeypatch.setattr(gating, "_topk_kernel", ReferenceKernel(gating._topk_kernel, _topk_gate,
-                                                                [(16, 2), (0, 2)]))
+                                                                [(16, 2, 256), (0, 2, 128), (0, 2, 256)]))
     monkeypatch.setattr(gating, "_normalize_kernel", ReferenceKernel(gating._normalize_kernel, _normalize, [(2,)]))
     logits = torch.randn(4, 32)
     expert_idx, _ = gating.topk_gating(logits, 2)
     assert torch.equal(expert_idx, torch.softmax(logits, -1).topk(2, dim=-1).indices)
-    for experts in (30, 260):  # not a multiple of 4; more than the variant for any E holds
+    for experts in (30, 260):  # not a multiple of 4; more than the variants for any E hold
         with pytest.raises(errors.VariantNotFoundError, match=rf"num_experts={experts} with k=2 \(topk_gate is built "
                            r"for num_experts 16, any multiple of 4 up to 256 and num_topk 2\)"):
             gating.topk_gating(torch.zeros(4, experts), 2)

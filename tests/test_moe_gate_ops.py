@@ -145,6 +145,19 @@ def test_bad_arguments_raise_before_any_launch(ops: tuple[dict[str, ModuleType],
     assert runtime.LAUNCHES == []
 
 
+@pytest.mark.parametrize(("experts", "grid"), [
+    (64, dict(num_experts=64, capacity=256)),  # built for its E
+    (32, dict(num_experts=0, capacity=128)), (128, dict(num_experts=0, capacity=128)),  # one sweep a lane holds it
+    (132, dict(num_experts=0, capacity=256)), (252, dict(num_experts=0, capacity=256))])
+def test_topk_gate_takes_the_smallest_variant_for_any_e_that_holds_e(ops: tuple[dict[str, ModuleType], Any],
+                                                                      experts: int, grid: dict[str, int]) -> None:
+    modules, runtime = ops
+    runtime.LAUNCHES.clear()
+    modules["topk_gate"].topk_gate(f32(4, experts), 6)
+    ((name, values, _),) = runtime.LAUNCHES
+    assert name == "topk_gate" and values == dict(num_topk=6, **grid)
+
+
 def test_gate_selects_the_ungrouped_variant_when_every_group_is_kept(ops: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = ops
     runtime.LAUNCHES.clear()

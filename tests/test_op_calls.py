@@ -171,9 +171,9 @@ def test_cast_back_cached_signatures_still_check_what_varies(quant: tuple[dict[s
 def test_moe_launchers_follow_the_signature(moe: tuple[dict[str, ModuleType], Any]) -> None:
     modules, runtime = moe
     for _ in range(2):
-        for experts, k in ((256, 8), (72, 6), (256, 6)):
+        for experts, k, grid in ((256, 8, 256), (72, 6, 72), (256, 6, 256), (32, 6, 0)):
             modules["topk_gate"].topk_gate(torch.zeros(2, experts), k)
-            assert _last(runtime) == {"num_experts": experts, "num_topk": k}
+            assert _last(runtime) == {"num_experts": grid, "num_topk": k, "capacity": 128 if grid == 0 else 256}
         for k in (8, 2):
             modules["normalize_weight"].normalize_weight(torch.ones(2, k))
             assert _last(runtime) == {"num_topk": k}

@@ -24,16 +24,15 @@ from .._args import positive_int
 from .._runtime import get_kernel
 from ..errors import VariantNotFoundError
 from ._normalize_weight import normalize_weight
-from ._topk_gate import topk_gate
+from ._topk_gate import FIXED as _FIXED
+from ._topk_gate import topk_gate, variant_for
 
 __all__ = ["NormalizeWeight", "topk_gating"]
 
 _topk_kernel = get_kernel("topk_gate")
 _normalize_kernel = get_kernel("normalize_weight")
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# topk_gate's variant for any E (grid value 0) takes E up to this, a multiple of 4 (kernel_specs/moe_gate.yaml's
-# requires of topk_gate).
-_ANY_EXPERTS_MAX, _ANY_EXPERTS_MULTIPLE = 256, 4
+_ANY_EXPERTS_MULTIPLE = 4  # topk_gate's variants for any E take E a multiple of this (kernel_specs/moe_gate.yaml)
 
 
 class NormalizeWeight(torch.autograd.Function):
@@ -62,17 +61,18 @@ def _built(kernel: Any, position: int) -> str:
 
 
 def _topk_serves(num_experts: int, num_topk: int) -> bool:
-    """Whether topk_gate runs (num_experts, num_topk): a variant built for that E, or its variant for any E."""
-    return _topk_kernel.has(num_experts, num_topk) or (
-        num_experts % _ANY_EXPERTS_MULTIPLE == 0 and num_experts <= _ANY_EXPERTS_MAX and _topk_kernel.has(0, num_topk))
+    """Whether topk_gate runs (num_experts, num_topk): a variant built for that E, or a variant for any E."""
+    if _topk_kernel.has(num_experts, num_topk, _FIXED):
+        return True
+    return num_experts % _ANY_EXPERTS_MULTIPLE == 0 and variant_for(_topk_kernel, num_experts, num_topk) is not None
 
 
 def _topk_built_experts() -> str:
-    """topk_gate's num_experts values, its variant for any E spelled out, for an error message."""
-    values = sorted({key[0] for key in _topk_kernel.variants})
-    named = [str(v) for v in values if v != 0]
-    if 0 in values:
-        named.append(f"any multiple of {_ANY_EXPERTS_MULTIPLE} up to {_ANY_EXPERTS_MAX}")
+    """topk_gate's num_experts values, its variants for any E spelled out, for an error message."""
+    named = [str(v) for v in sorted({key[0] for key in _topk_kernel.variants} - {0})]
+    capacities = {key[2] for key in _topk_kernel.variants if key[0] == 0}
+    if capacities:
+        named.append(f"any multiple of {_ANY_EXPERTS_MULTIPLE} up to {max(capacities)}")
     return ", ".join(named)
 
 

@@ -1,12 +1,15 @@
 """moe.topk_gate: the num_topk largest scores' expert ids per token (TileKernels' ``topk_gate``).
 
 One prebuilt variant per (num_experts, num_topk) of kernel_specs/moe_gate.yaml, and per num_topk one for
-any num_experts up to 256 that is a multiple of 4 (a runtime size); num_tokens is
-read from the tensor at run time. Ties go to the lower expert id (a stable descending sort);
+any num_experts that is a multiple of 4 (a runtime size) up to each built capacity, 128 and 256; num_tokens
+is read from the tensor at run time. Ties go to the lower expert id (a stable descending sort);
 NaN scores rank as -inf.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -17,6 +20,18 @@ from .._runtime import get_kernel
 __all__ = ["topk_gate"]
 
 _kernel = get_kernel("topk_gate")
+FIXED = 256  # the capacity key of the variants built for one E (grid order: num_experts, num_topk, capacity)
+
+
+def variant_for(kernel: Any, num_experts: int, num_topk: int) -> Callable[..., None] | None:
+    """The launcher of ``kernel``'s variants that topk_gate runs for (E, k), or None: the one built for E, else the
+    variant for any E with the smallest capacity that holds E (E a multiple of 4, which its launcher checks)."""
+    launcher = kernel.find(num_experts, num_topk, FIXED)
+    capacities = sorted(key[2] for key in kernel.variants if key[0] == 0 and key[1] == num_topk)
+    for capacity in capacities:
+        if launcher is None and num_experts <= capacity:
+            launcher = kernel.find(0, num_topk, capacity)
+    return launcher
 
 
 @op(outputs=("topk_idx",), inputs={"scores": (1,)})
@@ -37,8 +52,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> Plan:
     num_experts = int(scores.shape[1])
     if k > num_experts:
         raise ValueError(f"num_topk: expected at most num_experts ({num_experts}) experts, got {k}")
-    # The variant built for this E, else the one for any E up to 256 (grid value 0, a multiple of 4: the launcher's
-    # requires name scores otherwise).
-    launcher = _kernel.find(num_experts, k) or _kernel.variant(0, k)
+    # The variant built for this E, else the one for any E that holds it (grid value 0, a multiple of 4: the launcher's
+    # requires name scores otherwise); past every capacity, the largest one's launcher names scores.
+    launcher = variant_for(_kernel, num_experts, k) or _kernel.variant(0, k, FIXED)
     return launch(launcher, scores, out(0),
                   outputs=(empty(torch.int64, size(scores, 0), k),))

@@ -77,7 +77,8 @@ def linears(num_experts: int, hidden: int, seed: int) -> torch.nn.ModuleList:
 
 
 @pytest.mark.parametrize("shape", [(4001,), (BATCH, SEQ), (0,)])
-@pytest.mark.parametrize(("num_experts", "k"), [(16, 2), (64, 6), (256, 8), (72, 1)])
+# 32 and 200: E built for none, through topk_gate's variants for any E (up to 128 and up to 256).
+@pytest.mark.parametrize(("num_experts", "k"), [(16, 2), (64, 6), (256, 8), (72, 1), (32, 6), (200, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("normalize", [True, False])
 def test_topk_gating_matches_the_reference(shape: tuple[int, ...], num_experts: int, k: int, dtype: torch.dtype,
@@ -214,7 +215,7 @@ def _bad_calls() -> dict[str, tuple[Callable[[], object], type[Exception], str]]
                               "num_experts: moe_routing is not built for 64 experts"),
         "int32 ids": (lambda: moe.moe_routing(x, idx.int(), w, num_experts=4), TypeError, "expert_idx"),
         "bf16 weights": (lambda: moe.moe_routing(x, idx, w.bfloat16(), num_experts=4), TypeError, "expert_weights"),
-        "gating E not built": (lambda: moe.topk_gating(logits((4, 32), torch.float32, 0), 2),
+        "gating E not built": (lambda: moe.topk_gating(logits((4, 34), torch.float32, 0), 2),  # not a multiple of 4
                                errors.VariantNotFoundError, "gate_logits: topk_gating is not built"),
         "gating k": (lambda: moe.topk_gating(logits((4, 16), torch.float32, 0), 17), ValueError, "k:"),
         "gating 4-D": (lambda: moe.topk_gating(logits((1, 2, 4, 16), torch.float32, 0), 2), ValueError,

@@ -173,12 +173,17 @@ def test_topk_gating_names_a_bad_argument_before_any_launch(moe: Any, index: int
     assert runtime.LAUNCHES == []
 
 
-def test_topk_gating_names_the_built_sizes(moe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    gating, _, runtime = moe
-    errors = importlib.import_module("moe_conv_pkg.errors")
-    monkeypatch.setattr(gating, "_topk_kernel", ReferenceKernel(gating._topk_kernel, _topk_gate,
-                                                                [(16, 2, 256), (64, 2, 256), (16, 6, 256)]))
+def _gating_built(moe: Any, monkeypatch: pytest.MonkeyPatch, topk: list[tuple[int, int, int]]) -> tuple[Any, Any]:
+    """(gating, errors) with topk_gate built for the grid values ``topk`` and normalize_weight for num_topk 2."""
+    gating = moe[0]
+    monkeypatch.setattr(gating, "_topk_kernel", ReferenceKernel(gating._topk_kernel, _topk_gate, topk))
     monkeypatch.setattr(gating, "_normalize_kernel", ReferenceKernel(gating._normalize_kernel, _normalize, [(2,)]))
+    return gating, importlib.import_module("moe_conv_pkg.errors")
+
+
+def test_topk_gating_names_the_built_sizes(moe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = moe[2]
+    gating, errors = _gating_built(moe, monkeypatch, [(16, 2, 256), (64, 2, 256), (16, 6, 256)])
     with pytest.raises(errors.VariantNotFoundError, match=r"gate_logits: topk_gating is not built for num_experts=32 "
                        r"with k=2 \(topk_gate is built for num_experts 16, 64 and num_topk 2, 6\); add them to the "
                        r"grid of kernel topk_gate in kernel_specs/stub.yaml"):
@@ -193,11 +198,8 @@ def test_topk_gating_names_the_built_sizes(moe: Any, monkeypatch: pytest.MonkeyP
 
 def test_topk_gating_takes_the_variant_for_any_e(moe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """An E built for none takes topk_gate's variant for any E (a multiple of 4 up to 256), as topk_gate itself."""
-    gating, _, runtime = moe
-    errors = importlib.import_module("moe_conv_pkg.errors")
-    monkeypatch.setattr(gating, "_topk_kernel", ReferenceKernel(gating._topk_kernel, _topk_gate,
-                                                                [(16, 2, 256), (0, 2, 128), (0, 2, 256)]))
-    monkeypatch.setattr(gating, "_normalize_kernel", ReferenceKernel(gating._normalize_kernel, _normalize, [(2,)]))
+    runtime = moe[2]
+    gating, errors = _gating_built(moe, monkeypatch, [(16, 2, 256), (0, 2, 128), (0, 2, 256)])
     logits = torch.randn(4, 32)
     expert_idx, _ = gating.topk_gating(logits, 2)
     assert torch.equal(expert_idx, torch.softmax(logits, -1).topk(2, dim=-1).indices)

@@ -135,6 +135,17 @@ def test_per_token_cast_8192_tokens(v: tuple[str, int, str, int, bool]) -> None:
     assert_matches_reference(x, q, sf, fmt, npc, round_sf)
 
 
+# The variant for any hidden runs its row tiles down gridDim.y and z (kernels/quant/grid.py): past 65535 tiles (of up to
+# 16 rows) the blocks of the last z slab start past num_tokens and must store nothing.
+@pytest.mark.parametrize(("fmt", "npc"), [("e4m3", 64), ("e2m1", 32)])
+def test_more_row_tiles_than_one_grid_dimension_holds(fmt: str, npc: int) -> None:
+    num_tokens = 65535 * 16 + 19
+    x = random_rows(num_tokens, 64, torch.bfloat16)
+    q, sf = launch_poisoned(x, ("bfloat16", 64, fmt, npc, False))
+    assert not torch.isnan(sf).any(), "some scale factors were never written"
+    assert_matches_reference(x, q, sf, fmt, npc, False)
+
+
 @pytest.mark.parametrize("num_tokens", [1, 3, 127, 4001])
 @pytest.mark.parametrize("v", FULL, ids=variant_id)
 def test_launcher_overwrites_poisoned_outputs(v: tuple[str, int, str, int, bool], num_tokens: int) -> None:

@@ -157,6 +157,18 @@ def test_launcher_overwrites_poisoned_outputs(v: Variant, num_tokens: int) -> No
     assert_matches_reference(q, sf, out, npc)
 
 
+# The variant for any hidden runs its row tiles down gridDim.y and z (kernels/quant/grid.py): past 65535 tiles (of up to
+# 16 rows) the blocks of the last z slab start past num_tokens and must store nothing.
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_more_row_tiles_than_one_grid_dimension_holds(fmt: str) -> None:
+    num_tokens, v = 65535 * 16 + 19, (fmt, 32, "bfloat16", 64, "row_major")
+    q = random_codes(num_tokens, 64, fmt)
+    sf, sf_arg = random_layout_scales(num_tokens, 2, "row_major")
+    out = launch_poisoned(q, sf_arg, v)
+    assert not torch.isnan(out).any(), "some outputs were never written"
+    assert_matches_reference(q, sf, out, 32)
+
+
 def cast(x: torch.Tensor, fmt: str, npc: int, round_sf: bool, sf_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """per_token_cast of x into sf_layout: the kernel where the package builds it, else the reference."""
     flags = {

@@ -2,7 +2,8 @@
 
 The public API follows TileKernels' ``tile_kernels.quant.per_block_cast`` (and its
 ``_with_sf_only`` and ``_with_precomputed_sf`` forms); this build covers plain bf16 and fp32 inputs of
-any hidden TileKernels takes (variants built per hidden for the common ones, one for any multiple of 64),
+any hidden TileKernels takes (one variant for any multiple of 64; bf16 -> e2m1 also built per hidden for the
+common ones),
 the row-major fp32 scale layout, and for 128 x 128 and 32 x 32 blocks the column-major TMA-aligned
 and packed UE8M0 layouts of per_token_cast (rows of blocks in the place of tokens). The
 launcher validates the tensors (dtype, device, shape,

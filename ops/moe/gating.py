@@ -24,15 +24,13 @@ from .._args import positive_int
 from .._runtime import get_kernel
 from ..errors import VariantNotFoundError
 from ._normalize_weight import normalize_weight
-from ._topk_gate import FIXED as _FIXED
-from ._topk_gate import topk_gate, variant_for
+from ._topk_gate import ANY_E_MULTIPLE, topk_gate, variant_for
 
 __all__ = ["NormalizeWeight", "topk_gating"]
 
 _topk_kernel = get_kernel("topk_gate")
 _normalize_kernel = get_kernel("normalize_weight")
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_ANY_EXPERTS_MULTIPLE = 4  # topk_gate's variants for any E take E a multiple of this (kernel_specs/moe_gate.yaml)
 
 
 class NormalizeWeight(torch.autograd.Function):
@@ -60,19 +58,12 @@ def _built(kernel: Any, position: int) -> str:
     return ", ".join(str(v) for v in sorted({key[position] for key in kernel.variants}))
 
 
-def _topk_serves(num_experts: int, num_topk: int) -> bool:
-    """Whether topk_gate runs (num_experts, num_topk): a variant built for that E, or a variant for any E."""
-    if _topk_kernel.has(num_experts, num_topk, _FIXED):
-        return True
-    return num_experts % _ANY_EXPERTS_MULTIPLE == 0 and variant_for(_topk_kernel, num_experts, num_topk) is not None
-
-
 def _topk_built_experts() -> str:
     """topk_gate's num_experts values, its variants for any E spelled out, for an error message."""
     named = [str(v) for v in sorted({key[0] for key in _topk_kernel.variants} - {0})]
     capacities = {key[2] for key in _topk_kernel.variants if key[0] == 0}
     if capacities:
-        named.append(f"any multiple of {_ANY_EXPERTS_MULTIPLE} up to {max(capacities)}")
+        named.append(f"any multiple of {ANY_E_MULTIPLE} up to {max(capacities)}")
     return ", ".join(named)
 
 
@@ -113,7 +104,7 @@ def topk_gating(gate_logits: torch.Tensor, k: int, *, normalize: bool = True) ->
     if num_topk > num_experts:
         raise ValueError(f"k: expected at most num_experts ({num_experts}, gate_logits' last dimension), "
                          f"got {num_topk}")
-    if not _topk_serves(num_experts, num_topk):
+    if variant_for(_topk_kernel, num_experts, num_topk) is None:
         raise VariantNotFoundError(
             f"gate_logits: topk_gating is not built for num_experts={num_experts} with k={num_topk} (topk_gate is "
             f"built for num_experts {_topk_built_experts()} and num_topk {_built(_topk_kernel, 1)}); add them to "

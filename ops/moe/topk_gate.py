@@ -21,17 +21,17 @@ __all__ = ["topk_gate"]
 
 _kernel = get_kernel("topk_gate")
 FIXED = 256  # the capacity key of the variants built for one E (grid order: num_experts, num_topk, capacity)
+ANY_E_MULTIPLE = 4  # the variants for any E take E a multiple of this (the spec's requires)
 
 
 def variant_for(kernel: Any, num_experts: int, num_topk: int) -> Callable[..., None] | None:
     """The launcher of ``kernel``'s variants that topk_gate runs for (E, k), or None: the one built for E, else the
-    variant for any E with the smallest capacity that holds E (E a multiple of 4, which its launcher checks)."""
+    variant for any E with the smallest capacity that holds E (E a multiple of ANY_E_MULTIPLE)."""
     launcher = kernel.find(num_experts, num_topk, FIXED)
-    capacities = sorted(key[2] for key in kernel.variants if key[0] == 0 and key[1] == num_topk)
-    for capacity in capacities:
-        if launcher is None and num_experts <= capacity:
-            launcher = kernel.find(0, num_topk, capacity)
-    return launcher
+    if launcher is not None or num_experts % ANY_E_MULTIPLE:
+        return launcher
+    holding = [key[2] for key in kernel.variants if key[0] == 0 and key[1] == num_topk and num_experts <= key[2]]
+    return kernel.find(0, num_topk, min(holding)) if holding else None
 
 
 @op(outputs=("topk_idx",), inputs={"scores": (1,)})
@@ -52,8 +52,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> Plan:
     num_experts = int(scores.shape[1])
     if k > num_experts:
         raise ValueError(f"num_topk: expected at most num_experts ({num_experts}) experts, got {k}")
-    # The variant built for this E, else the one for any E that holds it (grid value 0, a multiple of 4: the launcher's
-    # requires name scores otherwise); past every capacity, the largest one's launcher names scores.
+    # The variant built for this E, else the one for any E that holds it (grid value 0); for any other E the largest
+    # one's launcher refuses scores by its requires (a multiple of 4, at most 256), naming it.
     launcher = variant_for(_kernel, num_experts, k) or _kernel.variant(0, k, FIXED)
     return launch(launcher, scores, out(0),
                   outputs=(empty(torch.int64, size(scores, 0), k),))

@@ -283,3 +283,25 @@ def test_templates_import_shared_helpers_of_their_own_folder(tmp_path: Path) -> 
     consts.write_text("FACTOR = 5.0\n")
     os.utime(consts, ns=(consts.stat().st_atime_ns, consts.stat().st_mtime_ns + 1_000_000))
     assert "5.000000e+00*/" in lowered_cuda(tmp_path / "a")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_engram_gate_rows_carry_l2_eviction_hints(arch: str, tmp_path: Path) -> None:
+    """The Engram gate reads and writes its once-touched rows evict-first and, in the backward, the rows other
+    heads' blocks read again (v, grad_out) evict-last (kernels/memory.py; benchmarks/tuning sweep 71): every 16-byte
+    access of x, k and the outputs goes through the helpers, none through TileLang's plain vector copies, and the
+    backward's token range needs no guard of each load by 0 <= token. The GPU tests check the outputs; this
+    catches the mechanism on a machine without a GPU."""
+    _, source = _lower_shipped("engram_gate_fwd", arch, tmp_path, hidden=7168, save=True)
+    assert "ld.global.cs.v4.b32" in source and "st.global.cs.v4.b32" in source
+    assert source.count("tkc_load_once_v4(") == 1 + 2 * 2  # the helper, then x and k at the first and next steps
+    assert "*(uint4*)(hidden_states + " not in source and "*(uint4*)(output + " not in source
+    assert "*(uint4*)(v + " in source  # v stays a plain load: an evict-last v was slower
+    _, source = _lower_shipped("engram_gate_bwd", arch, tmp_path, hidden=7168)
+    assert "createpolicy.fractional.L2::evict_last.b64" in source
+    assert source.count("tkc_load_again_v4(") == 1 + 2  # the helper, then grad_out and v
+    assert source.count("tkc_store_once_v4(") == 1 + 3  # the helper, then grad_x, grad_k and grad_v
+    for name in ("hidden_states", "k", "grad_x", "grad_k", "grad_v"):
+        assert f"*(uint4*)({name} + " not in source
+    assert "(0 <= token)" not in source

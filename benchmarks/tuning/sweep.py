@@ -253,6 +253,8 @@ def case(kernel: str, problem: dict[str, Any]) -> Case:
         return post_bwd_case(problem)
     if kernel == "mhc_expand":
         return mhc_expand_case(problem)
+    if kernel == "engram_gate_fwd":
+        return engram_gate_fwd_case(problem)
     if kernel == "engram_gate_bwd":
         return engram_gate_bwd_case(problem)
     if kernel in ("mhc_pre_split_mixes_fwd", "mhc_head_compute_mix_fwd"):
@@ -846,6 +848,26 @@ def mhc_expand_case(problem: dict[str, Any]) -> Case:
                 new_x=lambda: inputs(random_matrix(TOKENS, HIDDEN)),
                 check_x=lambda: inputs(check_matrix(TOKENS, HIDDEN)),
                 outputs=lambda args: args[1:], reference=lambda x: (x[0][:, None].expand(-1, m, -1).contiguous(),))
+
+
+def engram_gate_fwd_case(problem: dict[str, Any]) -> Case:
+    """engram_gate_fwd as in benchmarks/cases/engram.py: T 8192, hc 4, H 7168, with or without the saved
+    statistics. The knobs change no order of summation: every output must equal the baseline's bytes."""
+    engram = _benchmark_case("engram")
+    tokens, hc, hidden = engram.T, engram.HC, problem["hidden"]
+
+    def inputs() -> Inputs:
+        x, k = (torch.randn(tokens, hc, hidden, device=DEVICE).bfloat16() for _ in range(2))
+        return x, k, torch.randn(tokens, hidden, device=DEVICE).bfloat16(), torch.randn(hc, hidden, device=DEVICE)
+
+    outputs = 5 if problem["save"] else 1
+
+    def make(x: Inputs) -> Inputs:
+        stats = [torch.empty(tokens, hc, device=DEVICE) for _ in range(outputs - 1)]
+        return (*x, torch.empty_like(x[0]), *stats, engram.EPS, engram.CLAMP)
+
+    return Case(make=make, new_x=inputs, check_x=inputs, outputs=lambda args: args[4:4 + outputs], reference=None,
+                counted=lambda args: args[:4 + outputs])
 
 
 def engram_gate_bwd_case(problem: dict[str, Any]) -> Case:

@@ -35,7 +35,7 @@ def test_rebuild_is_all_cache_hits_and_calls_neither_tilelang_nor_nvcc(
         raise AssertionError("a cached rebuild must not lower or compile")
 
     monkeypatch.setattr(tkc.build, "lower", forbidden)
-    monkeypatch.setattr(tkc.build, "compile_cubin", forbidden)
+    monkeypatch.setattr(tkc.build, "compile_unit", forbidden)
     again = build(options)
     assert all(s.compiled == 0 and s.cached == s.variants for s in again)
     assert [s.wheel.read_bytes() for s in again] == [s.wheel.read_bytes() for s in first]
@@ -143,6 +143,35 @@ def test_damaged_cache_entries_are_rebuilt_with_a_warning(small_build: tuple[Bui
     for entry in (a, b, c, d, e, f):
         assert f"cache entry {entry}" in warned and "rebuilding it" in warned
     assert sum(s.compiled for s in again) == 6
+    assert [s.wheel.read_bytes() for s in again] == [s.wheel.read_bytes() for s in first]
+
+
+def test_a_units_missing_entry_is_compiled_again_beside_its_unit_mates_without_tilelang(
+        small_build: tuple[BuildOptions, list[ArchSummary]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """per_token_cast's two variants share a compile unit (one nvcc front end): each entry is keyed over the whole
+    unit, the lowered sources are kept apart, so one lost entry costs nvcc only and the wheels come out the same."""
+    import shutil
+
+    from tkc.build import units_of
+
+    options, first = small_build
+    copy = dataclasses.replace(options, build_dir=tmp_path / "build", dist_dir=tmp_path / "dist")
+    shutil.copytree(options.build_dir / "cache", copy.build_dir / "cache")
+    units = units_of(plan(options))
+    assert sorted(len(u) for u in units) == [1] * len(options.archs) + [2] * len(options.archs)
+    metas = [json.loads((e / "meta.json").read_text()) for e in _entries(copy)]
+    pair = [m for m in metas if len(m["unit"]) == 2]
+    assert len(pair) == 2 * len(options.archs) and all(m["variant"] in m["unit"] for m in pair)
+    lost = next(e for e in _entries(copy) if json.loads((e / "meta.json").read_text())["variant"] == pair[0]["variant"]
+                and json.loads((e / "meta.json").read_text())["arch"] == pair[0]["arch"])
+    shutil.rmtree(lost)
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the lowered sources are kept: nothing is lowered again")
+
+    monkeypatch.setattr(tkc.build, "lower", forbidden)
+    again = build(copy)
+    assert sum(s.compiled for s in again) == 1 and (lost / "meta.json").is_file()
     assert [s.wheel.read_bytes() for s in again] == [s.wheel.read_bytes() for s in first]
 
 
@@ -277,7 +306,7 @@ def test_nvcc_exiting_0_without_a_cubin_is_a_toolchain_error(small_build: tuple[
     def no_output(*args: object, **kwargs: object) -> None:
         raise FileNotFoundError(2, "No such file or directory", "kernel.cubin")
 
-    monkeypatch.setattr(tkc.build, "compile_cubin", no_output)
+    monkeypatch.setattr(tkc.build, "compile_unit", no_output)
     with pytest.raises(ToolchainError, match=r"nvcc exited 0 for .* without writing kernel.cubin; check the nvcc"):
         build(fresh)
     assert not (tmp_path / "dist").exists()
@@ -358,7 +387,7 @@ def test_an_edit_of_comments_or_layout_reuses_the_entries_and_a_code_edit_does_n
 
     with monkeypatch.context() as patched:
         patched.setattr(tkc.build, "lower", forbidden)
-        patched.setattr(tkc.build, "compile_cubin", forbidden)
+        patched.setattr(tkc.build, "compile_unit", forbidden)
         again = build(moved)
     assert all(s.compiled == 0 and s.cached == s.variants for s in again)
     assert [s.wheel.read_bytes() for s in again] == [s.wheel.read_bytes() for s in first]

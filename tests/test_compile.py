@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tkc.arch import ARCHS, get_arch, parse_arch_list
-from tkc.compile import compile_cubin, cubin_target, find_toolchain, parse_ptxas
+from tkc.compile import UnitMember, compile_cubin, compile_unit, cubin_target, find_toolchain, parse_ptxas
 from tkc.errors import ToolchainError, UsageError
 
 SIMPLE = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }\n'
@@ -105,3 +105,62 @@ def test_line_info_is_an_option() -> None:
     assert "-lineinfo" in lined.flags and "-lineinfo" not in toolchain.flags
     cubin = compile_cubin(WITH_HEADERS, ARCHS["sm90"], lined, name="k").cubin
     assert b"kernel.cu" in cubin and b"tkc-nvcc-" in cubin
+
+
+# TileLang's prologue (the block compile units share) around a few small kernels of the kinds lowering gives.
+PROLOGUE = """#if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940
+#define _tl_orig_alignas alignas
+#define alignas(N) _tl_orig_alignas((N) <= 64 ? (N) : 64)
+#include <cuda.h>
+#undef alignas
+#define alignas _tl_orig_alignas
+#endif
+#include <tl_templates/cuda/reduce.h>
+#ifdef ENABLE_BF16
+#include <tl_templates/cuda/cuda_bf16_fallbacks.cuh>
+#endif
+"""
+MEMBERS = [  # one kernel name and one extern shared name for all, of different types; a helper before the prologue
+    '__device__ __forceinline__ float twice(float a) { return a * 2.0f; }\n' + PROLOGUE +
+    'extern "C" __global__ void __launch_bounds__(128, 1) k(float* __restrict__ x, int n) {\n'
+    '  extern __shared__ __align__(1024) float buf[];\n  buf[threadIdx.x] = x[threadIdx.x];\n  __syncthreads();\n'
+    '  if (threadIdx.x < n) x[threadIdx.x] = twice(buf[127 - threadIdx.x]);\n}\n',
+    PROLOGUE + 'extern "C" __global__ void k(half_t* __restrict__ y) {\n'
+    '  extern __shared__ __align__(1024) half_t buf[];\n  buf[threadIdx.x] = y[threadIdx.x];\n  __syncthreads();\n'
+    '  for (int i = 0; i < 4; ++i) { if (buf[i] > half_t(0)) y[i] = buf[threadIdx.x]; }\n}\n',
+    PROLOGUE + 'extern "C" __global__ void k(int* __restrict__ z) { z[blockIdx.x] = __sinf(z[0]) > 0.f; }\n',
+]
+
+
+def test_a_compile_unit_gives_each_member_the_cubin_of_its_own_compile() -> None:
+    """One nvcc front end for the unit, ptxas per member, the names put back: byte for byte the lone cubins."""
+    toolchain = find_toolchain()
+    for arch in (ARCHS["sm90"], ARCHS["sm100"]):
+        alone = [compile_cubin(s, arch, toolchain, name=f"m{i}") for i, s in enumerate(MEMBERS)]
+        grouped = compile_unit([UnitMember(name=f"m{i}", cuda_source=s) for i, s in enumerate(MEMBERS)], arch,
+                               toolchain)
+        assert [g.cubin for g in grouped] == [a.cubin for a in alone]
+        assert [g.resources for g in grouped] == [a.resources for a in alone]
+        assert all(b"tkcunit" not in g.cubin for g in grouped)
+
+
+def test_a_unit_nvcc_cannot_take_together_is_compiled_member_by_member(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body that names the global namespace fails inside the unit's namespaces: its members are compiled alone
+    (same cubins), and a member that does not compile at all is named in the error."""
+    import tkc.compile
+
+    global_name = PROLOGUE + '__device__ int g;\nextern "C" __global__ void k(int* z) { z[0] = ::g; }\n'
+    toolchain, arch = find_toolchain(), ARCHS["sm90"]
+    alone = compile_cubin(global_name, arch, toolchain, name="a").cubin
+    grouped = compile_unit([UnitMember(name="a", cuda_source=global_name),
+                            UnitMember(name="b", cuda_source=MEMBERS[2])], arch, toolchain)
+    assert grouped[0].cubin == alone
+    with pytest.raises(ToolchainError, match="nvcc failed for broken"):
+        compile_unit([UnitMember(name="fine", cuda_source=MEMBERS[2]),
+                      UnitMember(name="broken", cuda_source=PROLOGUE + "this is not CUDA")], arch, toolchain)
+    # Line tables name the unit's lines: with line info every member compiles alone.
+    calls = []
+    monkeypatch.setattr(tkc.compile, "_compile_group", lambda *a: calls.append(a))
+    compile_unit([UnitMember(name=f"m{i}", cuda_source=s) for i, s in enumerate(MEMBERS)], arch,
+                 find_toolchain(line_info=True))
+    assert calls == []

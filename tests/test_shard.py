@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import small_options
-from tkc.build import ArchSummary, BuildOptions, build_shard, merge, plan, shard_of
+from tkc.build import ArchSummary, BuildOptions, build_shard, merge, plan, shard_of, units_of
 from tkc.errors import UsageError
 
 pytestmark = pytest.mark.slow
@@ -21,7 +21,11 @@ def test_shards_partition_the_work_deterministically(small_build: tuple[BuildOpt
         shards = [shard_of(work, i, count) for i in range(1, count + 1)]
         flat = [(v.id, a.name) for s in shards for v, a in s]
         assert sorted(flat) == sorted((v.id, a.name) for v, a in work)  # each item exactly once
-        assert max(map(len, shards)) - min(map(len, shards)) <= 1  # balanced
+        units = units_of(work)
+        assert max(map(len, shards)) - min(map(len, shards)) <= max(map(len, units))  # balanced
+        for unit in units:  # whole units: no two shards lower and compile the same one
+            assert sum(1 for s in shards if unit[0] in s) == 1 and all(w in s for s in shards if unit[0] in s
+                                                                      for w in unit)
         assert shards == [shard_of(list(reversed(work)), i, count) for i in range(1, count + 1)]  # order-free
     with pytest.raises(UsageError, match="between 1 and 3"):
         shard_of(work, 4, 3)

@@ -1,12 +1,16 @@
 """The build: specs -> (render, lower, compile) per variant and arch, cached -> one wheel per arch.
 
-Each (variant, arch) is keyed by a content hash of everything that decides its
-cubin and contract: the rendered TileLang source, pass configs, arch, nvcc
-flags, the TileLang and nvcc versions, and the source of tkc's lower and
-compile stages. A hit reads the cubin and contract from the cache
-and calls neither TileLang nor nvcc. Misses run in a process pool (``jobs``);
-every cache entry is written to a temp folder and renamed into place, so an
-interrupted build leaves no half-written entry.
+Each (variant, arch) has a key, a content hash of everything that decides its
+lowering: the rendered TileLang source, pass configs, arch, nvcc flags, the
+TileLang and nvcc versions, and the formats of tkc's lower and compile stages.
+Variants compile in units (``units_of``: up to ``UNIT_SIZE`` of one spec kernel
+and arch, one nvcc front end for all of them, a cubin each), so a cache entry
+(cubin, contract, resources) is keyed over its whole unit, and the lowered
+sources are kept apart under their own keys (``cache/lowered``): a unit whose
+entries are gone is compiled again without TileLang. A hit reads the entry and
+calls neither TileLang nor nvcc. Misses run in a process pool (``jobs``); every
+entry is written to a temp folder and renamed into place, so an interrupted
+build leaves no half-written entry.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,7 +38,7 @@ from pathlib import Path
 import tkc.compile
 import tkc.lower
 from tkc.arch import Arch
-from tkc.compile import Resources, Toolchain, compile_cubin, cubin_target, find_toolchain
+from tkc.compile import UNIT_SIZE, Resources, Toolchain, compile_unit, cubin_target, find_toolchain
 from tkc.errors import PackageError, ToolchainError, UsageError
 from tkc.fsutil import sha256_bytes, write_atomic
 from tkc.lower import (
@@ -84,12 +88,28 @@ class ArchSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Job:
-    """One (variant, arch) to build; picklable for the process pool."""
+class LowerJob:
+    """One (variant, arch) to lower into the lowered store; picklable for the process pool."""
 
     rendered: RenderedKernel
-    key: str
-    entry: Path
+    lowered: Path  # cache/lowered/<key[:2]>/<key>: its CUDA source and launch contract
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitMember:
+    rendered: RenderedKernel
+    key: str  # cache_key: what its lowering depends on
+    lowered: Path
+    entry: Path  # its cache entry, keyed over the whole unit (its cubin depends on its unit-mates)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitJob:
+    """The lowered members of one compile unit to compile into their cache entries."""
+
+    arch: Arch
+    members: tuple[UnitMember, ...]  # all of them, in unit order: each cubin depends on the others
+    misses: int  # how many of their entries are missing (the others are kept as they are)
     toolchain: Toolchain
 
 
@@ -221,40 +241,102 @@ def _intact(entry: Path, arch: Arch) -> bool:
         return False
 
 
-def run_job(job: Job) -> float:
-    """Lower and compile one variant into its cache entry; returns the seconds spent. Runs in a worker."""
+def unit_keys(keys: list[str]) -> list[str]:
+    """The entry keys of a unit's members from their own keys (``cache_key``, or ``code_key`` for the code index):
+    each over the whole unit in order, as nvcc sees it. A unit of one keys its entry by its own key."""
+    if len(keys) == 1:
+        return keys
+    return [hashlib.sha256(json.dumps({"unit": keys, "member": i}).encode()).hexdigest() for i in range(len(keys))]
+
+
+def units_of(work: list[tuple[Variant, Arch]], size: int = UNIT_SIZE) -> list[list[tuple[Variant, Arch]]]:
+    """The compile units of the work: each spec kernel's variants of an arch, in id order, dealt into
+    ceil(n / size) units. A function of the plan only, so that an incremental build compiles every variant beside
+    the unit-mates a clean build gives it (its cubin can depend on them) and a shard takes whole units."""
+    by_kernel: dict[tuple[str, str], list[tuple[Variant, Arch]]] = {}
+    for variant, arch in work:
+        by_kernel.setdefault((arch.name, variant.kernel.name), []).append((variant, arch))
+    units = []
+    for group in by_kernel.values():
+        group.sort(key=lambda w: w[0].id)
+        count = -(-len(group) // size)
+        units += [group[i::count] for i in range(count)]
+    return units
+
+
+def read_lowered(lowered: Path) -> tuple[str, LaunchContract] | None:
+    """A variant's lowered CUDA source and contract from the lowered store, or None (absent or damaged)."""
+    try:
+        data = json.loads((lowered / "contract.json").read_text())
+        source = (lowered / "kernel.cu").read_text()
+        if sha256_bytes(source.encode()) != data["cuda_sha256"]:
+            return None
+        return source, _contract_from_json(data["contract"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write_lowered(lowered: Path, source: str, contract: LaunchContract) -> None:
+    def fill(tmp: Path) -> None:
+        (tmp / "kernel.cu").write_text(source)
+        data = {"contract": dataclasses.asdict(contract), "cuda_sha256": sha256_bytes(source.encode())}
+        (tmp / "contract.json").write_text(json.dumps(data, indent=1, sort_keys=True))
+
+    _install(lowered, fill, marker="contract.json")
+
+
+def run_lower(job: LowerJob) -> float:
+    """Lower one variant into the lowered store; returns the seconds spent. Runs in a worker."""
     start = time.perf_counter()
     lowered = lower(job.rendered, job.rendered.arch)
-    try:
-        compiled = compile_cubin(lowered.cuda_source, job.rendered.arch, job.toolchain, name=job.rendered.variant.id)
-    except FileNotFoundError as exc:
-        raise ToolchainError(f"nvcc exited 0 for {job.rendered.variant.id} ({job.rendered.arch.target}) without "
-                             f"writing {Path(exc.filename or 'kernel.cubin').name}; check the nvcc at "
-                             f"{job.toolchain.nvcc}") from None
-    problem = check_cubin(compiled.cubin, job.rendered.arch, lowered.contract)
-    if problem is not None:
-        raise ToolchainError(f"nvcc gave no usable cubin for {job.rendered.variant.id} ({job.rendered.arch.target}): "
-                             f"{problem}; check the nvcc at {job.toolchain.nvcc}")
-
-    def fill(tmp: Path) -> None:
-        (tmp / "kernel.cu").write_text(lowered.cuda_source)
-        (tmp / "kernel.cubin").write_bytes(compiled.cubin)
-        (tmp / "ptxas.log").write_text(compiled.log)
-        meta = {
-            "variant": job.rendered.variant.id, "arch": job.rendered.arch.name,
-            "contract": dataclasses.asdict(lowered.contract), "cubin_sha256": sha256_bytes(compiled.cubin),
-            "resources": {k: dataclasses.asdict(v) for k, v in compiled.resources.items()},
-        }
-        # Through JSON first: the hash is of what a reader parses (tuples become lists).
-        meta = json.loads(json.dumps(meta))
-        (tmp / "meta.json").write_text(json.dumps({**meta, "meta_sha256": meta_sha256(meta)}, indent=1,
-                                                  sort_keys=True))
-
-    _install(job.entry, fill)
+    _write_lowered(job.lowered, lowered.cuda_source, lowered.contract)
     return time.perf_counter() - start
 
 
-def _install(entry: Path, fill: Callable[[Path], object]) -> None:
+def run_unit(job: UnitJob) -> float:
+    """Compile a unit's lowered members into their cache entries; returns the seconds spent. Runs in a worker."""
+    start = time.perf_counter()
+    lowered = []
+    for m in job.members:
+        found = read_lowered(m.lowered)
+        if found is None:
+            raise ToolchainError(f"the lowered source of {m.rendered.variant.id} ({job.arch.name}) at {m.lowered} "
+                                 "vanished or was damaged during the build; run the build again")
+        lowered.append(found)
+    try:
+        compiled = compile_unit([tkc.compile.UnitMember(name=m.rendered.variant.id, cuda_source=source)
+                                 for m, (source, _) in zip(job.members, lowered)], job.arch, job.toolchain)
+    except FileNotFoundError as exc:
+        names = ", ".join(m.rendered.variant.id for m in job.members)
+        raise ToolchainError(f"nvcc exited 0 for {names} ({job.arch.target}) without writing "
+                             f"{Path(exc.filename or 'kernel.cubin').name}; check the nvcc at "
+                             f"{job.toolchain.nvcc}") from None
+    unit = [m.rendered.variant.id for m in job.members]
+    for m, (source, contract), result in zip(job.members, lowered, compiled):
+        problem = check_cubin(result.cubin, job.arch, contract)
+        if problem is not None:
+            raise ToolchainError(f"nvcc gave no usable cubin for {m.rendered.variant.id} ({job.arch.target}): "
+                                 f"{problem}; check the nvcc at {job.toolchain.nvcc}")
+        _install(m.entry, functools.partial(_fill_entry, m, job.arch, source, contract, result, unit))
+    return time.perf_counter() - start
+
+
+def _fill_entry(member: UnitMember, arch: Arch, source: str, contract: LaunchContract,
+                compiled: tkc.compile.CompiledKernel, unit: list[str], tmp: Path) -> None:
+    (tmp / "kernel.cu").write_text(source)
+    (tmp / "kernel.cubin").write_bytes(compiled.cubin)
+    (tmp / "ptxas.log").write_text(compiled.log)
+    meta = {
+        "variant": member.rendered.variant.id, "arch": arch.name, "unit": unit,
+        "contract": dataclasses.asdict(contract), "cubin_sha256": sha256_bytes(compiled.cubin),
+        "resources": {k: dataclasses.asdict(v) for k, v in compiled.resources.items()},
+    }
+    # Through JSON first: the hash is of what a reader parses (tuples become lists).
+    meta = json.loads(json.dumps(meta))
+    (tmp / "meta.json").write_text(json.dumps({**meta, "meta_sha256": meta_sha256(meta)}, indent=1, sort_keys=True))
+
+
+def _install(entry: Path, fill: Callable[[Path], object], marker: str = "meta.json") -> None:
     """Make ``entry`` the folder ``fill`` writes, atomically: filled beside it, then renamed into place (a folder
     another build renamed there first is kept)."""
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -264,7 +346,7 @@ def _install(entry: Path, fill: Callable[[Path], object]) -> None:
         try:
             os.replace(tmp, entry)
         except OSError:
-            if not (entry / "meta.json").is_file():  # another build put it there first: keep theirs
+            if not (entry / marker).is_file():  # another build put it there first: keep theirs
                 raise
     finally:
         if tmp.exists():
@@ -295,15 +377,19 @@ def plan(options: BuildOptions) -> list[tuple[Variant, Arch]]:
 
 
 def shard_of(work: list[tuple[Variant, Arch]], index: int, count: int) -> list[tuple[Variant, Arch]]:
-    """Shard ``index`` (1-based) of ``count``: round-robin over the work sorted by (arch, kernel, variant id).
+    """Shard ``index`` (1-based) of ``count``: whole compile units (no two shards lower and compile the same one),
+    the largest first, each to the shard with the fewest variants so far (the lowest index on a tie).
 
-    Sorting first makes the split independent of spec file order, and round-robin
-    spreads each kernel's variants (which cost about the same) evenly.
+    Units sorted by (size, arch, kernel, first variant id) first make the split independent of spec file
+    order; the shards then differ by at most one unit's variants.
     """
     if not 1 <= index <= count:
         raise UsageError(f"--shard {index}/{count}: the shard index must be between 1 and {count}")
-    ordered = sorted(work, key=lambda w: (w[1].name, w[0].kernel.name, w[0].id))
-    return [w for i, w in enumerate(ordered) if i % count == index - 1]
+    ordered = sorted(units_of(work), key=lambda u: (-len(u), u[0][1].name, u[0][0].kernel.name, u[0][0].id))
+    shards: list[list[tuple[Variant, Arch]]] = [[] for _ in range(count)]
+    for unit in ordered:
+        min(shards, key=len).extend(unit)
+    return shards[index - 1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,55 +401,51 @@ class _Compiled:
 
 def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain: Toolchain,
              progress: Callable[[int], None] | None, cached_only: bool = False) -> _Compiled:
-    """Render everything, then lower and compile the cache misses (in a pool when jobs > 1)."""
+    """Render everything, then lower the misses' units and compile them (in a pool when jobs > 1): a unit's
+    compile starts once its last member is lowered."""
     cache = options.build_dir / "cache"
-    jobs: list[Job] = []
+    lower_jobs: list[LowerJob] = []
+    lowering: set[Path] = set()
+    unit_jobs: list[UnitJob] = []
     indexed: list[tuple[Path, str]] = []  # (code index, the entry key it names), written once the entries exist
     hits: dict[tuple[str, str], bool] = {}
     entries: dict[tuple[str, str], Path] = {}
     seconds: dict[str, float] = {arch.name: 0.0 for arch in options.archs}
-    for variant, arch in work:
-        rendered = render(variant, arch, options.templates, options.build_dir / "src")
-        key = cache_key(rendered, toolchain)
-        entry = cache / key[:2] / key
-        hit = _intact(entry, arch)
-        # A line table records the template's lines: such entries are never shared. The syntax tree costs some
-        # 20 ms a variant: it is taken for misses, and once for an entry built before the index existed.
-        if not toolchain.line_info and not (hit and (cache / "code" / "indexed" / key).is_file()):
-            index = cache / "code" / code_key(rendered, toolchain)
-            hit = hit or _reuse(index, cache, entry, arch)
-            indexed.append((index, key))
-        hits[(variant.id, arch.name)] = hit
-        entries[(variant.id, arch.name)] = entry
-        if hit:
-            if progress:
-                progress(1)
-        else:
-            jobs.append(Job(rendered=rendered, key=key, entry=entry, toolchain=toolchain))
-    if cached_only and jobs:
-        missing = ", ".join(f"{j.rendered.variant.id} ({j.rendered.arch.name})" for j in jobs[:5])
-        raise UsageError(f"{len(jobs)} variants are in none of the merged shards (e.g. {missing}); merge the "
-                         "outputs of every shard (tkc build --shard I/N for I = 1..N) built from the same specs, "
-                         "templates and toolchain")
-    with _pool(options.jobs) as pool:
-        if pool is None:
-            for job in jobs:
-                seconds[job.rendered.arch.name] += run_job(job)
-                if progress:
-                    progress(1)
-        else:
-            futures = {pool.submit(run_job, job): job for job in jobs}
-            for future in as_completed(futures):
-                try:
-                    seconds[futures[future].rendered.arch.name] += future.result()
-                except BrokenProcessPool:
-                    job = futures[future]
-                    raise ToolchainError(f"a build worker died (killed, or out of memory) while compiling "
-                                         f"{job.rendered.variant.id} ({job.rendered.arch.name}); the variants "
-                                         "compiled so far are cached: run the build again, with a smaller -j "
-                                         "if memory is short") from None
-                if progress:
-                    progress(1)
+    # A line table records the unit's source lines: such variants compile alone.
+    for unit in units_of(work, 1 if toolchain.line_info else UNIT_SIZE):
+        arch = unit[0][1]
+        rendered = [render(variant, arch, options.templates, options.build_dir / "src") for variant, _ in unit]
+        keys = [cache_key(r, toolchain) for r in rendered]
+        members = [UnitMember(rendered=r, key=k, lowered=cache / "lowered" / k[:2] / k, entry=cache / e[:2] / e)
+                   for r, k, e in zip(rendered, keys, unit_keys(keys))]
+        unit_hits = [_intact(m.entry, arch) for m in members]
+        # The syntax trees cost some 20 ms a variant: taken for misses, and once for entries built before the
+        # index existed.
+        if not toolchain.line_info and not all(hit and (cache / "code" / "indexed" / m.entry.name).is_file()
+                                               for hit, m in zip(unit_hits, members)):
+            codes = unit_keys([code_key(r, toolchain) for r in rendered])
+            for n, (m, code) in enumerate(zip(members, codes)):
+                index = cache / "code" / code
+                unit_hits[n] = unit_hits[n] or _reuse(index, cache, m.entry, arch)
+                indexed.append((index, m.entry.name))
+        for (variant, _), m, hit in zip(unit, members, unit_hits):
+            hits[(variant.id, arch.name)] = hit
+            entries[(variant.id, arch.name)] = m.entry
+        if progress and any(unit_hits):
+            progress(sum(unit_hits))
+        if not all(unit_hits):
+            unit_jobs.append(UnitJob(arch=arch, members=tuple(members), misses=unit_hits.count(False),
+                                     toolchain=toolchain))
+            for m in members:
+                if m.lowered not in lowering and not _lowered_here(m, cache, arch):
+                    lowering.add(m.lowered)
+                    lower_jobs.append(LowerJob(rendered=m.rendered, lowered=m.lowered))
+    if cached_only and unit_jobs:
+        missing = [f"{variant} ({arch})" for (variant, arch), hit in hits.items() if not hit]
+        raise UsageError(f"{len(missing)} variants are in none of the merged shards (e.g. {', '.join(missing[:5])}); "
+                         "merge the outputs of every shard (tkc build --shard I/N for I = 1..N) built from the same "
+                         "specs, templates and toolchain")
+    _run(options.jobs, lower_jobs, unit_jobs, seconds, progress)
     for index, key in indexed:
         if not index.is_file():
             index.parent.mkdir(parents=True, exist_ok=True)
@@ -372,6 +454,66 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
         marker.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(marker, index.name)
     return _Compiled(entries=entries, hits=hits, seconds=seconds)
+
+
+def _lowered_here(member: UnitMember, cache: Path, arch: Arch) -> bool:
+    """Whether the member's lowered source is in the lowered store, taking it from an entry of its own key (a unit
+    of one, or a build before units) when only that has it."""
+    if read_lowered(member.lowered) is not None:
+        return True
+    own = cache / member.key[:2] / member.key
+    if own == member.entry or not _intact(own, arch):
+        return False
+    found = read_entry(own, arch)
+    assert found is not None
+    _write_lowered(member.lowered, (own / "kernel.cu").read_text(), found[1])
+    return True
+
+
+def _run(jobs: int, lower_jobs: list[LowerJob], unit_jobs: list[UnitJob], seconds: dict[str, float],
+         progress: Callable[[int], None] | None) -> None:
+    """Lower, then compile each unit as soon as the last of its members is lowered."""
+    waiting = {id(job): {m.lowered for m in job.members} for job in unit_jobs}
+    pending = {j.lowered for j in lower_jobs}
+    ready = [job for job in unit_jobs if not waiting[id(job)] & pending]
+
+    def done(job: UnitJob, spent: float) -> None:
+        seconds[job.arch.name] += spent
+        if progress:
+            progress(job.misses)
+
+    with _pool(jobs) as pool:
+        if pool is None:
+            for lower_job in lower_jobs:
+                seconds[lower_job.rendered.arch.name] += run_lower(lower_job)
+            for job in unit_jobs:
+                done(job, run_unit(job))
+            return
+        futures: dict[Future, LowerJob | UnitJob] = {pool.submit(run_lower, j): j for j in lower_jobs}
+        futures.update({pool.submit(run_unit, j): j for j in ready})
+        started = {id(j) for j in ready}
+        while futures:
+            finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for future in finished:
+                job = futures.pop(future)
+                try:
+                    spent = future.result()
+                except BrokenProcessPool:
+                    what = job.rendered.variant.id if isinstance(job, LowerJob) else \
+                        ", ".join(m.rendered.variant.id for m in job.members)
+                    arch = job.rendered.arch.name if isinstance(job, LowerJob) else job.arch.name
+                    raise ToolchainError(f"a build worker died (killed, or out of memory) while building {what} "
+                                         f"({arch}); the variants built so far are cached: run the build again, "
+                                         "with a smaller -j if memory is short") from None
+                if isinstance(job, UnitJob):
+                    done(job, spent)
+                    continue
+                seconds[job.rendered.arch.name] += spent
+                pending.discard(job.lowered)
+                for unit_job in unit_jobs:
+                    if id(unit_job) not in started and not waiting[id(unit_job)] & pending:
+                        started.add(id(unit_job))
+                        futures[pool.submit(run_unit, unit_job)] = unit_job
 
 
 def _reuse(index: Path, cache: Path, entry: Path, arch: Arch) -> bool:

@@ -200,3 +200,143 @@ def cubin_target(cubin: bytes) -> str:
     if int(note.group(2)) != sm:
         raise ToolchainError(f"cubin ELF header says sm_{sm} but its note says {note.group(1).decode()}")
     return note.group(1).decode()
+
+
+# Several variants' sources in one translation unit: nvcc parses the headers every kernel includes (85-88% of a
+# lone variant's compile) once for the unit, then each kernel's PTX goes through ptxas alone, so every variant
+# keeps a cubin of its own, the same bytes as its own nvcc run wherever cicc treats the kernel the same beside
+# its unit-mates. The unit's members are a function of the build plan, never of what happened to miss the cache.
+UNIT_SIZE = 16
+# TileLang's prologue: the headers of a lowered kernel. Members with the same prologue share a unit's nvcc run.
+_PROLOGUE = re.compile(r"^#if defined\(_MSC_VER\).*?^#ifdef ENABLE_BF16\n.*?^#endif\n", re.S | re.M)
+_KERNEL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(')
+_EXTERN_SHARED = re.compile(r"extern __shared__ [^;]*?(\w+)\[\];")
+_MARK = "tkcunit"  # member i's namespace is tkcunit<i>, its kernels and extern shared arrays <name>__tkcunit<i>
+_OWNER = re.compile(_MARK + r"(\d+)")
+_NUMBERED = re.compile(r"(\$L__BB|__local_depot)(\d+)")  # per-function label and depot numbers in a module
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitMember:
+    name: str  # the variant id, for messages
+    cuda_source: str
+
+
+def compile_unit(members: list[UnitMember], arch: Arch, toolchain: Toolchain) -> list[CompiledKernel]:
+    """Compile lowered kernels of one arch, a cubin each, with one nvcc front end per group of equal prologues.
+
+    A group nvcc cannot take together (a body that needs the global namespace, a PTX symbol two members claim)
+    is compiled member by member instead: the same cubins, so only the time differs.
+    """
+    out: dict[int, CompiledKernel] = {}
+    groups: dict[str, list[int]] = {}
+    for i, member in enumerate(members):
+        prologue = _PROLOGUE.search(member.cuda_source)
+        if prologue is None or toolchain.line_info:  # a line table would name the unit's source lines
+            out[i] = compile_cubin(member.cuda_source, arch, toolchain, name=member.name)
+        else:
+            groups.setdefault(prologue.group(0), []).append(i)
+    for prologue, indices in groups.items():
+        compiled = _compile_group(prologue, [members[i] for i in indices], arch, toolchain) \
+            if len(indices) > 1 else None
+        for n, i in enumerate(indices):
+            out[i] = compiled[n] if compiled is not None else \
+                compile_cubin(members[i].cuda_source, arch, toolchain, name=members[i].name)
+    return [out[i] for i in range(len(members))]
+
+
+def _compile_group(prologue: str, members: list[UnitMember], arch: Arch,
+                   toolchain: Toolchain) -> list[CompiledKernel] | None:
+    """One ``nvcc -ptx`` over the members (each in a namespace, its unmangled symbols renamed), then ptxas on each
+    member's part of the PTX with its names put back; None where the group cannot be compiled as one."""
+    bodies, renamed = [], []
+    for i, member in enumerate(members):
+        prologue_at = member.cuda_source.index(prologue)
+        body = member.cuda_source[:prologue_at] + member.cuda_source[prologue_at + len(prologue):]
+        if _MARK in body:
+            return None
+        names = sorted(set(_KERNEL.findall(body)) | set(_EXTERN_SHARED.findall(body)))
+        for name in names:
+            body = re.sub(rf"\b{name}\b", f"{name}__{_MARK}{i}", body)
+        bodies.append(f"namespace {_MARK}{i} {{\n{body}\n}}\n")
+        renamed.append(names)
+    workdir = Path(tempfile.mkdtemp(prefix="tkc-nvcc-"))
+    try:
+        # The unit is named kernel.cu like a lone variant's source: cicc names internal symbols after it.
+        (workdir / "kernel.cu").write_text(prologue + "".join(bodies))
+        cmd = nvcc_command(toolchain, arch, Path("kernel.cu"), Path("kernel.ptx"))
+        cmd[cmd.index("-cubin")] = "-ptx"
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+        if proc.returncode != 0:
+            return None
+        parts = _split_ptx((workdir / "kernel.ptx").read_text(), len(members))
+        if parts is None:
+            return None
+        compiled = []
+        for i, part in enumerate(parts):
+            for name in renamed[i]:
+                part = re.sub(rf"\b{name}__{_MARK}{i}(?!\d)", name, part)
+            part = _renumber(part)
+            compiled.append(_ptxas(part, arch, toolchain, name=members[i].name, workdir=workdir))
+        return compiled
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _renumber(ptx: str) -> str:
+    """Labels and local depots carry their function's index in the module: counted again from 0 in a part."""
+    order: dict[str, int] = {}
+    return _NUMBERED.sub(lambda m: f"{m.group(1)}{order.setdefault(m.group(2), len(order))}", ptx)
+
+
+def _split_ptx(ptx: str, count: int) -> list[str] | None:
+    """Each member's module: the header, the items it owns, and the items no member owns that it uses (or that
+    none uses: the headers' own globals, which a lone compile keeps too). Comments dropped: ptxas ignores them."""
+    lines = [line for line in ptx.split("\n") if not line.lstrip().startswith("//")]
+    start = next((n + 1 for n, line in enumerate(lines) if line.startswith(".address_size")), None)
+    if start is None:
+        return None
+    header = "\n".join(lines[:start]) + "\n"
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for line in lines[start:]:
+        current.append(line)
+        depth += line.count("{") - line.count("}")
+        if depth == 0 and (line.strip() in ("", "}") or line.rstrip().endswith(";")):
+            items.append("\n".join(current))
+            current = []
+    if depth != 0:
+        return None
+    items.append("\n".join(current))
+    owners = [{int(n) for n in _OWNER.findall(item)} for item in items]
+    if any(len(o) > 1 for o in owners):
+        return None
+    declared = [re.search(r"(\w+)(?:\[\d*\])?\s*(?:=[^;]*)?;\s*$", item) if not o and item.strip() else None
+                for item, o in zip(items, owners)]
+    used_by: list[set[int]] = []
+    for match in declared:
+        users = set()
+        if match is not None:
+            word = re.compile(rf"\b{re.escape(match.group(1))}\b")
+            users = {next(iter(o)) for item, o in zip(items, owners) if o and word.search(item)}
+        used_by.append(users)
+    parts = []
+    for i in range(count):
+        kept = [item for item, o, users in zip(items, owners, used_by)
+                if o == {i} or (not o and (not users or i in users))]
+        parts.append(header + "\n".join(kept) + "\n")
+    return parts
+
+
+def _ptxas(ptx: str, arch: Arch, toolchain: Toolchain, *, name: str, workdir: Path) -> CompiledKernel:
+    """ptxas as nvcc calls it for the flags tkc uses (-w, -Xptxas -v)."""
+    (workdir / "part.ptx").write_text(ptx)
+    cmd = [str(toolchain.nvcc.parent / "ptxas"), "-w", f"-arch={arch.target}", "-m64", "-v", "part.ptx",
+           "-o", "part.cubin"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise ToolchainError(f"ptxas failed for {name} ({arch.target}):\n{log.strip()[-4000:]}\n"
+                             f"command (in {workdir}): {' '.join(cmd)}")
+    return CompiledKernel(cubin=(workdir / "part.cubin").read_bytes(), resources=parse_ptxas(log), log=log)

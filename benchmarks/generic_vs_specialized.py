@@ -180,16 +180,22 @@ def time_cases(label: str, out: Path, generic: bool, only: str = "all",
     from bench import Settings, Timer, copy_bandwidth, rotating_inputs
 
     quant = tile_kernels_aot.quant
+    def kernel_of(module: str) -> Any:
+        """The op module's kernel, or None in a wheel built without that module (a reduced spec)."""
+        try:
+            return importlib.import_module(f"tile_kernels_aot.{module}")._kernel
+        except ModuleNotFoundError:
+            return None
+
     if generic:  # the op's dispatch without the variants built per hidden (grid key 1), for groups of channels
-        kernel = importlib.import_module("tile_kernels_aot.quant._per_token_cast")._kernel
-        find = kernel.find
-        kernel.find = lambda *values: None if values[1] and values[3] else find(*values)
+        if (kernel := kernel_of("quant._per_token_cast")) is not None:
+            kernel.find = lambda *values, find=kernel.find: None if values[1] and values[3] else find(*values)
         for name in ("_expand", "_reduce"):  # the MoE ops: hidden is their first grid key
-            moe_kernel = importlib.import_module(f"tile_kernels_aot.moe.{name}")._kernel
-            moe_kernel.find = lambda *values, find=moe_kernel.find: find(*values) if values[0] == 0 else None
+            if (moe_kernel := kernel_of(f"moe.{name}")) is not None:
+                moe_kernel.find = lambda *values, find=moe_kernel.find: find(*values) if values[0] == 0 else None
         for module, position in COVERAGE_FINDS.items():
-            kernel = importlib.import_module(f"tile_kernels_aot.{module}")._kernel
-            kernel.find = lambda *values, find=kernel.find, i=position: find(*values) if values[i] == 0 else None
+            if (kernel := kernel_of(module)) is not None:
+                kernel.find = lambda *values, find=kernel.find, i=position: find(*values) if values[i] == 0 else None
     timer = Timer(Settings(reps=200, warmup=10))
     copy_gb_s = copy_bandwidth(timer)
     results = {"label": label, "gpu": torch.cuda.get_device_name(), "copy_gb_s": copy_gb_s, "cases": {}}
@@ -207,9 +213,10 @@ def time_cases(label: str, out: Path, generic: bool, only: str = "all",
             results["cases"][_name(in_dtype, fmt, npc, flags, hidden)] = {"us": us, "bytes": moved}
             print(f"{label}: {_name(in_dtype, fmt, npc, flags, hidden)}: {us:.1f} us", flush=True)
     cases = _moe_cases(tile_kernels_aot.moe) if only in ("all", "moe") else []
-    if only in ("all", "coverage", "blocks"):  # blocks: the per-block casts of the coverage section alone
+    sections = {"blocks": "per_block_cast", "swiglu": "swiglu_"}  # parts of the coverage section by case name
+    if only in ("all", "coverage", *sections):
         cases += [case for case in _coverage_cases(quant, tile_kernels_aot.moe, hidden_sizes)
-                  if only != "blocks" or case[0].startswith("per_block_cast")]
+                  if case[0].startswith(sections.get(only, ""))]
     for name, fn, inputs in cases:
         try:
             fn(*inputs[0])
@@ -254,8 +261,9 @@ def main() -> int:
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--generic", action="store_true", help="time the variants for any hidden even where the "
                    "wheel has one built for the case's hidden")
-    t.add_argument("--only", choices=("all", "quant", "moe", "coverage", "blocks"), default="all",
-                   help="time the per-token casts, the MoE ops, the coverage section or its per-block casts only")
+    t.add_argument("--only", choices=("all", "quant", "moe", "coverage", "blocks", "swiglu"),
+                   default="all", help="time the per-token casts, the MoE ops, the coverage section, or its "
+                   "per-block casts or SwiGLU casts only")
     t.add_argument("--hidden", type=int, action="append", help="time these hidden sizes only (repeatable; "
                    f"default {', '.join(map(str, HIDDEN))}); cases the wheel has no variant for are skipped")
     t.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)

@@ -342,6 +342,15 @@ def test_generic_amax_floor(hidden: int, npc: int, sf_clamp_min: float) -> None:
                 make_x=scaled_rows)
 
 
+@pytest.mark.parametrize("clamp", (None, 0.5, 2.0**-70))
+@pytest.mark.parametrize(("hidden", "npc", "layout"), [(1536, 128, "ue8m0"), (3584, 3584, "row_major"),
+                                                       (12288, 12288, "row_major"), (2560, 128, "col_major")])
+def test_generic_division_edges(hidden: int, npc: int, layout: str, clamp: float | None) -> None:
+    # As test_forward_division_edges, for the variant for any hidden: each thread tests its own 8 values per chunk.
+    run_generic(hidden, npc, layout, True, True, clamp, count=clamp is not None, num_tokens=64,
+                make_x=division_range_x)
+
+
 @pytest.mark.parametrize("clamp", (None, 0.5))
 @pytest.mark.parametrize(("hidden", "npc", "layout"), [(1280, 128, "ue8m0"), (3584, 3584, "row_major"),
                                                        (2048, 128, "col_major")])
@@ -408,7 +417,7 @@ def bwd_id(v: tuple[int, int, bool]) -> str:
 
 
 def run_backward(v: tuple[int, int, bool], num_tokens: int, num_topk: int, clamp: float | None,
-                 poisoned: bool = False) -> None:
+                 poisoned: bool = False, generic: bool = False) -> None:
     hidden, npc, round_sf = v
     _, pos_to_token_topk, token_topk_to_pos = expert_major_routing(num_tokens, num_topk, seed=1)
     rows = pos_to_token_topk.shape[0]
@@ -426,7 +435,7 @@ def run_backward(v: tuple[int, int, bool], num_tokens: int, num_topk: int, clamp
         q_sf = torch.full((rows, 2 * hidden // npc), float("nan"), device="cuda")
         weight_grad = torch.full((num_tokens, num_topk), float("nan"), device="cuda")
         launch = runtime.get_kernel("swiglu_backward_and_per_token_cast").select(
-            hidden=hidden if hidden in HIDDEN else 0, npc=npc)
+            hidden=hidden if hidden in HIDDEN and not generic else 0, npc=npc)
         if rows == 0:
             weight_grad.zero_()
         launch(xq, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos, out, q, q_sf, x_grad,
@@ -472,6 +481,13 @@ def test_backward_every_variant(v: tuple[int, int, bool], clamp: float | None) -
     run_backward(v, num_tokens=257, num_topk=2, clamp=clamp, poisoned=True)
 
 
+@pytest.mark.parametrize("clamp", CLAMPS)
+@pytest.mark.parametrize("v", [(h, npc, True) for h in (2048, 2560, 7168) for npc in (32, 128)], ids=bwd_id)
+def test_backward_generic_at_built_hiddens(v: tuple[int, int, bool], clamp: float | None) -> None:
+    # The variant for any hidden where one is built for the hidden too (benchmarks compare the two there).
+    run_backward(v, num_tokens=257, num_topk=2, clamp=clamp, poisoned=True, generic=True)
+
+
 @pytest.mark.parametrize(("num_tokens", "num_topk"), [(0, 6), (1, 6), (4001, 6), (8192, 2)])
 @pytest.mark.parametrize("v", [(7168, 128, True), (2560, 32, False), (3072, 128, True), (1280, 32, False)], ids=bwd_id)
 def test_backward_sizes(v: tuple[int, int, bool], num_tokens: int, num_topk: int) -> None:
@@ -480,7 +496,8 @@ def test_backward_sizes(v: tuple[int, int, bool], num_tokens: int, num_topk: int
 
 
 @pytest.mark.parametrize("clamp", (None, 0.5))
-@pytest.mark.parametrize("v", [(7168, 128, True), (2560, 32, False)], ids=bwd_id)
+@pytest.mark.parametrize("v", [(7168, 128, True), (2560, 32, False), (3072, 128, False), (1280, 32, True)],
+                         ids=bwd_id)
 def test_backward_nan(v: tuple[int, int, bool], clamp: float | None) -> None:
     """NaN codes in x's left and right halves: NaN in out, x_grad and weight_grad of their rows, NaN codes
     in the gradient's cast, the other rows as the reference."""

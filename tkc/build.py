@@ -27,6 +27,7 @@ import struct
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -472,48 +473,59 @@ def _lowered_here(member: UnitMember, cache: Path, arch: Arch) -> bool:
 
 def _run(jobs: int, lower_jobs: list[LowerJob], unit_jobs: list[UnitJob], seconds: dict[str, float],
          progress: Callable[[int], None] | None) -> None:
-    """Lower, then compile each unit as soon as the last of its members is lowered."""
-    waiting = {id(job): {m.lowered for m in job.members} for job in unit_jobs}
-    pending = {j.lowered for j in lower_jobs}
-    ready = [job for job in unit_jobs if not waiting[id(job)] & pending]
+    """Lower the variants in unit order and compile each unit as soon as its last member is lowered: at most
+    ``jobs`` at a time, a unit ready to compile first, so that units finish (and progress moves) from the start."""
+    lowering = {job.lowered for job in lower_jobs}
+    waiting = {id(unit): {m.lowered for m in unit.members} & lowering for unit in unit_jobs}
+    units_needing: dict[Path, list[UnitJob]] = {}
+    for unit in unit_jobs:
+        for lowered in waiting[id(unit)]:
+            units_needing.setdefault(lowered, []).append(unit)
+    ready = deque(unit for unit in unit_jobs if not waiting[id(unit)])
+    queue = deque(lower_jobs)
 
-    def done(job: UnitJob, spent: float) -> None:
-        seconds[job.arch.name] += spent
-        if progress:
-            progress(job.misses)
+    def next_job() -> LowerJob | UnitJob | None:
+        return ready.popleft() if ready else queue.popleft() if queue else None
+
+    def finished(job: LowerJob | UnitJob, spent: float) -> None:
+        if isinstance(job, UnitJob):
+            seconds[job.arch.name] += spent
+            if progress:
+                progress(job.misses)
+            return
+        seconds[job.rendered.arch.name] += spent
+        for unit in units_needing.get(job.lowered, ()):
+            waiting[id(unit)].discard(job.lowered)
+            if not waiting[id(unit)]:
+                ready.append(unit)
+
+    def run(job: LowerJob | UnitJob) -> Callable[..., float]:  # a module's function: the pool pickles it
+        return run_unit if isinstance(job, UnitJob) else run_lower
 
     with _pool(jobs) as pool:
         if pool is None:
-            for lower_job in lower_jobs:
-                seconds[lower_job.rendered.arch.name] += run_lower(lower_job)
-            for job in unit_jobs:
-                done(job, run_unit(job))
+            while (job := next_job()) is not None:
+                finished(job, run(job)(job))
             return
-        futures: dict[Future, LowerJob | UnitJob] = {pool.submit(run_lower, j): j for j in lower_jobs}
-        futures.update({pool.submit(run_unit, j): j for j in ready})
-        started = {id(j) for j in ready}
-        while futures:
-            finished, _ = wait(futures, return_when=FIRST_COMPLETED)
-            for future in finished:
+        futures: dict[Future, LowerJob | UnitJob] = {}
+        while True:
+            while len(futures) < jobs and (job := next_job()) is not None:
+                futures[pool.submit(run(job), job)] = job
+            if not futures:
+                return
+            done, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for future in done:
                 job = futures.pop(future)
                 try:
                     spent = future.result()
                 except BrokenProcessPool:
-                    what = job.rendered.variant.id if isinstance(job, LowerJob) else \
-                        ", ".join(m.rendered.variant.id for m in job.members)
+                    names = [job.rendered.variant.id] if isinstance(job, LowerJob) else \
+                        [m.rendered.variant.id for m in job.members]
                     arch = job.rendered.arch.name if isinstance(job, LowerJob) else job.arch.name
-                    raise ToolchainError(f"a build worker died (killed, or out of memory) while building {what} "
-                                         f"({arch}); the variants built so far are cached: run the build again, "
-                                         "with a smaller -j if memory is short") from None
-                if isinstance(job, UnitJob):
-                    done(job, spent)
-                    continue
-                seconds[job.rendered.arch.name] += spent
-                pending.discard(job.lowered)
-                for unit_job in unit_jobs:
-                    if id(unit_job) not in started and not waiting[id(unit_job)] & pending:
-                        started.add(id(unit_job))
-                        futures[pool.submit(run_unit, unit_job)] = unit_job
+                    raise ToolchainError(f"a build worker died (killed, or out of memory) while building "
+                                         f"{', '.join(names)} ({arch}); the variants built so far are cached: run "
+                                         "the build again, with a smaller -j if memory is short") from None
+                finished(job, spent)
 
 
 def _reuse(index: Path, cache: Path, entry: Path, arch: Arch) -> bool:

@@ -226,16 +226,16 @@ def compile_unit(members: list[UnitMember], arch: Arch, toolchain: Toolchain) ->
     """Compile lowered kernels of one arch, a cubin each, with one nvcc front end per group of equal prologues.
 
     A group nvcc cannot take together (a body that needs the global namespace, a PTX symbol two members claim)
-    is compiled member by member instead: the same cubins, so only the time differs.
+    is compiled member by member instead, each member then its lone compile's cubin.
     """
     out: dict[int, CompiledKernel] = {}
     groups: dict[str, list[int]] = {}
     for i, member in enumerate(members):
-        prologue = _PROLOGUE.search(member.cuda_source)
-        if prologue is None or toolchain.line_info:  # a line table would name the unit's source lines
+        found = _PROLOGUE.search(member.cuda_source)
+        if found is None or toolchain.line_info:  # a line table would name the unit's source lines
             out[i] = compile_cubin(member.cuda_source, arch, toolchain, name=member.name)
         else:
-            groups.setdefault(prologue.group(0), []).append(i)
+            groups.setdefault(found.group(0), []).append(i)
     for prologue, indices in groups.items():
         compiled = _compile_group(prologue, [members[i] for i in indices], arch, toolchain) \
             if len(indices) > 1 else None

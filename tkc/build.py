@@ -97,7 +97,9 @@ class LowerJob:
 
 
 @dataclass(frozen=True, kw_only=True)
-class UnitMember:
+class UnitEntry:
+    """A variant of a compile unit: where its lowered source and its cache entry go."""
+
     rendered: RenderedKernel
     key: str  # cache_key: what its lowering depends on
     lowered: Path
@@ -108,10 +110,13 @@ class UnitMember:
 class UnitJob:
     """The lowered members of one compile unit to compile into their cache entries."""
 
-    arch: Arch
-    members: tuple[UnitMember, ...]  # all of them, in unit order: each cubin depends on the others
+    members: tuple[UnitEntry, ...]  # all of them, in unit order: each cubin depends on the others
     misses: int  # how many of their entries are missing (the others are kept as they are)
     toolchain: Toolchain
+
+    @property
+    def arch(self) -> Arch:
+        return self.members[0].rendered.arch
 
 
 @functools.cache
@@ -322,7 +327,7 @@ def run_unit(job: UnitJob) -> float:
     return time.perf_counter() - start
 
 
-def _fill_entry(member: UnitMember, arch: Arch, source: str, contract: LaunchContract,
+def _fill_entry(member: UnitEntry, arch: Arch, source: str, contract: LaunchContract,
                 compiled: tkc.compile.CompiledKernel, unit: list[str], tmp: Path) -> None:
     (tmp / "kernel.cu").write_text(source)
     (tmp / "kernel.cubin").write_bytes(compiled.cubin)
@@ -417,7 +422,7 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
         arch = unit[0][1]
         rendered = [render(variant, arch, options.templates, options.build_dir / "src") for variant, _ in unit]
         keys = [cache_key(r, toolchain) for r in rendered]
-        members = [UnitMember(rendered=r, key=k, lowered=cache / "lowered" / k[:2] / k, entry=cache / e[:2] / e)
+        members = [UnitEntry(rendered=r, key=k, lowered=cache / "lowered" / k[:2] / k, entry=cache / e[:2] / e)
                    for r, k, e in zip(rendered, keys, unit_keys(keys))]
         unit_hits = [_intact(m.entry, arch) for m in members]
         # The syntax trees cost some 20 ms a variant: taken for misses, and once for entries built before the
@@ -435,8 +440,7 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
         if progress and any(unit_hits):
             progress(sum(unit_hits))
         if not all(unit_hits):
-            unit_jobs.append(UnitJob(arch=arch, members=tuple(members), misses=unit_hits.count(False),
-                                     toolchain=toolchain))
+            unit_jobs.append(UnitJob(members=tuple(members), misses=unit_hits.count(False), toolchain=toolchain))
             for m in members:
                 if m.lowered not in lowering and not _lowered_here(m, cache, arch):
                     lowering.add(m.lowered)
@@ -457,16 +461,20 @@ def _compile(options: BuildOptions, work: list[tuple[Variant, Arch]], toolchain:
     return _Compiled(entries=entries, hits=hits, seconds=seconds)
 
 
-def _lowered_here(member: UnitMember, cache: Path, arch: Arch) -> bool:
+def _lowered_here(member: UnitEntry, cache: Path, arch: Arch) -> bool:
     """Whether the member's lowered source is in the lowered store, taking it from an entry of its own key (a unit
     of one, or a build before units) when only that has it."""
     if read_lowered(member.lowered) is not None:
         return True
     own = cache / member.key[:2] / member.key
-    if own == member.entry or not _intact(own, arch):
+    if own == member.entry:
         return False
-    found = read_entry(own, arch)
-    assert found is not None
+    try:
+        found = read_entry(own, arch)
+    except ToolchainError:  # a damaged entry of its own key: lowered again, and the entry left to its build
+        return False
+    if found is None:
+        return False
     _write_lowered(member.lowered, (own / "kernel.cu").read_text(), found[1])
     return True
 

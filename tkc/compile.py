@@ -276,8 +276,10 @@ def _compile_group(prologue: str, members: list[UnitMember], arch: Arch,
         for i, part in enumerate(parts):
             for name in renamed[i]:
                 part = re.sub(rf"\b{name}__{_MARK}{i}(?!\d)", name, part)
-            part = _renumber(part)
-            compiled.append(_ptxas(part, arch, toolchain, name=members[i].name, workdir=workdir))
+            kernel = _ptxas(_renumber(part), arch, toolchain, workdir=workdir)
+            if kernel is None:
+                return None
+            compiled.append(kernel)
         return compiled
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -329,14 +331,14 @@ def _split_ptx(ptx: str, count: int) -> list[str] | None:
     return parts
 
 
-def _ptxas(ptx: str, arch: Arch, toolchain: Toolchain, *, name: str, workdir: Path) -> CompiledKernel:
-    """ptxas as nvcc calls it for the flags tkc uses (-w, -Xptxas -v)."""
+def _ptxas(ptx: str, arch: Arch, toolchain: Toolchain, *, workdir: Path) -> CompiledKernel | None:
+    """ptxas as nvcc calls it for the flags tkc uses (-w, -Xptxas -v); None where it fails (the member's lone
+    compile then reports the error, naming it)."""
     (workdir / "part.ptx").write_text(ptx)
     cmd = [str(toolchain.nvcc.parent / "ptxas"), "-w", f"-arch={arch.target}", "-m64", "-v", "part.ptx",
            "-o", "part.cubin"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        raise ToolchainError(f"ptxas failed for {name} ({arch.target}):\n{log.strip()[-4000:]}\n"
-                             f"command (in {workdir}): {' '.join(cmd)}")
+        return None
     return CompiledKernel(cubin=(workdir / "part.cubin").read_bytes(), resources=parse_ptxas(log), log=log)
